@@ -1,0 +1,35 @@
+# The two commands of the README: `make demo` and `make test`. Both set up what they
+# need on a fresh Debian machine (as root): system packages, a Docker engine, a venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+export TESTCONTAINERS_RYUK_DISABLED := true
+
+.PHONY: demo test host venv bench clean
+
+host:
+	@tools/setup-host
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test,cluster]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: host venv
+	$(PY) -m dispatch_slurm.trial
+
+# pytest exits 5 when it collected nothing: that is a failure here, never a pass.
+test: host venv
+	@rc=0; $(PY) -m pytest -ra $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+bench: venv
+	$(PY) benchmarks/bench_publish.py
+	$(PY) benchmarks/bench_latest.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

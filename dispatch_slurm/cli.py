@@ -1,0 +1,216 @@
+"""`dispatch-slurm`: the command line. Thin: every rule lives in the modules.
+
+Exit codes: 0 success; 1 a negative answer (`latest`: no publication); 2 an error,
+printed as one line naming what was wrong."""
+
+import functools
+import json
+import os
+import re
+import sys
+
+import click
+
+from . import env as envmod
+from . import epoch as epochmod
+from . import names, siteconf, store
+from .errors import DispatchError
+
+ROOT_HELP = "checkpoint root [default: $DISPATCH_CHECKPOINT]"
+
+
+def fail(message: str, code: int = 2):
+    click.echo(f"dispatch-slurm: error: {message}", err=True)
+    sys.exit(code)
+
+
+def refusals(fn):
+    """Turn DispatchError and OSError into one line on stderr and exit 2."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DispatchError as e:
+            fail(str(e))
+        except OSError as e:
+            fail(f"{e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}")
+    return wrapper
+
+
+def _root(root: str | None) -> str:
+    root = root or os.environ.get("DISPATCH_CHECKPOINT")
+    if not root:
+        raise click.UsageError("no checkpoint root: pass --root or set DISPATCH_CHECKPOINT")
+    return root
+
+
+def _publication_json(root: str, p: names.Publication) -> dict:
+    g, n, r = p.parts
+    return {"name": p.name, "epoch": p.epoch, "generation": g, "submission": n, "restart": r,
+            "step": p.step, "path": p.path, "abspath": os.path.join(root, p.path)}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dispatch-slurm")
+def main():
+    """Make overlapping executions of a Slurm job harmless: each execution writes its
+    own folder, and saves become visible only by append-only publication."""
+
+
+@main.command()
+@click.argument("save", type=click.Path())
+@click.option("--step", type=int, help="training step [default: from a checkpoint-<step> name]")
+@click.option("--root", help=ROOT_HELP)
+@click.option("--epoch", "epoch_", type=int, help="[default: $DISPATCH_EPOCH]")
+@click.option("--json", "as_json", is_flag=True, help="print the publication as JSON")
+@refusals
+def publish(save, step, root, epoch_, as_json):
+    """Publish SAVE (a folder or file inside the root) at (epoch, step).
+
+    Durable when this returns; publishing the same save twice is an error."""
+    root = _root(root)
+    if epoch_ is None:
+        text = os.environ.get("DISPATCH_EPOCH")
+        if not text:
+            raise click.UsageError("no epoch: pass --epoch or set DISPATCH_EPOCH")
+        epoch_ = epochmod.parse_part("DISPATCH_EPOCH", text, 0, epochmod.EPOCH_MAX)
+    if step is None:
+        m = re.fullmatch(r"checkpoint-([0-9]+)", os.path.basename(os.path.normpath(save)))
+        if m is None:
+            raise click.UsageError("no step: pass --step (SAVE is not named checkpoint-<step>)")
+        step = int(m[1])
+    pub = store.publish(root, save, step, epoch_)
+    click.echo(json.dumps(_publication_json(root, pub)) if as_json else pub.name)
+
+
+@main.command()
+@click.argument("root", required=False)
+@click.option("--path", "path_only", is_flag=True, help="print only the save's absolute path")
+@click.option("--json", "as_json", is_flag=True)
+@refusals
+def latest(root, path_only, as_json):
+    """The latest publication of ROOT: greatest (epoch, step).
+
+    Exit 0 found, 1 none published yet, 2 error (e.g. an entry that does not parse)."""
+    root = _root(root)
+    pub = store.latest(root)
+    if pub is None:
+        if as_json:
+            click.echo("null")
+        sys.exit(1)
+    if path_only:
+        click.echo(os.path.join(root, pub.path))
+    elif as_json:
+        click.echo(json.dumps(_publication_json(root, pub)))
+    else:
+        g, n, r = pub.parts
+        click.echo(f"{os.path.join(root, pub.path)}\tstep {pub.step}\tG={g} N={n} R={r}")
+
+
+@main.command("ls")
+@click.argument("root", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@refusals
+def ls_(root, as_json):
+    """Every publication of ROOT in (epoch, step) order, and whether its save still exists."""
+    root = _root(root)
+    pubs = store.publications(root)
+    rows = []
+    for p in pubs:
+        d = _publication_json(root, p)
+        d["exists"] = os.path.lexists(d["abspath"])
+        rows.append(d)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    head = ("G", "N", "R", "STEP", "EXISTS", "PATH")
+    table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]),
+                       str(d["step"]), "yes" if d["exists"] else "NO", d["path"]) for d in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
+    for row in table:
+        cells = [c.rjust(w) for c, w in zip(row, widths)] + [row[-1]]
+        click.echo("  ".join(cells))
+    if not rows:
+        click.echo(f"(no publication under {root}/{names.PUB})", err=True)
+
+
+@main.group()
+def epoch():
+    """Compose or decompose DISPATCH_EPOCH = G*10^12 + N*10^6 + R."""
+
+
+@epoch.command()
+@click.argument("generation", type=int)
+@click.argument("submission", type=int)
+@click.argument("restart", type=int)
+@refusals
+def compose(generation, submission, restart):
+    """Print the epoch of (G, N, R)."""
+    click.echo(epochmod.compose(generation, submission, restart))
+
+
+@epoch.command()
+@click.argument("value")
+@click.option("--json", "as_json", is_flag=True)
+@refusals
+def decompose(value, as_json):
+    """Print G N R of an epoch."""
+    g, n, r = epochmod.decompose(epochmod.parse_part("epoch", value, 0, epochmod.EPOCH_MAX))
+    if as_json:
+        click.echo(json.dumps({"generation": g, "submission": n, "restart": r}))
+    else:
+        click.echo(f"G={g} N={n} R={r}")
+
+
+@main.command("env")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json", "dotenv"]), default="sh",
+              show_default=True)
+@click.option("--no-mkdir", is_flag=True, help="compute only; do not create the exec folder")
+@refusals
+def env_(fmt, no_mkdir):
+    """Print this execution's DISPATCH_* variables and create its exec folder.
+
+    Use inside the sbatch script:  eval "$(dispatch-slurm env)" """
+    site = siteconf.load()
+    values = envmod.compute(os.environ, site)
+    if not no_mkdir:
+        store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"],
+                            site.exec_mode, create_root=bool(os.environ.get("SLURM_ARRAY_TASK_ID")))
+    click.echo(envmod.render(values, fmt), nl=False)
+
+
+@main.command()
+@click.argument("root")
+@click.option("--generation", type=int, default=0, show_default=True, help="G (supersessions)")
+@click.option("--grace", type=int, help="seconds to checkpoint after SIGTERM (0..300)")
+@click.option("--shared-checkpoint", is_flag=True, help="the job cannot isolate its writes")
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, required=True)
+@refusals
+def submit(root, generation, grace, shared_checkpoint, as_json, sbatch_args):
+    """Allocate the next submission number N under ROOT, then sbatch SBATCH_ARGS with
+    DISPATCH_CHECKPOINT/GENERATION/SUBMISSION exported to the job. Everything after
+    `--` goes to sbatch unchanged.
+
+        dispatch-slurm submit /scratch/me/run1 -- --nodes=2 train.sbatch"""
+    from .slurm import Slurm
+    if any(a == "--export" or a.startswith("--export=") for a in sbatch_args):
+        raise click.UsageError("submit sets --export itself; put variables in your environment")
+    inputs = {"DISPATCH_CHECKPOINT": names.normalize_root(root),
+              "DISPATCH_GENERATION": str(generation)}
+    if grace is not None:
+        inputs["DISPATCH_GRACE"] = str(grace)
+    if shared_checkpoint:
+        inputs["DISPATCH_SHARED_CHECKPOINT"] = "1"
+    # refuse bad input before a submission number is spent
+    envmod.check_inputs(inputs, siteconf.load(), need_submission=False)
+    n = store.allocate_submission(inputs["DISPATCH_CHECKPOINT"])
+    inputs["DISPATCH_SUBMISSION"] = str(n)
+    export = "--export=ALL," + ",".join(inputs)  # names only: values come from the env
+    job_id = Slurm().submit([export, *sbatch_args], env={**os.environ, **inputs})
+    epoch_ = epochmod.compose(generation, n, 0)
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "submission": n, "generation": generation,
+                               "epoch": epoch_, "root": inputs["DISPATCH_CHECKPOINT"]}))
+    else:
+        click.echo(f"submitted job {job_id} as submission {n} (epoch {epoch_})")

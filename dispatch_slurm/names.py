@@ -1,0 +1,223 @@
+"""Every name of the on-disk contract, as pure functions (no I/O).
+
+Publication: ``<epoch, 20 digits>-<step, 20 digits>-<path under the root, base32>``.
+Base32 (RFC 4648, A-Z2-7, no padding) has one case, so a case-folding filesystem
+cannot merge two names, and no '-', so the name splits one way only. The fixed-width
+digits make the name's string order equal to (epoch, step) order; the whole name
+breaks ties, so every reader picks the same latest entry.
+"""
+
+import base64
+import os
+import re
+from itertools import compress, repeat
+from operator import eq, itemgetter, mod
+from typing import NamedTuple
+
+from .epoch import EPOCH_MAX, Epoch, decompose
+from .errors import BadName, BadPath, EnvError
+
+PUB, SUB, EXEC, CEASED = "pub", "sub", "exec", "ceased"
+STEP_MAX = 10**20 - 1
+_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+# base32 -> the digits int(x, 32) reads, so decoding runs in C, not in a Python loop
+_TO_INT32 = str.maketrans(_B32, "0123456789abcdefghijklmnopqrstuv")
+_PUB_RE = re.compile(r"([0-9]{20})-([0-9]{20})-([A-Z2-7]+)")
+_SUB_RE = re.compile(r"[0-9]{6}")
+_TOKEN_SAFE = re.compile(r"[^A-Za-z0-9_-]")
+_DEC = re.compile(r"[0-9]+")
+# unpadded base32 length mod 8 -> number of zero bits in the last character
+_PAD_BITS = {0: 0, 2: 2, 4: 4, 5: 1, 7: 3}
+
+
+class Publication(NamedTuple):
+    epoch: int
+    step: int
+    path: str  # the save, relative to the root, canonical
+    name: str  # the entry in pub/
+
+    @property
+    def parts(self) -> Epoch:
+        return decompose(self.epoch)
+
+
+def b32encode(data: bytes) -> str:
+    return base64.b32encode(data).decode("ascii").rstrip("=")
+
+
+def b32decode(text: str) -> bytes:
+    """Strict, canonical decode: only A-Z2-7, a valid unpadded length, zero tail bits."""
+    if not text or text.strip(_B32):
+        raise ValueError("not base32 (A-Z2-7)")
+    pad = _PAD_BITS.get(len(text) % 8)
+    if pad is None:
+        raise ValueError(f"base32 length {len(text)} is impossible without padding")
+    value = int(text.translate(_TO_INT32), 32)
+    if value & ((1 << pad) - 1):
+        raise ValueError("base32 has non-zero trailing bits (not canonical)")
+    return (value >> pad).to_bytes(len(text) * 5 // 8, "big")
+
+
+def check_relpath(path: str) -> str:
+    """Refuse a save path that is absolute, has '..', or is not canonical.
+
+    Canonical (no '', '.', '..' component, no trailing '/') means one save has one
+    name, and a relative path without '..' cannot leave the root lexically."""
+    if not path:
+        raise BadPath("save path is empty")
+    if "\0" in path:
+        raise BadPath(f"save path {path!r} contains a NUL byte")
+    if path.startswith("/"):
+        raise BadPath(f"save path {path!r} is absolute; it must be relative to the root")
+    for part in path.split("/"):
+        if part == "..":
+            raise BadPath(f"save path {path!r} contains '..' and could leave the root")
+        if part in ("", "."):
+            raise BadPath(f"save path {path!r} is not canonical (empty or '.' component)")
+    return path
+
+
+def _digits(what: str, value: int, hi: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+        raise BadName(str(value), f"{what} must be an integer 0..{hi}")
+    return f"{value:020d}"
+
+
+def encode(epoch: int, step: int, path: str) -> str:
+    """The publication name of a save at `path` (relative to the root)."""
+    decompose(epoch)  # refuses epochs no (G, N, R) composes
+    e, s = _digits("epoch", epoch, EPOCH_MAX), _digits("step", step, STEP_MAX)
+    return f"{e}-{s}-{b32encode(os.fsencode(check_relpath(path)))}"
+
+
+def parse(name: str, where: str | None = None) -> Publication:
+    """Parse a publication name strictly; a bad name raises BadName naming it."""
+    m = _PUB_RE.fullmatch(name)
+    if m is None:
+        raise BadName(name, "not <20-digit epoch>-<20-digit step>-<base32 path>", where)
+    try:
+        epoch = int(m[1])
+        decompose(epoch)
+        path = check_relpath(os.fsdecode(b32decode(m[3])))
+    except (ValueError, BadPath) as e:
+        raise BadName(name, str(e), where) from None
+    return Publication(epoch, int(m[2]), path, name)
+
+
+def submission_name(n: int) -> str:
+    return f"{n:06d}"
+
+
+def parse_submission(name: str, where: str | None = None) -> int:
+    if _SUB_RE.fullmatch(name) is None or name == "000000":
+        raise BadName(name, "not a 6-digit submission number 000001..999999", where)
+    return int(name)
+
+
+def attempt_token(cluster: str, job_id: str, epoch: int) -> str:
+    """DISPATCH_ATTEMPT: '<cluster>.<job id>.<epoch>'.
+
+    Derived, not allocated: every node computes the same token from facts Slurm
+    gives it, with no coordination. Cluster characters outside [A-Za-z0-9_-] become
+    '_' so '.' separates fields one way only; the job id is digits (an array task
+    has its own job id); the epoch differs between executions of one job id."""
+    if not cluster or len(cluster) > 64:
+        raise EnvError(f"cluster name {cluster!r} must be 1..64 characters")
+    if _DEC.fullmatch(job_id or "") is None:
+        raise EnvError(f"Slurm job id {job_id!r} must be decimal digits")
+    decompose(epoch)
+    return f"{_TOKEN_SAFE.sub('_', cluster)}.{job_id}.{epoch}"
+
+
+def exec_relpath(attempt: str) -> str:
+    return f"{EXEC}/{attempt}"
+
+
+def array_root(root: str, task_id: str) -> str:
+    """An array task is its own dispatch job: its root is '<root>/task-<id>'.
+
+    Idempotent, so a step that recomputes the env inside the task keeps the root."""
+    if _DEC.fullmatch(task_id) is None:
+        raise EnvError(f"SLURM_ARRAY_TASK_ID {task_id!r} must be decimal digits")
+    leaf = f"task-{int(task_id)}"
+    return root if root.rsplit("/", 1)[-1] == leaf else f"{root}/{leaf}"
+
+
+def normalize_root(root: str) -> str:
+    """An absolute root with '//', '/./' and a trailing '/' removed; '..' refused.
+
+    Lexical only: the root's symlinks are the user's business and are kept, so the
+    value is the same on every node whatever the node resolves them to."""
+    if not root or not root.startswith("/"):
+        raise EnvError(f"checkpoint root {root!r} must be an absolute path")
+    if "\0" in root:
+        raise EnvError("checkpoint root contains a NUL byte")
+    parts = [p for p in root.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise EnvError(f"checkpoint root {root!r} must not contain '..'")
+    return "/" + "/".join(parts)
+
+# --- bulk validation: the same rules as parse(), for a whole listing at once ---
+# Readers must parse every entry of pub/ (a skipped entry could be the latest), and
+# parse() costs ~4 us per name in Python. all_valid() applies the same rules with a
+# constant number of C-level passes (slices, translate, one big int(x, 32) decode,
+# substring tests), ~1 us per name. It only answers yes/no: on "no" the caller runs
+# parse() entry by entry to name the bad one. tests/test_names.py checks that both
+# agree on valid, mutated and malformed names.
+_B32B = _B32.encode()
+_TO_INT32B = bytes.maketrans(_B32B, b"0123456789abcdefghijklmnopqrstuv")
+_DIGITS0 = bytes.maketrans(b"0123456789", b"0000000000")
+_NONZERO = bytes.maketrans(b"0123456789", b"\0\1\1\1\1\1\1\1\1\1")
+_HEAD = b"0" * 20 + b"-" + b"0" * 20 + b"-"
+# length mod 8 -> (NUL bytes its 'A' padding decodes to, last chars with zero tail bits)
+_GROUPS = {r: (k, {_B32[i] for i in range(32) if i % (1 << z) == 0})
+           for r, k, z in ((0, 5, 0), (2, 4, 2), (4, 3, 4), (5, 2, 1), (7, 1, 3))}
+_head, _path, _last = itemgetter(slice(0, 42)), itemgetter(slice(42, None)), itemgetter(-1)
+
+
+def all_valid(entries: list[str]) -> bool:
+    """True iff parse() would accept every entry (see the comment above)."""
+    n = len(entries)
+    if not n:
+        return True
+    try:
+        heads = "".join(map(_head, entries)).encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    if heads.translate(_DIGITS0) != _HEAD * n:
+        return False
+    nonzero = 0  # submission N (digits 8..13 of the epoch) must not be 000000
+    for k in range(8, 14):
+        nonzero |= int.from_bytes(heads[k::42].translate(_NONZERO), "big")
+    if 0 in nonzero.to_bytes(n, "big"):
+        return False
+    paths = list(map(_path, entries))
+    rems = list(map(mod, map(len, paths), repeat(8)))
+    pieces, nuls, seen = [], 1, 0
+    for r, (k, tails) in _GROUPS.items():
+        group = list(compress(paths, map(eq, rems, repeat(r))))
+        if group:
+            if not set(map(_last, group)) <= tails:
+                return False
+            pad = "A" * (8 - r)
+            pieces.append(pad.join(group) + pad)
+            nuls += k * len(group)
+            seen += len(group)
+    if seen != n:  # impossible lengths (1, 3, 6 mod 8) or an empty path
+        return False
+    try:
+        data = "".join(pieces).encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    if data.translate(None, _B32B):
+        return False
+    raw = b"\0" + int(data.translate(_TO_INT32B), 32).to_bytes(len(data) * 5 // 8, "big")
+    if raw.count(0) != nuls:
+        return False
+    if b"//" in raw or b"\0/" in raw or b"/\0" in raw:
+        return False
+    if b"/." in raw and (b"/./" in raw or b"/../" in raw or b"/.\0" in raw or b"/..\0" in raw):
+        return False
+    if b"\0." in raw and (b"\0./" in raw or b"\0.\0" in raw or b"\0../" in raw or b"\0..\0" in raw):
+        return False
+    return True

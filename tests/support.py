@@ -1,0 +1,37 @@
+"""Shared test helpers (importable as `support`: pytest's pythonpath includes tests/)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+VECTORS = pathlib.Path(__file__).parent / "vectors"
+REPO = pathlib.Path(__file__).parent.parent
+
+
+def vectors(name: str):
+    return json.loads((VECTORS / name).read_text())
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Poll `predicate` until it returns a truthy value; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def cli(*args, env=None, check=False, cwd=None):
+    """Run the real `dispatch-slurm` CLI in a subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "dispatch_slurm", *map(str, args)],
+                          env={**os.environ, **(env or {})}, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dispatch-slurm {args} exited {proc.returncode}: {proc.stderr}")
+    return proc

@@ -1,0 +1,147 @@
+"""The env contract (shared vectors) and the real CLI in subprocesses."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from dispatch_slurm import env, siteconf, store
+from dispatch_slurm.errors import EnvError, EpochError
+from support import cli, vectors
+
+ENV = vectors("env.json")
+
+
+def _site(v):
+    s = v.get("site")
+    return siteconf.Site(s["grace"], s["account_grace"]) if s else siteconf.Site()
+
+
+@pytest.mark.parametrize("v", ENV["valid"], ids=lambda v: v["name"])
+def test_env_vectors(v):
+    out = env.compute(v["env"], _site(v))
+    assert out == v["expect"]
+    assert list(out) == [k for k in env.ORDER if k in out]
+
+
+@pytest.mark.parametrize("v", ENV["errors"], ids=lambda v: v["error"])
+def test_env_errors_name_the_input(v):
+    with pytest.raises((EnvError, EpochError)) as e:
+        env.compute(v["env"], siteconf.Site())
+    assert v["error"] in str(e.value)
+
+
+def test_siteconf_parse_and_errors(tmp_path):
+    s = siteconf.parse("# site\ngrace = 90\ngrace.ml-team = 250  # long saves\nexec_mode = 0750\n")
+    assert (s.grace, s.account_grace, s.exec_mode) == (90, {"ml-team": 250}, 0o750)
+    for bad in ("grace = -1", "exec_mode = 0777", "grace: 60", "unknown = 1"):
+        with pytest.raises(siteconf.SiteConfError, match=":1:"):
+            siteconf.parse(bad)
+    with pytest.raises(siteconf.SiteConfError, match="does not exist"):
+        siteconf.load(str(tmp_path / "nope.conf"))
+
+
+def slurm_env(root, **extra):
+    return {"SLURM_JOB_ID": "42", "SLURM_CLUSTER_NAME": "linux", "DISPATCH_CHECKPOINT": str(root),
+            "DISPATCH_SUBMISSION": "1", "DISPATCH_SITE_CONF": "", **extra}
+
+
+def test_cli_env_creates_exec_dir_and_evals(root):
+    e = slurm_env(root, SLURM_RESTART_COUNT="1")
+    proc = cli("env", env=e, check=True)
+    assert "export DISPATCH_ATTEMPT=linux.42.1000001" in proc.stdout
+    exec_dir = root / "exec" / "linux.42.1000001"
+    assert stat.S_IMODE(exec_dir.stat().st_mode) == 0o700
+    # what a sbatch script does with it
+    sh = subprocess.run(["bash", "-c", f'eval "$({sys.executable} -m dispatch_slurm env)"; '
+                                       'echo "$DISPATCH_EPOCH $DISPATCH_EXEC_DIR"'],
+                        env={**os.environ, **e}, capture_output=True, text=True, check=True)
+    assert sh.stdout.split() == ["1000001", str(exec_dir)]
+    js = json.loads(cli("env", "--format", "json", env=e, check=True).stdout)
+    assert js["DISPATCH_EPOCH"] == "1000001"
+    assert "DISPATCH_RESTART=1\n" in cli("env", "--format", "dotenv", env=e, check=True).stdout
+
+
+def test_cli_env_refusals_exit_2(root, tmp_path):
+    proc = cli("env", env=slurm_env(tmp_path / "typo"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert not (tmp_path / "typo").exists()
+    proc = cli("env", env=slurm_env(root, DISPATCH_SUBMISSION="0"))
+    assert proc.returncode == 2 and "DISPATCH_SUBMISSION" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (root / "exec").exists()
+
+
+def test_cli_array_task_root(root):
+    e = slurm_env(root, SLURM_ARRAY_TASK_ID="5")
+    out = cli("env", "--format", "json", env=e, check=True).stdout
+    assert json.loads(out)["DISPATCH_CHECKPOINT"] == f"{root}/task-5"
+    assert (root / "task-5" / "exec" / "linux.42.1000000").is_dir()
+
+
+def test_cli_publish_latest_ls(root):
+    e = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": "1000000"}
+    assert cli("latest", env=e).returncode == 1
+    for step in (10, 20):
+        (root / "exec/a" / f"checkpoint-{step}").mkdir(parents=True)
+        cli("publish", root / "exec/a" / f"checkpoint-{step}", env=e, check=True)
+    late = root / "exec/old/checkpoint-999"
+    late.mkdir(parents=True)
+    refused = cli("publish", late, "--epoch", "999999", env=e)  # N=0
+    assert refused.returncode == 2 and "submission N=0" in refused.stderr
+    proc = cli("publish", late, "--epoch", "1000000", "--step", "999", "--json", env=e, check=True)
+    assert json.loads(proc.stdout)["step"] == 999
+    again = cli("publish", late, "--step", "999", env=e)
+    assert again.returncode == 2 and "already published" in again.stderr
+    assert cli("latest", "--path", env=e, check=True).stdout.strip() == str(late)
+    assert json.loads(cli("latest", "--json", str(root), check=True).stdout)["step"] == 999
+    table = cli("ls", str(root), check=True).stdout.splitlines()
+    assert table[0].split() == ["G", "N", "R", "STEP", "EXISTS", "PATH"]
+    assert [r.split()[3] for r in table[1:]] == ["10", "20", "999"]
+    late.rmdir()
+    assert cli("ls", str(root), check=True).stdout.splitlines()[-1].split()[4] == "NO"
+    (root / "pub" / "stray.tmp").touch()
+    bad = cli("latest", str(root))
+    assert bad.returncode == 2 and "'stray.tmp'" in bad.stderr
+
+
+def test_cli_epoch():
+    assert cli("epoch", "compose", "1", "2", "3", check=True).stdout.strip() == "1000002000003"
+    assert cli("epoch", "decompose", "1000002000003", check=True).stdout.strip() == "G=1 N=2 R=3"
+    proc = cli("epoch", "compose", "0", "0", "0")
+    assert proc.returncode == 2 and "submission N 0 is out of range 1..999,999" in proc.stderr
+
+
+@pytest.mark.parametrize("cmd", [[], ["publish"], ["latest"], ["ls"], ["epoch"], ["epoch", "compose"],
+                                 ["env"], ["submit"]])
+def test_help_everywhere(cmd):
+    proc = cli(*cmd, "--help", check=True)
+    assert "Usage:" in proc.stdout
+
+
+def test_submit_allocates_and_passes_inputs(root, tmp_path):
+    """Against a stand-in sbatch that records what it got (the real sbatch is
+    exercised in tests/cluster): N is allocated once per submit and exported by name."""
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n{ printf '%s\\n' \"$@\"; env | grep ^DISPATCH_ | sort; } > \"$FAKE_OUT\"\n"
+                    "echo 4242\n")
+    fake.chmod(0o755)
+    e = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "FAKE_OUT": str(tmp_path / "out")}
+    first = cli("submit", root, "--json", "--", "--nodes=2", "job.sh", env=e, check=True)
+    assert json.loads(first.stdout) == {"job_id": 4242, "submission": 1, "generation": 0,
+                                        "epoch": 1000000, "root": str(root)}
+    got = (tmp_path / "out").read_text().splitlines()
+    assert got[:4] == ["--parsable", "--export=ALL,DISPATCH_CHECKPOINT,DISPATCH_GENERATION,DISPATCH_SUBMISSION",
+                       "--nodes=2", "job.sh"]
+    assert f"DISPATCH_CHECKPOINT={root}" in got and "DISPATCH_SUBMISSION=1" in got
+    second = cli("submit", root, "--generation", "1", "--", "job.sh", env=e, check=True)
+    assert "submission 2 (epoch 1000002000000)" in second.stdout
+    bad = cli("submit", root, "--generation", "-1", "--", "job.sh", env=e)
+    assert bad.returncode == 2 and "DISPATCH_GENERATION" in bad.stderr
+    unknown = cli("submit", root, "--nodes=2", "job.sh", env=e)  # sbatch options need `--`
+    assert unknown.returncode == 2 and "--nodes" in unknown.stderr
+    assert sorted(os.listdir(root / "sub")) == ["000001", "000002"]  # refused: no N spent

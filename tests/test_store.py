@@ -1,0 +1,301 @@
+"""The POSIX store on a real filesystem: behaviour, races, crashes and faults."""
+
+import multiprocessing as mp
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dispatch_slurm import names, store
+from dispatch_slurm.errors import AlreadyPublished, BadName, BadPath, StoreError
+
+E1, E2 = 1_000_000, 2_000_000  # N=1 and N=2, G=R=0
+
+
+def save(root, rel):
+    p = root / rel
+    p.mkdir(parents=True)
+    return p
+
+
+def test_publish_then_latest(root):
+    a = save(root, "exec/a/checkpoint-10")
+    b = save(root, "exec/a/checkpoint-20")
+    assert store.latest(root) is None
+    store.publish(root, a, 10, E1)
+    pb = store.publish(root, b, 20, E1)
+    assert store.latest(root) == pb
+    assert pb.path == "exec/a/checkpoint-20"
+    assert [p.step for p in store.publications(root)] == [10, 20]
+    entry = root / "pub" / pb.name
+    assert entry.stat().st_size == 0 and not entry.stat().st_mode & 0o222
+
+
+def test_higher_epoch_outranks_any_step(root):
+    """An old run's late save (lower epoch, higher step) never outranks the replacement."""
+    old = save(root, "exec/old/checkpoint-9000")
+    new = save(root, "exec/new/checkpoint-5")
+    store.publish(root, new, 5, E2)
+    store.publish(root, old, 9000, E1)  # published after, as a stalled old run would
+    assert store.latest(root).path == "exec/new/checkpoint-5"
+
+
+def test_publish_twice_is_refused(root):
+    a = save(root, "exec/a/checkpoint-1")
+    store.publish(root, a, 1, E1)
+    with pytest.raises(AlreadyPublished, match="already published"):
+        store.publish(root, a, 1, E1)
+    assert len(os.listdir(root / "pub")) == 1
+
+
+def test_publish_refuses_missing_or_outside_saves(root, tmp_path):
+    with pytest.raises(BadPath, match="does not exist"):
+        store.publish(root, root / "exec/nope", 1, E1)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    with pytest.raises(BadPath, match="not inside"):
+        store.publish(root, outside, 1, E1)
+    (root / "exec").mkdir()
+    (root / "exec" / "link").symlink_to(outside)  # inside by name, outside by target
+    with pytest.raises(BadPath, match="symlink"):
+        store.publish(root, root / "exec" / "link", 1, E1)
+    (outside / "ck").mkdir()
+    with pytest.raises(BadPath, match="symlink"):  # a symlinked folder on the way
+        store.publish(root, root / "exec" / "link" / "ck", 1, E1)
+    with pytest.raises(BadPath, match="not inside"):
+        store.publish(root, root, 1, E1)
+    assert not (root / "pub").exists()
+
+
+def test_name_over_the_limit_refused_before_anything_is_created(root):
+    deep = save(root, "exec/" + "x" * 150)
+    with pytest.raises(BadPath, match="limit of 255"):
+        store.publish(root, deep, 1, E1)
+    assert not (root / "pub").exists()
+
+
+def test_missing_root_is_an_error_not_created(tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        store.latest(tmp_path / "typo")
+    with pytest.raises(StoreError, match="does not exist"):
+        store.allocate_submission(tmp_path / "typo")
+    assert not (tmp_path / "typo").exists()
+
+
+def test_bad_entry_is_an_error_naming_it_never_skipped(root):
+    a = save(root, "exec/a/checkpoint-1")
+    store.publish(root, a, 1, E1)
+    (root / "pub" / "latest").touch()
+    for fn in (store.latest, store.publications):
+        with pytest.raises(BadName, match="'latest'"):
+            fn(root)
+    (root / "pub" / "latest").unlink()
+    bad = f"{E2:020d}-{1:020d}-" + names.b32encode(b"../../etc")
+    (root / "pub" / bad).touch()
+    with pytest.raises(BadName, match="'..' and could leave the root"):
+        store.latest(root)
+
+
+def test_symlinked_pub_is_refused(root, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "pub").symlink_to(elsewhere)
+    a = save(root, "exec/a/checkpoint-1")
+    with pytest.raises(StoreError, match="symlink"):
+        store.publish(root, a, 1, E1)
+    with pytest.raises(StoreError, match="symlink"):
+        store.latest(root)
+    assert os.listdir(elsewhere) == []
+
+
+def test_submission_numbers(root):
+    assert [store.allocate_submission(root) for _ in range(3)] == [1, 2, 3]
+    (root / "sub" / names.submission_name(7)).touch()  # e.g. from another login node
+    assert store.allocate_submission(root) == 8
+    (root / "sub" / "junk").touch()
+    with pytest.raises(BadName, match="'junk'"):
+        store.allocate_submission(root)
+
+
+def test_exec_dir(root, tmp_path):
+    p = store.make_exec_dir(str(root), "linux.1.1000000")
+    assert os.stat(p).st_mode & 0o777 == 0o700
+    assert store.make_exec_dir(str(root), "linux.1.1000000") == p  # idempotent
+    (root / "exec" / "planted").symlink_to(tmp_path)
+    with pytest.raises(BadPath, match="symlink"):
+        store.make_exec_dir(str(root), "planted")
+    with pytest.raises(BadPath):
+        store.make_exec_dir(str(root), "../x")
+
+
+# ---- race: 16 processes publish the same name at once ---------------------------
+
+def _race(root, barrier, results):
+    barrier.wait()
+    try:
+        store.publish(root, os.path.join(root, "exec/a/checkpoint-1"), 1, E1)
+        results.put("ok")
+    except AlreadyPublished:
+        results.put("exists")
+
+
+@pytest.mark.parametrize("rep", range(5))
+def test_race_exactly_one_wins(root, rep):
+    save(root, "exec/a/checkpoint-1")
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(16), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(str(root), barrier, results)) for _ in range(16)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    outcome = sorted(results.get(timeout=10) for _ in procs)
+    assert outcome == ["exists"] * 15 + ["ok"]
+    assert len(os.listdir(root / "pub")) == 1
+
+
+def test_race_submission_numbers_are_distinct(root):
+    ctx = mp.get_context("fork")
+    with ctx.Pool(16) as pool:
+        got = pool.map(store.allocate_submission, [str(root)] * 64)
+    assert sorted(got) == list(range(1, 65))
+
+
+# ---- crash: SIGKILL a publishing child at random moments -------------------------
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    from dispatch_slurm import store
+    root, start = sys.argv[1], int(sys.argv[2])
+    os.makedirs(os.path.join(root, "exec/a"), exist_ok=True)
+    for step in range(start, start + 10**6):
+        path = os.path.join(root, "exec/a", f"checkpoint-{step}")
+        os.mkdir(path)
+        store.publish(root, path, step, 1_000_000)
+        os.write(1, b"%d\\n" % step)   # reported only once publish returned
+""")
+
+
+def test_sigkill_at_random_moments(root):
+    """Every entry parses, and every publication reported as returned is present."""
+    rng = random.Random(0xD15)
+    reported, start = set(), 0
+    env = {**os.environ, "PYTHONPATH": str(os.path.dirname(os.path.dirname(__file__)))}
+    for _ in range(220):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(start)],
+                                 stdout=subprocess.PIPE, env=env)
+        # wait for a random number of publications (0..3), then kill mid-flight
+        for _ in range(rng.randrange(4)):
+            line = child.stdout.readline()
+            if not line:
+                break
+            reported.add(int(line))
+        time.sleep(rng.random() * 0.003)  # jitter: where in publish() the kill lands, not a wait
+        os.kill(child.pid, signal.SIGKILL)
+        out, _ = child.communicate()
+        reported.update(int(x) for x in out.split())
+        start = max([start - 1, *reported]) + 1
+        # a killed mkdir may have left checkpoint-<start>; skip past any leftover
+        while (root / "exec/a" / f"checkpoint-{start}").exists():
+            start += 1
+        assert child.returncode == -signal.SIGKILL
+    pubs = store.publications(root)  # raises if any entry does not parse
+    steps = {p.step for p in pubs}
+    assert reported <= steps, f"lost: {sorted(reported - steps)[:5]}"
+    assert len(reported) > 100
+
+
+# ---- faults from the kernel, not from mocks ----------------------------------------
+
+STRACE = shutil.which("strace")
+needs_strace = pytest.mark.skipif(STRACE is None and not os.environ.get("CI"), reason="strace missing")
+
+PUBLISH = ("import sys; from dispatch_slurm import store; "
+           "p = store.publish(sys.argv[1], sys.argv[2], 1, 1_000_000); print('RETURNED', p.name)")
+
+
+def _strace(args, root, save_path):
+    env = {**os.environ, "PYTHONPATH": str(os.path.dirname(os.path.dirname(__file__)))}
+    return subprocess.run([STRACE, "-f", "-qq", "-e", "trace=openat,fsync,close", *args, "-o", "/dev/stderr",
+                           sys.executable, "-c", PUBLISH, str(root), str(save_path)],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def _events(trace: list[str]):
+    """(syscall, path) in order, resolving each fsync's fd to the path it was opened as."""
+    fds, events = {}, []
+    for line in trace:
+        if m := re.search(r'openat\((\w+), "([^"]+)", ([^,)]+).*\)\s+= (\d+)$', line):
+            fds[m[4]] = m[2]
+            events.append(("open", m[2], m[3]))
+        elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
+            events.append(("fsync", fds[m[1]], ""))
+    return events
+
+
+@needs_strace
+@pytest.mark.parametrize("first", [True, False], ids=["creates-pub", "pub-exists"])
+def test_syscall_order_from_a_real_trace(root, first):
+    a = save(root, "exec/a/checkpoint-1")
+    if not first:
+        store.publish(root, save(root, "exec/a/checkpoint-0"), 0, E1)
+    proc = _strace([], root, a)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = _events(proc.stderr.splitlines())
+    i = next(i for i, (_, path, _) in enumerate(events) if re.fullmatch(r"\d{20}-\d{20}-[A-Z2-7]+", path))
+    flags = events[i][2]
+    assert all(f in flags for f in ("O_CREAT", "O_EXCL", "O_NOFOLLOW")), flags
+    assert events[i + 1:] == [("fsync", "pub", ""), ("fsync", str(root), "")]
+    if first:  # creating pub/ was made durable (root fsynced) before the entry was created
+        assert ("fsync", str(root), "") in events[:i]
+    assert proc.stdout.startswith("RETURNED")
+
+
+@needs_strace
+@pytest.mark.parametrize("which", [1, 2])
+def test_fsync_eio_means_no_success(root, which):
+    """The kernel returns EIO from the first or second fsync: publish raises."""
+    a = save(root, "exec/a/checkpoint-1")
+    proc = _strace([f"-e", f"inject=fsync:error=EIO:when={which}"], root, a)
+    assert proc.returncode != 0
+    assert "RETURNED" not in proc.stdout
+    assert "Input/output error" in proc.stderr
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A real filesystem with no free inode: creating the publication fails ENOSPC."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=6", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount tmpfs (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_enospc_means_no_success(full_fs):
+    root = full_fs
+    (root / "pub").mkdir()
+    s = save(root, "exec/a")
+    # fill the remaining inodes
+    i = 0
+    while True:
+        try:
+            (root / f"fill{i}").touch()
+            i += 1
+        except OSError:
+            break
+    with pytest.raises(OSError) as e:
+        store.publish(root, s, 1, E1)
+    assert e.value.errno == 28  # ENOSPC
+    assert os.listdir(root / "pub") == []
+    assert store.latest(root) is None

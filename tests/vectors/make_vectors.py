@@ -1,0 +1,156 @@
+"""Regenerate tests/vectors/*.json (then review the diff).
+
+Deliberately independent of dispatch_slurm: base32 from the stdlib's base64, epochs
+by plain arithmetic, tokens and env by the contract's wording. Python, the C plugin
+and the cluster tests all check themselves against these files."""
+
+import base64
+import json
+import pathlib
+
+HERE = pathlib.Path(__file__).parent
+
+
+def b32(path: str) -> str:
+    return base64.b32encode(path.encode()).decode().rstrip("=")
+
+
+def epoch(g, n, r):
+    return g * 10**12 + n * 10**6 + r
+
+
+def dump(name, data):
+    (HERE / name).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
+EPOCHS = {
+    "valid": [{"g": g, "n": n, "r": r, "epoch": epoch(g, n, r)} for g, n, r in [
+        (0, 1, 0), (0, 1, 1), (0, 2, 0), (1, 1, 0), (0, 999_999, 999_999), (99_999_999, 999_999, 999_999),
+        (3, 42, 7), (0, 500_000, 123_456)]],
+    "invalid": [
+        {"g": -1, "n": 1, "r": 0, "part": "generation"}, {"g": 100_000_000, "n": 1, "r": 0, "part": "generation"},
+        {"g": 0, "n": 0, "r": 0, "part": "submission"}, {"g": 0, "n": 1_000_000, "r": 0, "part": "submission"},
+        {"g": 0, "n": -5, "r": 0, "part": "submission"}, {"g": 0, "n": 1, "r": -1, "part": "restart"},
+        {"g": 0, "n": 1, "r": 1_000_000, "part": "restart"}],
+    "invalid_epochs": [0, 999_999, 5 * 10**12 + 999_999, 10**20, -1],
+}
+
+PATHS = ["exec/linux.42.1000000/checkpoint-500", "a", "ab", "abc", "abcd", "abcde", "x/y/z",
+         "exec/c.1.1000000/ckpt-0001", "exec/é/ünïcode", ".hidden/x", "a..b/c", "exec/a b/c d"]
+NAMES = {
+    "valid": [{"epoch": e, "step": s, "path": p, "name": f"{e:020d}-{s:020d}-{b32(p)}"}
+              for (e, s), p in zip([(1_000_000, 500), (1_000_000, 0), (2_000_001, 7), (10**12 + 10**6, 10**19),
+                                    (1_000_000, 10**20 - 1), (99_999_999_999_999_999_999, 1)] * 2, PATHS)],
+    "invalid_names": [
+        "", "latest", "00000000000001000000-00000000000000000500",
+        "0000000000001000000-00000000000000000500-ME",            # 19-digit epoch
+        "00000000000001000000-0000000000000000500-ME",            # 19-digit step
+        "00000000000001000000-00000000000000000500-me",           # lower case
+        "00000000000001000000-00000000000000000500-ME======",     # padding
+        "00000000000001000000-00000000000000000500-M",            # impossible length
+        "00000000000001000000-00000000000000000500-MF",           # non-zero tail bits
+        "00000000000001000000-00000000000000000500-ME0",          # '0' not base32
+        "00000000000001000000-00000000000000000500-M-E",
+        "00000000000000000000-00000000000000000500-ME",           # N = 0
+        "+0000000000001000000-00000000000000000500-ME",
+        "00000000000001000000-00000000000000000500-ME\n",
+        ".00000000000001000000-00000000000000000500-ME",
+        f"00000000000001000000-00000000000000000500-{b32('/etc/passwd')}",
+        f"00000000000001000000-00000000000000000500-{b32('../x')}",
+        f"00000000000001000000-00000000000000000500-{b32('a/../../x')}",
+        f"00000000000001000000-00000000000000000500-{b32('a//b')}",
+        f"00000000000001000000-00000000000000000500-{b32('a/./b')}",
+        f"00000000000001000000-00000000000000000500-{b32('a/')}",
+        f"00000000000001000000-00000000000000000500-{b32('.')}",
+        f"00000000000001000000-00000000000000000500-{b32('..')}",
+        f"00000000000001000000-00000000000000000500-{b32('a' + chr(0) + 'b')}",
+    ],
+    "invalid_paths": ["", "/abs", "..", "../x", "a/..", "a/../b", "a//b", "./a", "a/.", "a/", "a\u0000b"],
+}
+
+TOKENS = {
+    "valid": [
+        {"cluster": "linux", "job_id": "42", "epoch": 1_000_000, "token": "linux.42.1000000"},
+        {"cluster": "linux", "job_id": "42", "epoch": 1_000_001, "token": "linux.42.1000001"},
+        {"cluster": "my.cluster", "job_id": "7", "epoch": 10**12 + 2 * 10**6, "token": "my_cluster.7.1000002000000"},
+        {"cluster": "c-1_x", "job_id": "123456789", "epoch": 3_000_000, "token": "c-1_x.123456789.3000000"},
+        {"cluster": "a b/c", "job_id": "1", "epoch": 1_000_000, "token": "a_b_c.1.1000000"},
+    ],
+    "invalid": [
+        {"cluster": "", "job_id": "42", "epoch": 1_000_000},
+        {"cluster": "x" * 65, "job_id": "42", "epoch": 1_000_000},
+        {"cluster": "linux", "job_id": "42_3", "epoch": 1_000_000},
+        {"cluster": "linux", "job_id": "", "epoch": 1_000_000},
+        {"cluster": "linux", "job_id": "42", "epoch": 0},
+    ],
+}
+
+BASE = {"SLURM_JOB_ID": "42", "SLURM_CLUSTER_NAME": "linux", "DISPATCH_CHECKPOINT": "/ckpt/run1",
+        "DISPATCH_SUBMISSION": "1"}
+
+
+def expect(root, g, n, r, job="42", cluster="linux", grace=60, shared=False):
+    e = epoch(g, n, r)
+    att = f"{cluster}.{job}.{e}"
+    out = {"DISPATCH_CHECKPOINT": root, "DISPATCH_GENERATION": str(g), "DISPATCH_SUBMISSION": str(n),
+           "DISPATCH_RESTART": str(r), "DISPATCH_EPOCH": str(e), "DISPATCH_ATTEMPT": att,
+           "DISPATCH_EXEC_DIR": f"{root}/exec/{att}", "DISPATCH_GRACE_S": str(grace)}
+    if shared:
+        out["DISPATCH_SHARED_CHECKPOINT"] = "1"
+    return out
+
+
+ENV = [
+    {"name": "first execution", "env": BASE, "expect": expect("/ckpt/run1", 0, 1, 0)},
+    {"name": "requeued twice (task env)", "env": {**BASE, "SLURM_RESTART_COUNT": "2"},
+     "expect": expect("/ckpt/run1", 0, 1, 2)},
+    {"name": "requeued once (prolog env)", "env": {**BASE, "SLURM_JOB_RESTART_COUNT": "1"},
+     "expect": expect("/ckpt/run1", 0, 1, 1)},
+    {"name": "prolog var wins", "env": {**BASE, "SLURM_JOB_RESTART_COUNT": "3", "SLURM_RESTART_COUNT": "3"},
+     "expect": expect("/ckpt/run1", 0, 1, 3)},
+    {"name": "resubmission, superseded", "env": {**BASE, "DISPATCH_SUBMISSION": "7", "DISPATCH_GENERATION": "2"},
+     "expect": expect("/ckpt/run1", 2, 7, 0)},
+    {"name": "root normalised", "env": {**BASE, "DISPATCH_CHECKPOINT": "//ckpt/./run1//"},
+     "expect": expect("/ckpt/run1", 0, 1, 0)},
+    {"name": "array task", "env": {**BASE, "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_ID": "45"},
+     "expect": expect("/ckpt/run1/task-3", 0, 1, 0, job="45")},
+    {"name": "array task, recomputed in a step", "env": {**BASE, "SLURM_ARRAY_TASK_ID": "3",
+                                                         "DISPATCH_CHECKPOINT": "/ckpt/run1/task-3"},
+     "expect": expect("/ckpt/run1/task-3", 0, 1, 0)},
+    {"name": "per-job grace", "env": {**BASE, "DISPATCH_GRACE": "120"}, "expect": expect("/ckpt/run1", 0, 1, 0, grace=120)},
+    {"name": "account grace", "env": {**BASE, "SLURM_JOB_ACCOUNT": "proj"}, "site": {"grace": 30, "account_grace": {"proj": 200}},
+     "expect": expect("/ckpt/run1", 0, 1, 0, grace=200)},
+    {"name": "site grace capped", "env": BASE, "site": {"grace": 900, "account_grace": {}},
+     "expect": expect("/ckpt/run1", 0, 1, 0, grace=300)},
+    {"name": "shared checkpoint", "env": {**BASE, "DISPATCH_SHARED_CHECKPOINT": "1"},
+     "expect": expect("/ckpt/run1", 0, 1, 0, shared=True)},
+    {"name": "odd cluster name", "env": {**BASE, "SLURM_CLUSTER_NAME": "hpc.site"},
+     "expect": expect("/ckpt/run1", 0, 1, 0, cluster="hpc_site")},
+    {"name": "leading zeros accepted", "env": {**BASE, "DISPATCH_SUBMISSION": "007"},
+     "expect": expect("/ckpt/run1", 0, 7, 0)},
+]
+ENV_ERRORS = [
+    {"env": {**BASE, "DISPATCH_CHECKPOINT": ""}, "error": "DISPATCH_CHECKPOINT"},
+    {"env": {**BASE, "DISPATCH_CHECKPOINT": "ckpt/run1"}, "error": "absolute"},
+    {"env": {**BASE, "DISPATCH_CHECKPOINT": "/ckpt/../etc"}, "error": ".."},
+    {"env": {**BASE, "DISPATCH_SUBMISSION": ""}, "error": "DISPATCH_SUBMISSION"},
+    {"env": {**BASE, "DISPATCH_SUBMISSION": "0"}, "error": "DISPATCH_SUBMISSION"},
+    {"env": {**BASE, "DISPATCH_SUBMISSION": "1000000"}, "error": "DISPATCH_SUBMISSION"},
+    {"env": {**BASE, "DISPATCH_SUBMISSION": "x1"}, "error": "DISPATCH_SUBMISSION"},
+    {"env": {**BASE, "DISPATCH_GENERATION": "-1"}, "error": "DISPATCH_GENERATION"},
+    {"env": {**BASE, "DISPATCH_GENERATION": "100000000"}, "error": "DISPATCH_GENERATION"},
+    {"env": {**BASE, "DISPATCH_GENERATION": " 1"}, "error": "DISPATCH_GENERATION"},
+    {"env": {**BASE, "SLURM_RESTART_COUNT": "1000000"}, "error": "SLURM_RESTART_COUNT"},
+    {"env": {**BASE, "DISPATCH_GRACE": "301"}, "error": "DISPATCH_GRACE"},
+    {"env": {**BASE, "DISPATCH_GRACE": "1e3"}, "error": "DISPATCH_GRACE"},
+    {"env": {**BASE, "DISPATCH_SHARED_CHECKPOINT": "yes"}, "error": "DISPATCH_SHARED_CHECKPOINT"},
+    {"env": {k: v for k, v in BASE.items() if k != "SLURM_JOB_ID"}, "error": "SLURM_JOB_ID"},
+    {"env": {k: v for k, v in BASE.items() if k != "SLURM_CLUSTER_NAME"}, "error": "SLURM_CLUSTER_NAME"},
+    {"env": {**BASE, "SLURM_ARRAY_TASK_ID": "x"}, "error": "SLURM_ARRAY_TASK_ID"},
+]
+
+if __name__ == "__main__":
+    dump("epochs.json", EPOCHS)
+    dump("names.json", NAMES)
+    dump("tokens.json", TOKENS)
+    dump("env.json", {"valid": ENV, "errors": ENV_ERRORS})
