@@ -12,9 +12,13 @@ export TESTCONTAINERS_RYUK_DISABLED := true
 host:
 	@tools/setup-host
 
+# The hf extra's tests (tests/test_hf.py) run in `make test`. torch is pinned and
+# installed first: a bare `torch` requirement would resolve to the newest CUDA build (GBs).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test,cluster]'
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[hf]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -30,6 +34,7 @@ test: host venv
 bench: venv
 	$(PY) benchmarks/bench_publish.py
 	$(PY) benchmarks/bench_latest.py
+	$(PY) benchmarks/bench_watch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import re
+import signal
 import sys
 
 import click
@@ -175,7 +176,7 @@ def env_(fmt, no_mkdir):
     values = envmod.compute(os.environ, site)
     if not no_mkdir:
         store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"],
-                            site.exec_mode, create_root=bool(os.environ.get("SLURM_ARRAY_TASK_ID")))
+                            site.exec_mode, create_root="%a" in os.environ["DISPATCH_CHECKPOINT"])
     click.echo(envmod.render(values, fmt), nl=False)
 
 
@@ -204,7 +205,7 @@ def submit(root, generation, grace, shared_checkpoint, as_json, sbatch_args):
         inputs["DISPATCH_SHARED_CHECKPOINT"] = "1"
     # refuse bad input before a submission number is spent
     envmod.check_inputs(inputs, siteconf.load(), need_submission=False)
-    n = store.allocate_submission(inputs["DISPATCH_CHECKPOINT"])
+    n = store.allocate_submission(names.submission_dir(inputs["DISPATCH_CHECKPOINT"]))
     inputs["DISPATCH_SUBMISSION"] = str(n)
     export = "--export=ALL," + ",".join(inputs)  # names only: values come from the env
     job_id = Slurm().submit([export, *sbatch_args], env={**os.environ, **inputs})
@@ -214,3 +215,49 @@ def submit(root, generation, grace, shared_checkpoint, as_json, sbatch_args):
                                "epoch": epoch_, "root": inputs["DISPATCH_CHECKPOINT"]}))
     else:
         click.echo(f"submitted job {job_id} as submission {n} (epoch {epoch_})")
+
+
+@main.command()
+@click.option("--exec-dir", help="the folder the trainer saves into [default: $DISPATCH_EXEC_DIR]")
+@click.option("--root", help=ROOT_HELP)
+@click.option("--epoch", "epoch_", type=int, help="[default: $DISPATCH_EPOCH]")
+@click.option("--marker", help="marker mode: a save is complete once <save>/MARKER exists "
+              "(a file save: <save>.MARKER) [default: Hugging Face, <save>/trainer_state.json]")
+@click.option("--pattern", default=r"checkpoint-([0-9]+)", show_default=True,
+              help="regex a save's name must match in full; its one group is the step")
+@click.option("--once", is_flag=True, help="one scan, then exit")
+@click.option("--until-pid", type=int, help="exit after a final scan once process PID has exited; "
+              "SIGTERM is then ignored, so the trainer's last save (in its grace window) is published")
+@click.option("--poll", is_flag=True, help="poll instead of inotify")
+@click.option("--interval", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
+              help="seconds between polls")
+@click.option("--timeout", type=click.FloatRange(min=0.01), default=300.0, show_default=True,
+              help="a scan (listing, fsync, publication) taking longer is an error")
+@click.option("--no-sync", is_flag=True, help="do not fsync a save's files before publishing it")
+@refusals
+def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interval, timeout, no_sync):
+    """Publish each complete save in the exec folder, in step order, at this execution's
+    epoch; one line per publication on stdout. Stops at the first error (exit 2).
+
+    Run it beside a trainer that cannot publish itself:
+
+        dispatch-slurm watch --until-pid $TRAINER_PID &"""
+    from . import watch as watchmod
+    root = _root(root)
+    exec_dir = exec_dir or os.environ.get("DISPATCH_EXEC_DIR")
+    if not exec_dir:
+        raise click.UsageError("no exec folder: pass --exec-dir or set DISPATCH_EXEC_DIR")
+    if epoch_ is None:
+        text = os.environ.get("DISPATCH_EPOCH")
+        if not text:
+            raise click.UsageError("no epoch: pass --epoch or set DISPATCH_EPOCH")
+        epoch_ = epochmod.parse_part("DISPATCH_EPOCH", text, 0, epochmod.EPOCH_MAX)
+    layout = watchmod.Layout(marker, pattern)
+
+    def said(pub):
+        click.echo(f"published step {pub.step} {pub.path}")
+        sys.stdout.flush()
+    w = watchmod.Watcher(exec_dir, root, epoch_, layout, sync=not no_sync, on_publish=said)
+    if until_pid is not None:  # Slurm signals the watch too; it must outlive the trainer
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watchmod.run(w, poll=poll, interval=interval, once=once, until_pid=until_pid, timeout=timeout)

@@ -1,0 +1,91 @@
+"""Execution events: one JSON-lines schema for everything that happens to an execution.
+
+Layout: ``<root>/events/<attempt>.<host>.<pid>.jsonl``. Every process writes only its
+own file, so writers on different nodes (or ranks on one node) never share a file and
+nothing relies on O_APPEND being atomic across NFS clients; each line is still one
+``write()`` on an O_APPEND descriptor. ``read(root)`` merges all files by time.
+Events are observability, not protocol: they are not fsynced, and no decision in
+the publication protocol ever reads them.
+
+Schema version 1, one JSON object per line. Common fields:
+    v        1                          t       Unix time, seconds (float)
+    type     one of TYPES               job     $SLURM_JOB_ID or null
+    attempt  $DISPATCH_ATTEMPT          epoch   $DISPATCH_EPOCH (int) or null
+    host     hostname                   pid     process id
+Type-specific fields:
+    execution_started    argv (list)
+    preempt_signal       signal (name, e.g. "SIGTERM"), grace (s), deadline (Unix time)
+    checkpoint_complete  elapsed (s since the signal), time_remaining (s) from the handler;
+                         or source "epilog" when the Epilog saw the sentinel in stdout
+    published            step, path (relative to the root), name (the pub/ entry), by
+                         (who published: "watch", "hf", "preempt", "example", ...)
+    execution_ended      exit (exit code)
+    cessation, hold, release   for the admin side (Epilog, recovery); fields theirs
+"""
+
+import json
+import os
+import re
+import socket
+import time
+
+from .durable import DirFds, ensure_dir, open_dir
+from .errors import DispatchError
+
+EVENTS, SCHEMA = "events", 1
+TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
+                   "execution_ended", "cessation", "hold", "release"})
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def emit(type_: str, root: str | None = None, attempt: str | None = None, **fields) -> dict | None:
+    """Append one event for this process; returns it, or None when no root is known
+    (no $DISPATCH_CHECKPOINT: the program runs outside dispatch, so there is nowhere to
+    write). Uses only os-level calls, so it is safe inside a signal handler."""
+    if type_ not in TYPES:
+        raise ValueError(f"unknown event type {type_!r} (one of {', '.join(sorted(TYPES))})")
+    root = root or os.environ.get("DISPATCH_CHECKPOINT")
+    if not root:
+        return None
+    attempt = attempt or os.environ.get("DISPATCH_ATTEMPT") or "unknown"
+    epoch = os.environ.get("DISPATCH_EPOCH")
+    host = socket.gethostname()
+    rec = {"v": SCHEMA, "t": time.time(), "type": type_, "job": os.environ.get("SLURM_JOB_ID"),
+           "attempt": attempt, "epoch": int(epoch) if epoch and epoch.isdigit() else None,
+           "host": host, "pid": os.getpid(), **fields}
+    line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+    name = f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}.jsonl"
+    with DirFds() as fds:
+        ev_fd = fds.add(ensure_dir(EVENTS, fds.add(open_dir(root, follow=True)))[0])
+        fd = os.open(name, _FLAGS, 0o644, dir_fd=ev_fd)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    return rec
+
+
+def record(type_: str, **kwargs) -> dict | None:
+    """emit(), for callers whose real work already succeeded (a publication, a
+    checkpoint): failing to record it is a warning on stderr, never their failure."""
+    try:
+        return emit(type_, **kwargs)
+    except (OSError, DispatchError) as e:
+        os.write(2, f"dispatch-slurm: warning: could not record a {type_} event: {e}\n".encode())
+        return None
+
+
+def read(root: str) -> list[dict]:
+    """Every event under ``root``, ordered by time; a line that does not parse is an
+    error naming its file and line (a torn line means a writer broke the contract)."""
+    folder = os.path.join(root, EVENTS)
+    out = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            for no, line in enumerate(f, 1):
+                try:
+                    out.append(json.loads(line))
+                except ValueError as e:
+                    raise DispatchError(f"{folder}/{name}:{no}: not a JSON event ({e})") from None
+    return sorted(out, key=lambda r: r["t"])

@@ -1,0 +1,94 @@
+"""Hugging Face Trainer integration (``pip install dispatch-slurm[hf]``).
+
+    from dispatch_slurm.hf import DispatchCallback, output_dir, resume_from_checkpoint
+    args = TrainingArguments(output_dir=output_dir(), save_total_limit=2, ...)
+    trainer = Trainer(model, args, callbacks=[DispatchCallback()], ...)
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint())
+
+What the Trainer does, read in transformers' source (5.x ``Trainer._save_checkpoint``
+and ``trainer_utils.rotate_checkpoints``; 4.40+ is the same in substance):
+  * ``_maybe_log_save_evaluate`` calls ``_save_checkpoint`` and *then* ``on_save``.
+    ``_save_checkpoint`` writes ``<run_dir>/checkpoint-<global_step>/`` (weights,
+    optimizer, scheduler, RNG, then ``trainer_state.json``) and, still before
+    ``on_save``, rotates. So at ``on_save`` the save is complete and rotation has run.
+  * Rotation (``save_total_limit``) lists only ``<run_dir>/checkpoint-*`` and never
+    deletes the most recent save (by mtime, or by step when mtimes are too close), so
+    it cannot delete the save ``on_save`` is about to publish, nor anything outside
+    ``run_dir``. ``run_dir`` is ``args.output_dir`` (``output_dir/run-<id>`` only in a
+    hyperparameter search, which this callback does not support: it then refuses, naming
+    the missing folder). Hence ``output_dir()`` = the exec folder: rotation stays there.
+  * One more deletion: at the end of ``train()``, with ``load_best_model_at_end`` and
+    ``save_total_limit=1``, every checkpoint except the best one is deleted, the latest
+    published one included. Avoid that combination if a replacement must resume.
+  * ``on_save`` runs on every rank; ``trainer_state.json`` and rotation only where
+    ``args.should_save``. The callback waits at a barrier (when torch.distributed is
+    initialized) so every rank's shards are written, then publishes on world process
+    zero only.
+"""
+
+import os
+
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"dispatch_slurm.hf needs transformers: pip install 'dispatch-slurm[hf]' ({e})") from e
+
+from . import store
+from .errors import DispatchError
+from .watch import publish_save
+
+
+def output_dir() -> str:
+    """This execution's own folder, $DISPATCH_EXEC_DIR: use it as ``output_dir`` so the
+    Trainer's rotation can only ever delete this execution's saves."""
+    path = os.environ.get("DISPATCH_EXEC_DIR")
+    if not path:
+        raise DispatchError("$DISPATCH_EXEC_DIR is not set (run `eval \"$(dispatch-slurm env)\"` first)")
+    return path
+
+
+def resume_from_checkpoint(root: str | None = None) -> str | None:
+    """The save to resume from: the latest publication's folder, or None if nothing is
+    published yet. A latest publication whose save is gone is an error, never a silent
+    fall-back to an older one (that would quietly drop the progress since)."""
+    root = root or os.environ.get("DISPATCH_CHECKPOINT")
+    if not root:
+        raise DispatchError("no checkpoint root: $DISPATCH_CHECKPOINT is not set")
+    pub = store.latest(root)
+    if pub is None:
+        return None
+    path = os.path.join(root, pub.path)
+    if not os.path.isdir(path):
+        raise DispatchError(f"the latest publication {pub.name} names {path}, which no longer exists")
+    return path
+
+
+def _barrier() -> None:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+class DispatchCallback(TrainerCallback):
+    """Publish each save as the Trainer finishes it (root, epoch: from the env)."""
+
+    def __init__(self, root: str | None = None, epoch: int | None = None, sync: bool = True):
+        self.root, self.epoch, self.sync = root, epoch, sync
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        exec_dir = os.environ.get("DISPATCH_EXEC_DIR")
+        if exec_dir:
+            out, mine = os.path.realpath(args.output_dir), os.path.realpath(exec_dir)
+            if out != mine and not out.startswith(mine + os.sep):
+                raise DispatchError(f"output_dir {args.output_dir} is not inside this execution's folder "
+                                    f"{exec_dir}: the Trainer's rotation could delete another execution's saves")
+
+    def on_save(self, args, state, control, **kwargs):
+        _barrier()
+        if state.is_world_process_zero:
+            save = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            publish_save(save, state.global_step, self.root, self.epoch, by="hf", sync=self.sync)

@@ -1,0 +1,177 @@
+"""The preemption protocol: checkpoint within the grace window, then exit.
+
+    install_preemption_handler(save)       # save(time_remaining: float) -> path | None
+
+On SIGTERM (or the signals given, e.g. SIGUSR2 for ``sbatch --signal=USR2@90``) the
+handler calls ``save(seconds_left)``. On success it prints ``dispatch-checkpoint-complete``
+on stdout, on a line of its own, and exits 0; if ``save`` raises it prints the error on stderr and exits 1,
+without the sentinel. ``time_remaining()`` is callable anywhere: seconds until the
+deadline (first signal's arrival, as Python sees it, + grace), or the full grace
+before any signal.
+Grace: the ``grace`` argument, else ``$DISPATCH_GRACE_S`` (which `dispatch-slurm env`
+resolves: job option > account default > site default 60 s, capped at 300), else 60.
+
+Where the save runs, and why. CPython never runs Python code in the raw C signal
+frame: the C handler only sets a flag and the Python handler runs on the main thread
+at the next bytecode boundary. So there is no async-signal-safety problem; the risk
+is the state of the *interrupted* code, which is paused wherever it was:
+  * a non-reentrant lock it holds (a user's ``threading.Lock``, a queue's) deadlocks
+    a save that takes it, until SIGKILL;
+  * an update it was halfway through (``optimizer.step()`` walks parameters in a
+    Python loop on CPU) makes the save a torn mix of two steps.
+A helper thread woken by ``signal.set_wakeup_fd`` fixes neither: the main thread
+would keep training while the thread saves (torn state), or be paused holding its
+locks (deadlock). Two modes, then:
+  * default: the save runs in the Python handler, right away. Right for code whose
+    state is consistent at any bytecode (the jobd contract; ``save`` writes a
+    snapshot it keeps, or the trainer is idle in I/O).
+  * ``defer=True``: the handler only records the signal; the save runs at the next
+    ``preemption_point()``, which the training loop calls between steps, where no
+    lock is held and the state is one whole step. Recommended for training loops.
+Either way the handler waits for the main thread to run bytecode again: Python's own
+blocking calls (sleep, I/O, lock waits) are interrupted, a C call that blocks through
+the whole grace (a hung collective) is not.
+Our own output never goes through Python's buffered streams from the handler (the
+sentinel and the error are ``os.write`` calls), and the exit is ``os._exit``: the
+interrupted code must not go on (a bare ``except`` could swallow SystemExit and keep
+training after the sentinel), and non-daemon threads must not delay the exit past the
+grace. atexit handlers do not run: do what must happen inside ``save``. A second
+signal during the save is ignored; the deadline stays the first one's.
+
+Several ranks. Slurm signals every task of a step, so each rank's handler runs its
+own ``save``. If ``save`` returns the path of a save (``.../checkpoint-<step>``, or
+``(path, step)``), the handler publishes it -- fsynced, at ``$DISPATCH_EPOCH``, in
+``$DISPATCH_CHECKPOINT`` -- but only on the publishing rank: ``publish=True/False``
+says so explicitly; by default the rank from ``$RANK`` (torchrun), else
+``$SLURM_PROCID``, must be 0. Other ranks' returned paths are ignored. A save sharded
+over ranks must be complete on all of them before rank 0 publishes; that needs the
+ranks to agree on a step (e.g. an all-reduced stop flag), which is the caller's job.
+
+Slurm: preemption's SIGTERM goes to the job steps, not to the batch shell, unless
+``--signal=B:...``; scancel sends SIGCONT, SIGTERM, waits KillWait, then SIGKILL.
+"""
+
+import os
+import signal
+import sys
+import time
+import traceback
+
+from . import events
+from .errors import DispatchError
+from .siteconf import GRACE_CAP, GRACE_DEFAULT
+from .watch import publish_save, step_of  # imported now: an import inside the handler could deadlock
+
+SENTINEL = "dispatch-checkpoint-complete"
+
+
+class _State:
+    fn = None
+    grace: float | None = None  # resolved at install (or from the env on first use)
+    publish: bool | None = None
+    defer = False
+    arrived: float | None = None  # time.monotonic() of the first signal
+    running = False
+
+
+_s = _State()
+
+
+def resolve_grace(grace: float | None = None) -> float:
+    """The argument, else $DISPATCH_GRACE_S, else the site default; 0..GRACE_CAP."""
+    where, value = "grace", grace
+    if value is None:
+        where, value = "DISPATCH_GRACE_S", os.environ.get("DISPATCH_GRACE_S") or GRACE_DEFAULT
+    try:
+        g = float(value)
+    except (TypeError, ValueError):
+        raise DispatchError(f"{where} must be a number of seconds, got {value!r}") from None
+    if not 0 <= g <= GRACE_CAP:
+        raise DispatchError(f"{where} must be 0..{GRACE_CAP} seconds, got {value!r}")
+    return g
+
+
+def time_remaining() -> float:
+    """Seconds until the deadline (first signal + grace), never negative; the full
+    grace while no signal has arrived."""
+    grace = resolve_grace() if _s.grace is None else _s.grace
+    if _s.arrived is None:
+        return grace
+    return max(0.0, _s.arrived + grace - time.monotonic())
+
+
+def is_publishing_rank(publish: bool | None = None) -> bool:
+    """``publish`` if given, else whether this process is rank 0 ($RANK, $SLURM_PROCID)."""
+    if publish is not None:
+        return publish
+    for key in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "") != "":
+            return os.environ[key] == "0"
+    return True
+
+
+def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | None = None, *,
+                               publish: bool | None = None, defer: bool = False) -> None:
+    """Call ``fn(time_remaining)`` when one of ``signals`` arrives, then exit (see the
+    module doc). Must be called from the main thread; calling it again replaces fn."""
+    if not callable(fn):
+        raise TypeError(f"install_preemption_handler needs a callable, got {fn!r}")
+    sigs = tuple(signal.Signals(s) for s in ([signals] if isinstance(signals, int) else signals))
+    if not sigs or signal.SIGKILL in sigs or signal.SIGSTOP in sigs:
+        raise DispatchError(f"signals must be catchable and non-empty, got {signals!r}")
+    _s.fn, _s.grace, _s.publish, _s.defer = fn, resolve_grace(grace), publish, defer
+    for sig in sigs:
+        signal.signal(sig, _on_signal)
+
+
+def preemption_point() -> None:
+    """In ``defer=True`` mode: run the save now if a signal has arrived (then exit);
+    otherwise return at once. Call it between training steps."""
+    if _s.arrived is not None and not _s.running:
+        _run()
+
+
+def _on_signal(signum, frame) -> None:
+    if _s.arrived is not None:
+        return  # a second signal (srun forwarding, scancel after --signal): one save only
+    _s.arrived = time.monotonic()
+    events.record("preempt_signal", signal=signal.Signals(signum).name, grace=_s.grace,
+           deadline=time.time() + _s.grace)
+    if not _s.defer:
+        _run()
+
+
+def _run() -> None:
+    _s.running = True
+    try:
+        result = _s.fn(time_remaining())
+        if result is not None and is_publishing_rank(_s.publish):
+            path, step = result if isinstance(result, tuple) else (result, step_of(result))
+            publish_save(os.fspath(path), step, by="preempt")
+    except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
+        trace = "".join(traceback.format_exception(e))
+        _write(2, f"\n{trace}dispatch-slurm: preemption checkpoint failed: {type(e).__name__}: {e}\n")
+        os._exit(1)
+    events.record("checkpoint_complete", elapsed=time.monotonic() - _s.arrived,
+           time_remaining=time_remaining())
+    _write(1, "\n" + SENTINEL + "\n")  # on its own line: the program may have been mid-line
+    os._exit(0)
+
+
+def _write(fd: int, text: str) -> None:
+    """Flush what the program already buffered (best effort: the interrupted code may
+    be inside that very stream), then write straight to the descriptor."""
+    stream = sys.stdout if fd == 1 else sys.stderr
+    try:
+        if stream is not None:
+            stream.flush()
+    except Exception:  # noqa: BLE001 -- reentrant call or closed stream
+        pass
+    data = text.encode()
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return

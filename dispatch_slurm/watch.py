@@ -1,0 +1,310 @@
+"""Publish each save of an execution as soon as it is complete.
+
+    dispatch-slurm watch                    # Hugging Face: checkpoint-<step>/trainer_state.json
+    dispatch-slurm watch --marker COMPLETE  # other frameworks: <save>/COMPLETE marks a save
+
+A trainer that cannot publish itself writes into ``$DISPATCH_EXEC_DIR``; `watch` runs
+beside it and publishes every complete save in step order, at the execution's epoch.
+Completeness: Hugging Face writes ``trainer_state.json`` last in ``checkpoint-<step>/``
+(after weights, optimizer, scheduler, RNG), so the save is complete once that file
+exists *and parses* (a half-written file does not, which also covers polling, which
+cannot see a close). Marker mode: a folder is complete once ``<save>/<marker>`` exists;
+a file save once its sibling ``<save>.<marker>`` exists. Before publishing, every file
+and folder of the save is fsynced, so a publication never outlives its data in a crash.
+
+Waking: inotify (ctypes on libc) on the exec folder and on each unfinished save folder,
+for IN_CREATE, IN_MOVED_TO and IN_CLOSE_WRITE; every batch of events triggers a full
+rescan of the exec folder (a rescan is a listdir and a few stats, and it cannot miss
+what an event-by-event bookkeeping could). A new save folder is checked before its
+watch exists, so every new watch is followed by one more scan: a file written in
+between is seen by that scan, one written later wakes us. inotify sees only this node's
+writes, so a slow rescan (``rescan``) runs anyway; without inotify, or with ``poll``,
+the folder is rescanned every ``interval`` seconds. ``until_pid`` uses a pidfd, so the
+trainer's exit wakes the watch at once.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import re
+import select
+import signal
+import stat
+import struct
+import sys
+import threading
+
+from . import events, names, store
+from .epoch import EPOCH_MAX, parse_part
+from .errors import AlreadyPublished, BadPath, DispatchError
+
+HF_STATE = "trainer_state.json"
+DEFAULT_PATTERN = r"checkpoint-([0-9]+)"
+IN_CREATE, IN_CLOSE_WRITE, IN_MOVED_TO = 0x100, 0x08, 0x80
+IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+_DIR_MASK = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE
+
+
+class ScanTimeout(DispatchError):
+    """A scan did not finish within the timeout (a hung filesystem, or a huge fsync)."""
+
+
+def step_of(path, pattern: str = DEFAULT_PATTERN) -> int:
+    """The step in a save's name (``checkpoint-<step>`` by default)."""
+    m = re.fullmatch(pattern, os.path.basename(os.path.normpath(os.fspath(path))))
+    if m is None:
+        raise BadPath(f"cannot tell the step of {path}: its name does not match {pattern!r}")
+    return int(m[1])
+
+
+def sync_save(path: str) -> None:
+    """fsync every file and folder of a save, then its parent (so its entry is durable)."""
+    st = os.lstat(path)
+    todo = [path]
+    if stat.S_ISDIR(st.st_mode):
+        for top, dirs, files in os.walk(path):
+            todo += [os.path.join(top, f) for f in files] + [os.path.join(top, d) for d in dirs]
+    for p in todo + [os.path.dirname(os.path.abspath(path))]:
+        mode = os.lstat(p).st_mode
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def publish_save(save: str, step: int, root: str | None = None, epoch: int | None = None,
+                 by: str = "dispatch", sync: bool = True) -> names.Publication | None:
+    """Publish a complete save of the running execution: fsync it, publish it at
+    ``epoch`` ($DISPATCH_EPOCH) under ``root`` ($DISPATCH_CHECKPOINT), emit ``published``.
+    Returns None if this exact publication already exists (e.g. a watch and the
+    trainer's callback both published it): publishing is idempotent here."""
+    root = root or os.environ.get("DISPATCH_CHECKPOINT")
+    if not root:
+        raise DispatchError("no checkpoint root: $DISPATCH_CHECKPOINT is not set")
+    if epoch is None:
+        text = os.environ.get("DISPATCH_EPOCH")
+        if not text:
+            raise DispatchError("no epoch: $DISPATCH_EPOCH is not set")
+        epoch = parse_part("DISPATCH_EPOCH", text, 0, EPOCH_MAX)
+    if sync:
+        try:
+            sync_save(save)
+        except FileNotFoundError:
+            raise BadPath(f"save {save} does not exist") from None
+    try:
+        pub = store.publish(root, save, step, epoch)
+    except AlreadyPublished:
+        return None
+    head, _, rest = pub.path.partition("/")
+    attempt = os.environ.get("DISPATCH_ATTEMPT") or (rest.split("/")[0] if head == names.EXEC else None)
+    events.record("published", root=root, attempt=attempt, step=step, path=pub.path, name=pub.name, by=by)
+    return pub
+
+
+class Layout:
+    """Which entries of the exec folder are saves, their step, and when one is complete."""
+
+    def __init__(self, marker: str | None = None, pattern: str = DEFAULT_PATTERN):
+        try:
+            self.regex = re.compile(pattern)
+        except re.error as e:
+            raise DispatchError(f"--pattern {pattern!r} is not a regular expression: {e}") from None
+        if self.regex.groups != 1:
+            raise DispatchError(f"--pattern {pattern!r} must have exactly one group (the step)")
+        if marker is not None and (not marker or "/" in marker or marker in (".", "..")):
+            raise DispatchError(f"--marker {marker!r} must be a plain file name")
+        self.marker = marker
+
+    def step(self, entry: str) -> int | None:
+        m = self.regex.fullmatch(entry)
+        if m is None:
+            return None
+        if not m[1].isdigit():
+            raise DispatchError(f"--pattern group matched {m[1]!r} in {entry!r}, not a step number")
+        return int(m[1])
+
+    def complete(self, path: str, is_dir: bool) -> bool:
+        if self.marker is not None:
+            return os.path.lexists(os.path.join(path, self.marker) if is_dir else f"{path}.{self.marker}")
+        if not is_dir:
+            return False
+        try:
+            with open(os.path.join(path, HF_STATE), "rb") as f:
+                json.load(f)
+            return True
+        except FileNotFoundError:
+            return False
+        except ValueError:  # still being written
+            return False
+
+
+class Watcher:
+    """The state of one watch: the exec folder, and the saves already published."""
+
+    def __init__(self, exec_dir: str, root: str, epoch: int, layout: Layout, sync: bool = True,
+                 on_publish=None):
+        self.exec_dir, self.root, self.epoch, self.layout = exec_dir, root, epoch, layout
+        self.sync, self.on_publish = sync, on_publish or (lambda pub: None)
+        if not os.path.isdir(exec_dir):
+            raise DispatchError(f"exec folder {exec_dir} does not exist or is not a folder")
+        rel = os.path.relpath(os.path.realpath(exec_dir), os.path.realpath(root))
+        if rel == "." or rel.startswith(".."):
+            raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}")
+        # saves this execution published before (an earlier watch, the trainer itself)
+        self.done = {p.path.rsplit("/", 1)[-1] for p in store.publications(root)
+                     if p.epoch == epoch and p.path.rsplit("/", 1)[0] == rel}
+        self.pending: list[str] = []  # saves seen but not complete: folders to watch
+
+    def scan(self) -> list[names.Publication]:
+        """Publish every complete, unpublished save in step order; the first error raises."""
+        found, pending = [], []
+        with os.scandir(self.exec_dir) as it:
+            for e in it:
+                if e.name in self.done or (step := self.layout.step(e.name)) is None:
+                    continue
+                is_dir = e.is_dir(follow_symlinks=False)
+                if self.layout.complete(e.path, is_dir):
+                    found.append((step, e.name))
+                elif is_dir:
+                    pending.append(e.name)
+        out = []
+        for step, name in sorted(found):
+            path = os.path.join(self.exec_dir, name)
+            try:
+                pub = publish_save(path, step, self.root, self.epoch, by="watch", sync=self.sync)
+            except BadPath:
+                if os.path.lexists(path):
+                    raise
+                pub = None  # rotated away before we got to it: never the latest, nothing to do
+            self.done.add(name)
+            if pub is not None:
+                out.append(pub)
+                self.on_publish(pub)
+        self.pending = pending
+        return out
+
+
+class Inotify:
+    """The three libc calls we need, through ctypes (no third-party package)."""
+
+    def __init__(self):
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            init = self.libc.inotify_init1
+        except (OSError, AttributeError) as e:
+            raise OSError(errno.ENOSYS, f"libc has no inotify: {e}") from None
+        self.fd = init(IN_NONBLOCK | IN_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        self.wds: dict[str, int] = {}
+
+    def add(self, path: str, mask: int = _DIR_MASK) -> bool:
+        """Watch ``path``; True if this is a new watch."""
+        if path in self.wds:
+            return False
+        wd = self.libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
+        if wd < 0:
+            err = ctypes.get_errno()
+            if err in (errno.ENOENT, errno.ENOTDIR):
+                return False  # gone already (rotated): nothing to watch
+            raise OSError(err, f"inotify_add_watch {path}: {os.strerror(err)}")
+        self.wds[path] = wd
+        return True
+
+    def watch_only(self, paths: set[str]) -> int:
+        """Watch exactly ``paths``; how many watches are new."""
+        for path in [p for p in self.wds if p not in paths]:
+            self.libc.inotify_rm_watch(self.fd, self.wds.pop(path))  # EINVAL if gone: fine
+        return sum(self.add(p) for p in sorted(paths))
+
+    def drain(self) -> int:
+        """Read and discard every queued event; how many there were."""
+        n = 0
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return n
+            off = 0
+            while off < len(buf):
+                _wd, _mask, _cookie, length = struct.unpack_from("iIII", buf, off)
+                off += 16 + length
+                n += 1
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _alarm(signum, frame):
+    raise ScanTimeout("a scan did not finish within --timeout (is the filesystem hung?)")
+
+
+def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
+        once: bool = False, until_pid: int | None = None, timeout: float | None = 300.0,
+        say=lambda text: print(text, file=sys.stderr)) -> None:
+    """Scan, then wait for a change and scan again, until ``once`` or ``until_pid``'s exit
+    (after one final scan). Errors raise; a scan longer than ``timeout`` raises ScanTimeout
+    (enforced with SIGALRM, so only from the main thread)."""
+    ino = None
+    if not poll and not once:
+        try:
+            ino = Inotify()
+        except OSError as e:
+            say(f"dispatch-slurm watch: inotify unavailable ({e}); polling every {interval}s")
+            ino = None
+    pidfd, alive = None, True
+    if until_pid is not None:
+        try:
+            pidfd = os.pidfd_open(until_pid)
+        except ProcessLookupError:
+            alive = False
+        except (AttributeError, OSError):
+            pidfd = None  # no pidfd: os.kill(pid, 0) at each wake
+    timed = timeout is not None and threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGALRM, _alarm) if timed else None
+    try:
+        while True:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                # A save is checked before its watch exists; so whenever a watch is new,
+                # scan again: what was written in between is then seen either way.
+                while True:
+                    w.scan()
+                    if ino is None or not ino.watch_only(
+                            {w.exec_dir} | {os.path.join(w.exec_dir, n) for n in w.pending}):
+                        break
+            finally:
+                if timed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            if once or not alive:
+                return
+            fds = [f for f in (ino.fd if ino else None, pidfd) if f is not None]
+            wait = rescan if ino is not None else interval
+            if until_pid is not None and pidfd is None:
+                wait = min(wait, interval)
+            ready, _, _ = select.select(fds, [], [], wait)
+            if ino is not None and ino.fd in ready:
+                ino.drain()
+            if until_pid is not None:
+                alive = pidfd not in ready if pidfd is not None else _alive(until_pid)
+    finally:
+        if timed:
+            signal.signal(signal.SIGALRM, old)
+        if ino is not None:
+            ino.close()
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

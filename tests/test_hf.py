@@ -1,0 +1,215 @@
+"""A real transformers.Trainer (tiny GPT-2 built from a config, CPU, no download) with
+DispatchCallback: an overlapping old execution with a higher step never becomes the
+resume point, and rotation never leaves its own exec folder.
+
+Runs whenever transformers is importable; without it the module fails, unless
+DISPATCH_SKIP_HF=1 says to skip it (the `hf` extra is deliberately not installed)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+try:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers.trainer_callback import TrainerControl, TrainerState
+except ImportError:
+    if os.environ.get("DISPATCH_SKIP_HF") == "1":
+        pytest.skip("transformers not installed and DISPATCH_SKIP_HF=1", allow_module_level=True)
+    raise
+
+from dispatch_slurm import events, hf, store
+from dispatch_slurm.epoch import compose
+from dispatch_slurm.errors import DispatchError
+from support import REPO, wait_for
+
+E_OLD, E_NEW = compose(0, 1, 0), compose(0, 2, 0)
+E_REQUEUE = compose(0, 2, 1)  # the replacement, requeued once
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=100, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                     bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(cfg)
+
+
+def dataset():
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": x, "labels": x} for x in torch.randint(0, 100, (256, 16), generator=g)]
+
+
+def execution(monkeypatch, root, attempt, epoch):
+    """The DISPATCH_* environment of one execution, and its exec folder."""
+    exec_dir = store.make_exec_dir(str(root), attempt)
+    for k, v in {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": exec_dir,
+                 "DISPATCH_EPOCH": str(epoch), "DISPATCH_ATTEMPT": attempt}.items():
+        monkeypatch.setenv(k, v)
+    return exec_dir
+
+
+def train(max_steps, resume, limit=2, output_dir=None):
+    args = TrainingArguments(output_dir=output_dir or hf.output_dir(), max_steps=max_steps,
+                             save_strategy="steps", save_steps=2, save_total_limit=limit,
+                             per_device_train_batch_size=4, logging_strategy="no", report_to=[],
+                             use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    trainer = Trainer(model=tiny_model(), args=args, train_dataset=dataset(),
+                      callbacks=[hf.DispatchCallback()])
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def outside(root, exec_dir):
+    """Every file outside `exec_dir` but events/ (appended to), with size and mtime."""
+    out, skip = {}, (exec_dir, os.path.join(root, events.EVENTS))
+    for top, _, files in os.walk(root):
+        if any(top == d or top.startswith(d + os.sep) for d in skip):
+            continue
+        for f in files:
+            st = os.stat(os.path.join(top, f))
+            out[os.path.relpath(os.path.join(top, f), root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def ckpts(exec_dir):
+    return sorted(os.listdir(exec_dir), key=lambda n: int(n.split("-")[1]))
+
+
+def assert_untouched(before, after):
+    gone = {k: v for k, v in before.items() if after.get(k) != v}
+    assert not gone, f"changed or deleted outside the exec folder: {sorted(gone)}"
+
+
+def test_overlapping_old_run_never_becomes_the_resume_point(root, monkeypatch):
+    # 1. the old execution trains to step 6 and publishes 2, 4, 6; rotation keeps 4, 6
+    old = execution(monkeypatch, root, "c.7.1000000", E_OLD)
+    assert hf.resume_from_checkpoint() is None
+    train(6, hf.resume_from_checkpoint())
+    assert ckpts(old) == ["checkpoint-4", "checkpoint-6"]
+    assert [(p.epoch, p.step) for p in store.publications(root)] == [(E_OLD, 2), (E_OLD, 4), (E_OLD, 6)]
+
+    # 2. the replacement (higher epoch) resumes from the old run's latest publication
+    new = execution(monkeypatch, root, "c.8.2000000", E_NEW)
+    assert hf.resume_from_checkpoint() == os.path.join(old, "checkpoint-6")
+    before = outside(str(root), new)
+    t = train(8, hf.resume_from_checkpoint())
+    assert t.state.global_step == 8 and ckpts(new) == ["checkpoint-8"]  # resumed at 6, not 0
+    assert_untouched(before, outside(str(root), new))
+
+    # 3. meanwhile the old run was never stopped: it goes on from its own save to step 14,
+    #    publishing higher steps *after* the replacement's publication, and rotating
+    monkeypatch.setenv("DISPATCH_EXEC_DIR", old)
+    monkeypatch.setenv("DISPATCH_EPOCH", str(E_OLD))
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.7.1000000")
+    before = outside(str(root), old)
+    train(14, os.path.join(old, "checkpoint-6"))
+    assert ckpts(old) == ["checkpoint-12", "checkpoint-14"]
+    assert_untouched(before, outside(str(root), old))  # the replacement's save survived
+    assert (E_OLD, 14) in [(p.epoch, p.step) for p in store.publications(root)]
+
+    # 4. the latest is still the replacement's lineage, however high the old step
+    latest = store.latest(root)
+    assert (latest.epoch, latest.step, latest.path) == (E_NEW, 8, "exec/c.8.2000000/checkpoint-8")
+    assert hf.resume_from_checkpoint() == os.path.join(new, "checkpoint-8")
+
+    # 5. the replacement is requeued: it resumes from its own lineage at step 8
+    third = execution(monkeypatch, root, "c.8.2000001", E_REQUEUE)
+    resume = hf.resume_from_checkpoint()
+    assert resume == os.path.join(new, "checkpoint-8")
+    before = outside(str(root), third)
+    t = train(12, resume, limit=1)
+    assert t.state.global_step == 12 and ckpts(third) == ["checkpoint-12"]
+    assert_untouched(before, outside(str(root), third))
+    with open(os.path.join(third, "checkpoint-12", "trainer_state.json")) as f:
+        assert json.load(f)["global_step"] == 12
+    latest = store.latest(root)
+    assert (latest.epoch, latest.step) == (E_REQUEUE, 12)
+
+    pubs = [e for e in events.read(str(root)) if e["type"] == "published"]
+    assert {e["by"] for e in pubs} == {"hf"}
+    assert len(pubs) == len(store.publications(root)) == 3 + 1 + 4 + 2
+
+
+def test_only_world_process_zero_publishes(root, monkeypatch, tmp_path):
+    exec_dir = execution(monkeypatch, root, "c.9.1000000", E_OLD)
+    save = os.path.join(exec_dir, "checkpoint-2")
+    os.makedirs(save)
+    args = TrainingArguments(output_dir=exec_dir, report_to=[], use_cpu=True)
+    cb = hf.DispatchCallback()
+    cb.on_save(args, TrainerState(global_step=2, is_world_process_zero=False), TrainerControl())
+    assert store.latest(root) is None
+    cb.on_save(args, TrainerState(global_step=2, is_world_process_zero=True), TrainerControl())
+    assert store.latest(root).path == "exec/c.9.1000000/checkpoint-2"
+
+
+def test_output_dir_outside_the_exec_folder_is_refused(root, monkeypatch):
+    execution(monkeypatch, root, "c.10.1000000", E_OLD)
+    shared = root / "shared"
+    shared.mkdir()
+    with pytest.raises(DispatchError, match="not inside this execution's folder"):
+        train(2, None, output_dir=str(shared))
+    assert os.listdir(shared) == [] and store.latest(root) is None
+
+
+def test_a_vanished_latest_save_is_an_error(root, monkeypatch):
+    exec_dir = execution(monkeypatch, root, "c.11.1000000", E_OLD)
+    os.makedirs(os.path.join(exec_dir, "checkpoint-4"))
+    store.publish(str(root), os.path.join(exec_dir, "checkpoint-4"), 4, E_OLD)
+    os.rmdir(os.path.join(exec_dir, "checkpoint-4"))
+    with pytest.raises(DispatchError, match="no longer exists"):
+        hf.resume_from_checkpoint()
+    monkeypatch.delenv("DISPATCH_EXEC_DIR")
+    with pytest.raises(DispatchError, match="DISPATCH_EXEC_DIR is not set"):
+        hf.output_dir()
+
+
+def test_pytorch_example_resumes_and_checkpoints_on_sigterm(root, tmp_path):
+    """examples/pytorch_train.py: resume from the latest publication, save + publish
+    within the grace window on SIGTERM, and the next execution resumes from that save."""
+    def run(attempt, epoch, *args, wait=True):
+        exec_dir = store.make_exec_dir(str(root), attempt)
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "RANK", "SLURM_"))}
+        env = {**base, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": exec_dir,
+               "DISPATCH_EPOCH": str(epoch), "DISPATCH_ATTEMPT": attempt, "DISPATCH_GRACE_S": "30"}
+        proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "pytorch_train.py"), *args],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if wait:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            return out
+        return proc
+
+    out = run("c.1.1000000", E_OLD, "--max-steps", "30", "--save-every", "10")
+    assert out.splitlines()[-1] == "done at step 30"
+    assert [p.step for p in store.publications(root)] == [10, 20, 30]
+
+    proc = run("c.2.2000000", E_NEW, "--max-steps", "1000000", "--save-every", "100000",
+               "--step-time", "0.002", wait=False)
+    try:
+        wait_for(lambda: proc.poll() is not None or any(
+            e["type"] == "execution_started" and e["epoch"] == E_NEW for e in events.read(str(root))),
+            120, "the second execution to start training")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.splitlines()[0] == "resumed from exec/c.1.1000000/checkpoint-30 at step 30"
+    assert out.splitlines()[-1] == "dispatch-checkpoint-complete"
+    latest = store.latest(root)
+    assert latest.epoch == E_NEW and latest.step > 30
+    state = torch.load(os.path.join(root, latest.path, "state.pt"), weights_only=True)
+    assert state["step"] == latest.step and state["optimizer"]["state"]  # momentum saved too
+
+    out = run("c.2.2000001", E_REQUEUE, "--max-steps", str(latest.step + 5), "--save-every", "5")
+    assert out.splitlines()[0] == f"resumed from {latest.path} at step {latest.step}"
+    assert out.splitlines()[-1] == f"done at step {latest.step + 5}"
+    types = [e["type"] for e in events.read(str(root)) if e["epoch"] == E_NEW]
+    assert types[0] == "execution_started" and types[-2:] == ["published", "checkpoint_complete"]
+    assert "preempt_signal" in types

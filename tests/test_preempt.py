@@ -1,0 +1,245 @@
+"""The preemption handler in real child processes, driven by real signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dispatch_slurm import events, preempt, store
+from dispatch_slurm.errors import DispatchError
+from support import wait_for
+
+E1 = 1_000_000
+SENTINEL = "dispatch-checkpoint-complete"
+
+CHILD = textwrap.dedent("""
+    import json, os, signal, sys, threading, time
+    from dispatch_slurm import install_preemption_handler, preemption_point, time_remaining
+    cfg = json.loads(sys.argv[1])
+    out = cfg["out"]
+    calls, lock, state = [], threading.Lock(), {"a": 0, "b": 0}
+
+    def spin(seconds):  # work inside the save, not synchronisation
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+
+    def save(left):
+        calls.append(left)
+        if cfg.get("resignal"):
+            os.kill(os.getpid(), signal.SIGTERM)  # a second signal while saving
+        with lock:  # deadlocks if the save runs while the loop holds the lock
+            t0 = time_remaining()
+            spin(0.2)
+            t1 = time_remaining()
+            with open(os.path.join(out, "fn.json"), "w") as f:
+                json.dump({"arg": left, "t0": t0, "t1": t1, "before": BEFORE, "calls": len(calls),
+                           "a": state["a"], "b": state["b"]}, f)
+        if cfg.get("raise"):
+            raise RuntimeError("disk full (test)")
+        path = os.path.join(cfg["exec"], "checkpoint-7")
+        os.makedirs(path)
+        with open(os.path.join(path, "state.bin"), "wb") as f:
+            f.write(b"weights")
+        return path
+
+    install_preemption_handler(save, signals=[getattr(signal, s) for s in cfg["signals"]],
+                               grace=cfg.get("grace"), defer=cfg.get("defer", False))
+    BEFORE = time_remaining()  # installed, no signal yet
+    if cfg.get("midline"):  # the signal finds the program in the middle of a line
+        sys.stdout.write("progress: 41%")
+        sys.stdout.flush()
+    open(os.path.join(out, "ready"), "w").close()
+    while True:
+        if not cfg.get("midline"):
+            print("training", flush=True)
+        if cfg.get("defer"):
+            with lock:  # one step: a and b move together, under the lock
+                state["a"] += 1
+                spin(0.05)
+                state["b"] += 1
+            preemption_point()
+        else:
+            time.sleep(0.01)
+""")
+
+
+def start(tmp_path, root, env=None, **cfg):
+    exec_dir = root / "exec" / "att1"
+    exec_dir.mkdir(parents=True, exist_ok=True)
+    cfg = {"out": str(tmp_path), "exec": str(exec_dir), "signals": ["SIGTERM"], **cfg}
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "RANK", "SLURM_"))}
+    e = {**base, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": str(E1),
+         "DISPATCH_ATTEMPT": "att1", "SLURM_JOB_ID": "42", **(env or {})}
+    proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited {proc.returncode} early: {proc.stderr.read()}")
+        return (tmp_path / "ready").exists()
+    wait_for(ready, 30, "the child to install its handler")
+    return proc
+
+
+def finish(proc, timeout=30):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"child did not exit within {timeout}s (deadlock?): {err}")
+    return proc.returncode, out, err
+
+
+def fn_record(tmp_path):
+    return json.loads((tmp_path / "fn.json").read_text())
+
+
+def test_sigterm_saves_publishes_prints_sentinel_and_exits_0(tmp_path, root):
+    proc = start(tmp_path, root)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 0, err
+    assert out.splitlines()[-1] == SENTINEL and out.count(SENTINEL) == 1
+    save = root / "exec" / "att1" / "checkpoint-7"
+    assert (save / "state.bin").read_bytes() == b"weights"
+    pub = store.latest(root)
+    assert (pub.epoch, pub.step, pub.path) == (E1, 7, "exec/att1/checkpoint-7")
+    evs = events.read(root)
+    assert [e["type"] for e in evs] == ["preempt_signal", "published", "checkpoint_complete"]
+    assert all(e["v"] == 1 and e["job"] == "42" and e["attempt"] == "att1" and e["epoch"] == E1
+               and e["pid"] == proc.pid for e in evs)
+    assert evs[0]["signal"] == "SIGTERM" and evs[0]["grace"] == 60
+    assert evs[1]["step"] == 7 and evs[1]["by"] == "preempt"
+    assert 0 < evs[2]["time_remaining"] <= 60 and evs[2]["elapsed"] >= 0.2
+
+
+def test_sentinel_is_on_a_line_of_its_own(tmp_path, root):
+    proc = start(tmp_path, root, midline=True)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 0, err
+    assert out.splitlines() == ["progress: 41%", SENTINEL]
+
+
+def test_failing_save_exits_1_with_the_error_and_no_sentinel(tmp_path, root):
+    proc = start(tmp_path, root, **{"raise": True})
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 1
+    assert SENTINEL not in out
+    assert "RuntimeError: disk full (test)" in err
+    assert store.latest(root) is None
+    assert [e["type"] for e in events.read(root)] == ["preempt_signal"]
+
+
+def test_time_remaining_counts_down_from_the_env_grace(tmp_path, root):
+    proc = start(tmp_path, root, env={"DISPATCH_GRACE_S": "123"})
+    proc.send_signal(signal.SIGTERM)
+    rc, _, err = finish(proc)
+    assert rc == 0, err
+    r = fn_record(tmp_path)
+    assert r["before"] == 123  # before any signal: the full grace
+    assert 118 < r["arg"] <= 123
+    assert r["t0"] <= r["arg"] and r["t0"] - r["t1"] >= 0.19  # live: 0.2 s of work in between
+
+
+def test_grace_argument_overrides_the_env(tmp_path, root):
+    proc = start(tmp_path, root, env={"DISPATCH_GRACE_S": "123"}, grace=7)
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc)[0] == 0
+    r = fn_record(tmp_path)
+    assert r["before"] == 7 and 2 < r["arg"] <= 7
+
+
+def test_configured_usr1_works_and_sigterm_is_left_alone(tmp_path, root):
+    proc = start(tmp_path, root, signals=["SIGUSR1"])
+    proc.send_signal(signal.SIGUSR1)
+    rc, out, err = finish(proc)
+    assert rc == 0 and out.splitlines()[-1] == SENTINEL, err
+    assert events.read(root)[0]["signal"] == "SIGUSR1"
+
+    other = tmp_path / "other"
+    other.mkdir()
+    proc = start(other, root, signals=["SIGUSR1"])
+    proc.send_signal(signal.SIGTERM)
+    rc, out, _ = finish(proc)
+    assert rc == -signal.SIGTERM and SENTINEL not in out
+
+
+@pytest.mark.parametrize("rank_env, published", [({"RANK": "1"}, False), ({"SLURM_PROCID": "3"}, False),
+                                                 ({"RANK": "0", "SLURM_PROCID": "5"}, True)])
+def test_only_the_publishing_rank_publishes(tmp_path, root, rank_env, published):
+    proc = start(tmp_path, root, env=rank_env)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 0 and SENTINEL in out, err
+    assert (root / "exec" / "att1" / "checkpoint-7").is_dir()  # every rank's save ran
+    assert (store.latest(root) is not None) == published
+
+
+def test_deferred_save_runs_between_steps(tmp_path, root):
+    """The loop holds a lock for most of each step; an immediate save would deadlock on it
+    and would see a half-done step (a != b). Deferred, it runs at preemption_point()."""
+    proc = start(tmp_path, root, defer=True)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 0 and SENTINEL in out, err
+    r = fn_record(tmp_path)
+    assert r["a"] == r["b"] >= 1
+
+
+def test_second_signal_during_the_save_is_ignored(tmp_path, root):
+    proc = start(tmp_path, root, resignal=True)
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert rc == 0 and out.count(SENTINEL) == 1, err
+    assert fn_record(tmp_path)["calls"] == 1
+    assert [e["type"] for e in events.read(root)].count("preempt_signal") == 1
+
+
+def test_grace_is_validated(monkeypatch):
+    monkeypatch.setenv("DISPATCH_GRACE_S", "90")
+    assert preempt.resolve_grace() == 90 and preempt.resolve_grace(5) == 5
+    monkeypatch.delenv("DISPATCH_GRACE_S")
+    assert preempt.resolve_grace() == 60  # the site default
+    for bad in ("abc", "301", "-1"):
+        monkeypatch.setenv("DISPATCH_GRACE_S", bad)
+        with pytest.raises(DispatchError, match="DISPATCH_GRACE_S"):
+            preempt.resolve_grace()
+    with pytest.raises(DispatchError, match="grace"):
+        preempt.resolve_grace(1000)
+    with pytest.raises(DispatchError, match="catchable"):
+        preempt.install_preemption_handler(lambda left: None, signals=[signal.SIGKILL], grace=5)
+
+
+def test_events_one_file_per_process_merged_by_time(root, monkeypatch):
+    monkeypatch.setenv("DISPATCH_CHECKPOINT", str(root))
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.1.1000000")
+    monkeypatch.setenv("DISPATCH_EPOCH", str(E1))
+    events.emit("execution_started", argv=["a"])
+    code = "from dispatch_slurm import events; events.emit('hold', reason='shared checkpoint')"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                   env={**os.environ, "DISPATCH_ATTEMPT": "c.1.1000001"})
+    events.emit("execution_ended", exit=0)
+    files = sorted(os.listdir(root / "events"))
+    assert len(files) == 2 and all(f.endswith(".jsonl") for f in files)
+    evs = events.read(str(root))
+    assert [e["type"] for e in evs] == ["execution_started", "hold", "execution_ended"]
+    assert evs[1]["attempt"] == "c.1.1000001" and evs[1]["pid"] != os.getpid()
+    assert [e["t"] for e in evs] == sorted(e["t"] for e in evs)
+    with pytest.raises(ValueError, match="unknown event type"):
+        events.emit("started")
+    with open(root / "events" / files[0], "a") as f:
+        f.write('{"v": 1, "t": 1')  # a torn line
+    with pytest.raises(DispatchError, match=rf"{files[0]}:3: not a JSON event"):
+        events.read(str(root))
+    monkeypatch.delenv("DISPATCH_CHECKPOINT")
+    assert events.emit("execution_started") is None  # outside dispatch: nowhere to write

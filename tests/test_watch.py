@@ -1,0 +1,257 @@
+"""`dispatch-slurm watch`: the real CLI in subprocesses, on a real filesystem, with
+inotify and with polling."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from dispatch_slurm import events, store, watch
+from dispatch_slurm.errors import DispatchError
+
+E1, E2 = 1_000_000, 2_000_000
+# inotify: polls so rare that only inotify can publish in time; poll: frequent polls
+MODES = {"inotify": ["--interval", "60"], "poll": ["--poll", "--interval", "0.1"]}
+
+
+def hf_save(exec_dir, step, state=True):
+    d = exec_dir / f"checkpoint-{step}"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"w" * 1000)
+    if state:
+        complete(d)
+    return d
+
+
+def complete(d):
+    (d / watch.HF_STATE).write_text(json.dumps({"global_step": int(d.name.split("-")[1])}))
+
+
+@pytest.fixture
+def ex(root):
+    d = root / "exec" / "att1"
+    d.mkdir(parents=True)
+    return d
+
+
+def env_for(root, ex, epoch=E1):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
+    return {**base, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": str(ex),
+            "DISPATCH_EPOCH": str(epoch), "DISPATCH_ATTEMPT": ex.name}
+
+
+class Watch:
+    """A running `dispatch-slurm watch`; its stdout lines arrive on a queue."""
+
+    def __init__(self, root, ex, *args):
+        self.proc = subprocess.Popen([sys.executable, "-m", "dispatch_slurm", "watch", *args],
+                                     env=env_for(root, ex), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def next(self, timeout=20):
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"watch printed nothing in {timeout}s (exit {self.proc.poll()})") from None
+
+    def exit(self, timeout=20):
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"watch did not exit within {timeout}s") from None
+        return self.proc.returncode, self.proc.stderr.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def running(root, ex):
+    started = []
+
+    def make(*args):
+        w = Watch(root, ex, *args)
+        started.append(w)
+        return w
+    yield make
+    for w in started:
+        w.stop()
+
+
+def steps(root):
+    return [p.step for p in store.publications(root)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_incomplete_save_waits_for_trainer_state(root, ex, running, mode):
+    w = running(*MODES[mode])
+    early = hf_save(ex, 10, state=False)  # weights written, trainer_state.json not yet
+    hf_save(ex, 20)
+    assert w.next() == "published step 20 exec/att1/checkpoint-20"
+    # the scan that published 20 saw 10 too, and left it: incomplete
+    assert steps(root) == [20]
+    (early / watch.HF_STATE).write_text('{"global_st')  # half-written: still incomplete
+    hf_save(ex, 30)
+    assert w.next() == "published step 30 exec/att1/checkpoint-30"
+    assert steps(root) == [20, 30]
+    complete(early)
+    assert w.next() == "published step 10 exec/att1/checkpoint-10"
+    assert [(e["type"], e["step"], e["by"]) for e in events.read(root)] == [
+        ("published", 20, "watch"), ("published", 30, "watch"), ("published", 10, "watch")]
+    pub = store.latest(root)
+    assert (pub.epoch, pub.step) == (E1, 30)
+
+
+def test_once_publishes_in_step_order_and_skips_what_is_published(root, ex):
+    order = (30, 10, 200, 20, 7, 1000, 90, 3, 55, 400, 12, 8)
+    for s in order:
+        hf_save(ex, s)
+    hf_save(ex, 40, state=False)
+    listed = [int(n.split("-")[1]) for n in os.listdir(ex) if n.startswith("checkpoint-")]
+    assert listed != sorted(listed)  # the directory's own order is not the step order
+    (ex / "notes.txt").write_text("not a save")
+    (ex / "checkpoint-x").mkdir()
+    store.publish(root, ex / "checkpoint-20", 20, E1)  # an earlier watch, or the trainer
+    out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"],
+                         env=env_for(root, ex), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    want = sorted(s for s in order if s != 20)
+    assert out.stdout.splitlines() == [f"published step {s} exec/att1/checkpoint-{s}" for s in want]
+    assert steps(root) == sorted(order)
+    again = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"],
+                           env=env_for(root, ex), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == ""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_marker_mode_with_folders_files_and_a_pattern(root, ex, running, mode):
+    w = running("--marker", "COMPLETE", "--pattern", r"step_([0-9]+)\.pt", *MODES[mode])
+    (ex / "step_5.pt").write_bytes(b"weights")  # a file save: complete with step_5.pt.COMPLETE
+    (ex / "step_9.pt").write_bytes(b"weights")
+    (ex / "step_9.pt.COMPLETE").touch()
+    assert w.next() == "published step 9 exec/att1/step_9.pt"
+    (ex / "step_5.pt.COMPLETE").touch()
+    assert w.next() == "published step 5 exec/att1/step_5.pt"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_marker_mode_folder_saves(root, ex, running, mode):
+    w = running("--marker", "DONE", *MODES[mode])
+    d = ex / "checkpoint-3"
+    d.mkdir()
+    (d / "trainer_state.json").write_text("{}")  # not the marker
+    (d / "shard-0").write_bytes(b"x")
+    hf_save(ex, 4)  # HF-complete, but no marker
+    (ex / "checkpoint-6").mkdir()
+    (ex / "checkpoint-6" / "DONE").touch()
+    assert w.next() == "published step 6 exec/att1/checkpoint-6"
+    (d / "DONE").touch()
+    assert w.next() == "published step 3 exec/att1/checkpoint-3"
+    assert steps(root) == [3, 6]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_until_pid_exits_after_a_final_scan(root, ex, tmp_path, mode):
+    trainer = subprocess.Popen([sys.executable, "-c", (
+        "import json, os, sys\n"
+        "sys.stdin.readline()\n"  # wait for the test's go
+        f"d = {str(ex)!r} + '/checkpoint-50'\n"
+        "os.mkdir(d)\n"
+        "open(d + '/trainer_state.json', 'w').write('{}')\n")], stdin=subprocess.PIPE, text=True)
+    try:
+        w = Watch(root, ex, "--until-pid", str(trainer.pid), *MODES[mode])
+        hf_save(ex, 40)
+        assert w.next() == "published step 40 exec/att1/checkpoint-40"
+        w.proc.send_signal(signal.SIGTERM)  # Slurm signals the whole step: the watch stays
+        trainer.communicate("go\n", timeout=30)  # the last save, then the trainer exits
+        rc, err = w.exit()
+        assert rc == 0, err
+        assert steps(root) == [40, 50]
+    finally:
+        trainer.kill()
+        w.stop()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_store_error_stops_watch_with_a_message(root, ex, running, mode):
+    (root / "pub").write_text("not a folder")  # the root cannot take publications
+    w = running(*MODES[mode])
+    hf_save(ex, 10)
+    rc, err = w.exit()
+    assert rc == 2
+    assert "pub is a symlink or not a directory" in err
+
+
+def test_bad_entry_in_pub_stops_watch(root, ex):
+    (root / "pub").mkdir()
+    (root / "pub" / "latest").touch()
+    hf_save(ex, 10)
+    out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch"], env=env_for(root, ex),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "bad entry 'latest'" in out.stderr
+    assert os.listdir(root / "pub") == ["latest"]
+
+
+def test_a_scan_that_hangs_is_an_error(root, ex):
+    """A FIFO for trainer_state.json blocks open() as a hung filesystem would."""
+    d = ex / "checkpoint-1"
+    d.mkdir()
+    os.mkfifo(d / watch.HF_STATE)
+    out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once", "--timeout", "0.5"],
+                         env=env_for(root, ex), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "did not finish within --timeout" in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pattern", "checkpoint-[0-9]+"], "exactly one group"),
+    (["--pattern", "checkpoint-(["], "not a regular expression"),
+    (["--marker", "a/b"], "plain file name"),
+    (["--exec-dir", "/nonexistent/exec"], "does not exist"),
+])
+def test_bad_input_is_refused(root, ex, args, message):
+    out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once", *args],
+                         env=env_for(root, ex), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_layout_and_vanished_saves(root, ex, monkeypatch):
+    hf = watch.Layout()
+    d = hf_save(ex, 1, state=False)
+    assert not hf.complete(str(d), True)
+    (d / watch.HF_STATE).write_text("{")
+    assert not hf.complete(str(d), True)  # half-written
+    complete(d)
+    assert hf.complete(str(d), True)
+    assert hf.step("checkpoint-12") == 12 and hf.step("checkpoint-12.tmp") is None
+    with pytest.raises(DispatchError, match="not a step number"):
+        watch.Layout(pattern=r"checkpoint-(\w+)").step("checkpoint-abc")
+    # a save rotated away between the listing and its publication is not an error
+    w = watch.Watcher(str(ex), str(root), E1, hf)
+    gone = hf_save(ex, 2)
+    real = watch.publish_save
+
+    def rotate_then_publish(save, *a, **k):
+        if save == str(gone):
+            for f in gone.iterdir():
+                f.unlink()
+            gone.rmdir()
+        return real(save, *a, **k)
+    monkeypatch.setattr(watch, "publish_save", rotate_then_publish)
+    assert [p.step for p in w.scan()] == [1]
+    assert steps(root) == [1]
