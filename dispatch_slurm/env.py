@@ -81,15 +81,20 @@ def check_inputs(environ: Mapping[str, str], site: Site, need_submission: bool =
 def compute(environ: Mapping[str, str], site: Site | None = None) -> dict[str, str]:
     """Every DISPATCH_* value of the execution described by `environ`, in ORDER."""
     i = check_inputs(environ, site or Site())
-    root = i["root"]
-    if environ.get("SLURM_ARRAY_TASK_ID"):
-        root = names.array_root(root, environ["SLURM_ARRAY_TASK_ID"])
+    task = environ.get("SLURM_ARRAY_TASK_ID") or None
+    root = names.expand_root(i["root"], task)
     r = restart_count(environ)
     epoch = compose(i["g"], i["n"], r)
     for key in ("SLURM_JOB_ID", "SLURM_CLUSTER_NAME"):
         if not environ.get(key):
             raise EnvError(f"{key} is not set: not inside a Slurm job")
     attempt = names.attempt_token(environ["SLURM_CLUSTER_NAME"], environ["SLURM_JOB_ID"], epoch)
+    # an array task whose root has no %a would share it with its siblings; the one
+    # exception is a recomputation inside the same execution (a step re-running env
+    # after the batch script exported the expanded root): its attempt already matches
+    if task and "%a" not in i["root"] and environ.get("DISPATCH_ATTEMPT") != attempt:
+        raise EnvError(f"array task {task}: every array task needs its own root; put %a in the "
+                       f"checkpoint root's last component (e.g. {i['root']}/task-%a)")
     out = {
         "DISPATCH_CHECKPOINT": root,
         "DISPATCH_GENERATION": str(i["g"]),

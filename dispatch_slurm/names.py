@@ -133,14 +133,28 @@ def exec_relpath(attempt: str) -> str:
     return f"{EXEC}/{attempt}"
 
 
-def array_root(root: str, task_id: str) -> str:
-    """An array task is its own dispatch job: its root is '<root>/task-<id>'.
-
-    Idempotent, so a step that recomputes the env inside the task keeps the root."""
+def expand_root(root: str, task_id: str | None) -> str:
+    """An array task is its own dispatch job, so its root must differ from its
+    siblings': the root's last component carries '%a' (as in sbatch's file name
+    patterns), replaced by the task id. The node Prolog never sees the task id
+    (Slurm gives it only to PrologSlurmctld), so the pattern also tells it to leave
+    array tasks to the per-task hooks."""
+    if "%a" not in root:
+        return root
+    head, _, leaf = root.rpartition("/")
+    if "%a" in head:
+        raise EnvError(f"checkpoint root {root!r}: %a may only appear in the last component")
+    if not task_id:
+        raise EnvError(f"checkpoint root {root!r} has %a but this job is not an array task")
     if _DEC.fullmatch(task_id) is None:
         raise EnvError(f"SLURM_ARRAY_TASK_ID {task_id!r} must be decimal digits")
-    leaf = f"task-{int(task_id)}"
-    return root if root.rsplit("/", 1)[-1] == leaf else f"{root}/{leaf}"
+    return f"{head}/{leaf.replace('%a', str(int(task_id)))}"
+
+
+def submission_dir(root: str) -> str:
+    """Where N is allocated: the root, or for an array pattern the folder holding the
+    task roots (one submission covers every task of the array)."""
+    return root.rpartition("/")[0] or "/" if "%a" in root else root
 
 
 def normalize_root(root: str) -> str:
@@ -155,6 +169,8 @@ def normalize_root(root: str) -> str:
     parts = [p for p in root.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise EnvError(f"checkpoint root {root!r} must not contain '..'")
+    if any("%a" in p for p in parts[:-1]):
+        raise EnvError(f"checkpoint root {root!r}: %a may only appear in the last component")
     return "/" + "/".join(parts)
 
 # --- bulk validation: the same rules as parse(), for a whole listing at once ---

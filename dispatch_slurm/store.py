@@ -133,6 +133,14 @@ def latest(root: str) -> Publication | None:
     return names.parse(max(entries), f"{root}/{names.PUB}") if entries else None
 
 
+def _check_owner(root: str, root_fd: int) -> None:
+    """Exec folders and submission numbers go only under a root the user owns: a
+    root someone else controls could be rearranged under the job's feet."""
+    st = os.fstat(root_fd)
+    if st.st_uid != os.geteuid():
+        raise StoreError(f"checkpoint root {root} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
+
+
 def allocate_submission(root: str) -> int:
     """The next submission number N under <root>/sub/, lock-free.
 
@@ -142,6 +150,7 @@ def allocate_submission(root: str) -> int:
     where = f"{root}/{names.SUB}"
     with DirFds() as fds:
         root_fd = fds.add(_open_root(root))
+        _check_owner(root, root_fd)
         try:
             sub_fd = fds.add(ensure_dir(names.SUB, root_fd)[0])
         except NotADirectoryError:
@@ -175,9 +184,12 @@ def make_exec_dir(root: str, attempt: str, mode: int = 0o700, create_root: bool 
         try:
             if create_root:
                 parent, leaf = os.path.split(root)
-                root_fd = fds.add(ensure_dir(leaf, fds.add(_open_root(parent)))[0])
+                parent_fd = fds.add(_open_root(parent))
+                _check_owner(parent, parent_fd)
+                root_fd = fds.add(ensure_dir(leaf, parent_fd)[0])
             else:
                 root_fd = fds.add(_open_root(root))
+            _check_owner(root, root_fd)
             exec_fd = fds.add(ensure_dir(names.EXEC, root_fd)[0])
             att_fd, created = ensure_dir(attempt, exec_fd, mode)
             fds.add(att_fd)
@@ -191,6 +203,37 @@ def make_exec_dir(root: str, attempt: str, mode: int = 0o700, create_root: bool 
         if stat.S_IMODE(st.st_mode) != mode:
             os.fchmod(att_fd, mode)  # umask may have removed bits a group mode asks for
     return path
+
+
+def record_cessation(root: str, attempt: str, node: str) -> bool:
+    """<root>/ceased/<attempt>.<node>: this execution's processes on `node` are gone.
+
+    Written by the Epilog as the job user, O_EXCL and durable like a publication;
+    True if created now, False if it was already recorded."""
+    if not attempt or "/" in attempt or not node or "/" in node:
+        raise BadPath(f"bad attempt {attempt!r} or node {node!r}")
+    with DirFds() as fds:
+        root_fd = fds.add(_open_root(root))
+        try:
+            ceased_fd = fds.add(ensure_dir(names.CEASED, root_fd)[0])
+        except NotADirectoryError:
+            raise StoreError(f"{root}/{names.CEASED} is a symlink or not a directory") from None
+        try:
+            create_exclusive(f"{attempt}.{node}", ceased_fd)
+        except FileExistsError:
+            return False
+        fsync_dirs(ceased_fd, root_fd)
+    return True
+
+
+def ceased_nodes(root: str, attempt: str) -> set[str]:
+    """The nodes whose Epilog recorded that this execution's processes are gone."""
+    prefix = f"{attempt}."
+    try:
+        entries = os.listdir(os.path.join(root, names.CEASED))
+    except FileNotFoundError:
+        return set()
+    return {e[len(prefix):] for e in entries if e.startswith(prefix)}
 
 
 __all__ = ["publish", "publications", "latest", "allocate_submission", "make_exec_dir",

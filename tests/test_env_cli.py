@@ -76,10 +76,15 @@ def test_cli_env_refusals_exit_2(root, tmp_path):
 
 
 def test_cli_array_task_root(root):
-    e = slurm_env(root, SLURM_ARRAY_TASK_ID="5")
-    out = cli("env", "--format", "json", env=e, check=True).stdout
-    assert json.loads(out)["DISPATCH_CHECKPOINT"] == f"{root}/task-5"
+    e = slurm_env(f"{root}/task-%a", SLURM_ARRAY_TASK_ID="5")
+    out = json.loads(cli("env", "--format", "json", env=e, check=True).stdout)
+    assert out["DISPATCH_CHECKPOINT"] == f"{root}/task-5"
     assert (root / "task-5" / "exec" / "linux.42.1000000").is_dir()
+    # a step recomputing inside the same execution keeps the expanded root
+    again = cli("env", "--format", "json", env={**e, **out}, check=True).stdout
+    assert json.loads(again) == out
+    shared = cli("env", env=slurm_env(root, SLURM_ARRAY_TASK_ID="5"))
+    assert shared.returncode == 2 and "%a" in shared.stderr
 
 
 def test_cli_publish_latest_ls(root):

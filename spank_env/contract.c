@@ -1,0 +1,392 @@
+#include "contract.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(char *err, size_t errsz, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errsz, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static int set(const struct dsp_arg *a)
+{
+	return a->value && a->value[0];
+}
+
+/* 999999 -> "999,999": the same bound text as the Python messages. */
+static const char *grouped(unsigned long long v, char *buf, size_t sz)
+{
+	char raw[32];
+	int n = snprintf(raw, sizeof(raw), "%llu", v), j = 0;
+	for (int i = 0; i < n && j < (int)sz - 1; i++) {
+		if (i && (n - i) % 3 == 0 && j < (int)sz - 2)
+			buf[j++] = ',';
+		buf[j++] = raw[i];
+	}
+	buf[j] = '\0';
+	return buf;
+}
+
+void dsp_site_defaults(struct dsp_site *site)
+{
+	memset(site, 0, sizeof(*site));
+	site->grace = 60;
+	site->exec_mode = 0700;
+}
+
+int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, char *err, size_t errsz)
+{
+	const char *p = text;
+	int lineno = 0;
+	dsp_site_defaults(site);
+	while (*p) {
+		char line[512], key[128], value[64];
+		const char *nl = strchr(p, '\n');
+		size_t len = nl ? (size_t)(nl - p) : strlen(p);
+		char *hash, *s, *e;
+		lineno++;
+		if (len >= sizeof(line))
+			return fail(err, errsz, "%s:%d: line too long", path, lineno);
+		memcpy(line, p, len);
+		line[len] = '\0';
+		p += len + (nl ? 1 : 0);
+		if ((hash = strchr(line, '#')))
+			*hash = '\0';
+		for (s = line; isspace((unsigned char)*s); s++)
+			;
+		for (e = s + strlen(s); e > s && isspace((unsigned char)e[-1]); e--)
+			;
+		*e = '\0';
+		if (!*s)
+			continue;
+		if (sscanf(s, "%127[A-Za-z0-9_.-] = %63[0-9]", key, value) != 2 &&
+		    sscanf(s, "%127[A-Za-z0-9_.-]=%63[0-9]", key, value) != 2)
+			goto bad;
+		{	/* the whole line must be `key = digits` */
+			char check[512];
+			snprintf(check, sizeof(check), "%s", s);
+			char *eq = strchr(check, '=');
+			char *v = eq + 1;
+			while (isspace((unsigned char)*v))
+				v++;
+			if (strcmp(v, value))
+				goto bad;
+		}
+		if (!strcmp(key, "exec_mode")) {
+			const char *v = value;
+			while (*v == '0' && strlen(v) > 3)
+				v++;
+			if (strcmp(v, "700") && strcmp(v, "710") && strcmp(v, "750"))
+				return fail(err, errsz, "%s:%d: exec_mode %s must be 0700, 0710 or 0750 "
+					    "(owner rwx; group at most r-x; never world)", path, lineno, value);
+			site->exec_mode = (unsigned int)strtoul(v, NULL, 8);
+		} else if (!strcmp(key, "grace")) {
+			site->grace = strtoull(value, NULL, 10);
+		} else if (!strncmp(key, "grace.", 6) && key[6]) {
+			if (site->naccounts == DSP_MAX_ACCOUNTS || strlen(key + 6) >= 64)
+				return fail(err, errsz, "%s:%d: too many or too long account names", path, lineno);
+			strcpy(site->account[site->naccounts], key + 6);
+			site->account_grace[site->naccounts++] = strtoull(value, NULL, 10);
+		} else {
+			goto bad;
+		}
+		continue;
+bad:
+		return fail(err, errsz, "%s:%d: cannot parse '%s' (expected grace = S, grace.<account> = S "
+			    "or exec_mode = 0NNN)", path, lineno, s);
+	}
+	return 0;
+}
+
+int dsp_site_load(struct dsp_site *site, const char *path, int must_exist, char *err, size_t errsz)
+{
+	char buf[16384];
+	size_t n;
+	FILE *f = fopen(path, "r");
+	dsp_site_defaults(site);
+	if (!f) {
+		if (errno == ENOENT && !must_exist)
+			return 0;
+		return fail(err, errsz, "site config %s: %s", path, strerror(errno));
+	}
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return dsp_site_parse(site, buf, path, err, errsz);
+}
+
+int dsp_parse_part(const char *label, const char *what, const char *text, unsigned long long lo,
+		   unsigned long long hi, unsigned long long *out, char *err, size_t errsz)
+{
+	char a[32], b[32];
+	size_t len = text ? strlen(text) : 0;
+	unsigned long long v = 0;
+	if (!len || len > 20 || strspn(text, "0123456789") != len)
+		return fail(err, errsz, "%s (%s) must be a decimal integer %llu..%s, got '%s'", label, what,
+			    lo, grouped(hi, b, sizeof(b)), text ? text : "");
+	for (size_t i = 0; i < len; i++) {
+		unsigned int d = (unsigned int)(text[i] - '0');
+		if (v > (ULLONG_MAX - d) / 10) {
+			v = ULLONG_MAX;	/* saturate: out of range whatever the bound */
+			break;
+		}
+		v = v * 10 + d;
+	}
+	if (v < lo || v > hi) {
+		const char *t = text;
+		while (*t == '0' && t[1])
+			t++;	/* the Python message shows the integer, without leading zeros */
+		return fail(err, errsz, "%s (%s) %s is out of range %llu..%s", label, what, t, lo,
+			    grouped(hi, a, sizeof(a)));
+	}
+	*out = v;
+	return 0;
+}
+
+int dsp_epoch(unsigned long long g, unsigned long long n, unsigned long long r, char *out, size_t outsz,
+	      char *err, size_t errsz)
+{
+	char b[32];
+	unsigned long long low;
+	if (g > DSP_G_MAX)
+		return fail(err, errsz, "generation G %llu is out of range 0..%s", g, grouped(DSP_G_MAX, b, sizeof(b)));
+	if (n < 1 || n > DSP_N_MAX)
+		return fail(err, errsz, "submission N %llu is out of range 1..%s", n, grouped(DSP_N_MAX, b, sizeof(b)));
+	if (r > DSP_R_MAX)
+		return fail(err, errsz, "restart R %llu is out of range 0..%s", r, grouped(DSP_R_MAX, b, sizeof(b)));
+	low = n * 1000000ULL + r;
+	if (g)
+		snprintf(out, outsz, "%llu%012llu", g, low);
+	else
+		snprintf(out, outsz, "%llu", low);
+	return 0;
+}
+
+int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, size_t errsz)
+{
+	size_t o = 0;
+	const char *p;
+	if (!root || root[0] != '/')
+		return fail(err, errsz, "checkpoint root '%s' must be an absolute path", root ? root : "");
+	for (p = root; *p;) {
+		const char *q;
+		size_t len;
+		while (*p == '/')
+			p++;
+		if (!*p)
+			break;
+		for (q = p; *q && *q != '/'; q++)
+			;
+		len = (size_t)(q - p);
+		if (len == 2 && p[0] == '.' && p[1] == '.')
+			return fail(err, errsz, "checkpoint root '%s' must not contain '..'", root);
+		if (!(len == 1 && p[0] == '.')) {
+			if (o + 1 + len + 1 > outsz)
+				return fail(err, errsz, "checkpoint root '%s' is too long", root);
+			out[o++] = '/';
+			memcpy(out + o, p, len);
+			o += len;
+		}
+		p = q;
+	}
+	if (!o)
+		out[o++] = '/';
+	out[o] = '\0';
+	if (strstr(out, "%a") && strstr(out, "%a") < strrchr(out, '/'))
+		return fail(err, errsz, "checkpoint root '%s': %%a may only appear in the last component", root);
+	return 0;
+}
+
+int dsp_expand_root(const char *root, const char *task, char *out, size_t outsz, char *err, size_t errsz)
+{
+	const char *leaf = strrchr(root, '/'), *s;
+	size_t o;
+	if (!strstr(root, "%a")) {
+		snprintf(out, outsz, "%s", root);
+		return 0;
+	}
+	s = strstr(root, "%a");
+	if (s < leaf)
+		return fail(err, errsz, "checkpoint root '%s': %%a may only appear in the last component", root);
+	if (!task || !task[0])
+		return fail(err, errsz, "checkpoint root '%s' has %%a but this job is not an array task", root);
+	if (strspn(task, "0123456789") != strlen(task))
+		return fail(err, errsz, "SLURM_ARRAY_TASK_ID '%s' must be decimal digits", task);
+	while (task[0] == '0' && task[1])
+		task++;
+	o = 0;
+	for (s = root; *s;) {
+		if (s[0] == '%' && s[1] == 'a') {
+			size_t tl = strlen(task);
+			if (o + tl + 1 > outsz)
+				return fail(err, errsz, "checkpoint root '%s' is too long", root);
+			memcpy(out + o, task, tl);
+			o += tl;
+			s += 2;
+		} else {
+			if (o + 2 > outsz)
+				return fail(err, errsz, "checkpoint root '%s' is too long", root);
+			out[o++] = *s++;
+		}
+	}
+	out[o] = '\0';
+	return 0;
+}
+
+int dsp_submission_dir(const char *root, char *out, size_t outsz)
+{
+	const char *leaf = strrchr(root, '/');
+	if (!strstr(root, "%a") || !leaf)
+		return snprintf(out, outsz, "%s", root) >= (int)outsz ? -1 : 0;
+	if (leaf == root)
+		return snprintf(out, outsz, "/") >= (int)outsz ? -1 : 0;
+	return snprintf(out, outsz, "%.*s", (int)(leaf - root), root) >= (int)outsz ? -1 : 0;
+}
+
+int dsp_token(const char *cluster, const char *job_id, const char *epoch, char *out, size_t outsz,
+	      char *err, size_t errsz)
+{
+	size_t cl = cluster ? strlen(cluster) : 0, o = 0;
+	if (!cl || cl > 64)
+		return fail(err, errsz, "cluster name '%s' must be 1..64 characters", cluster ? cluster : "");
+	if (!job_id || !job_id[0] || strspn(job_id, "0123456789") != strlen(job_id))
+		return fail(err, errsz, "Slurm job id '%s' must be decimal digits", job_id ? job_id : "");
+	if (cl + strlen(job_id) + strlen(epoch) + 3 > outsz)
+		return fail(err, errsz, "attempt token too long");
+	for (size_t i = 0; i < cl; i++) {
+		unsigned char c = (unsigned char)cluster[i];
+		out[o++] = (isascii(c) && (isalnum(c) || c == '_' || c == '-')) ? (char)c : '_';
+	}
+	snprintf(out + o, outsz - o, ".%s.%s", job_id, epoch);
+	return 0;
+}
+
+int dsp_b32(const unsigned char *in, size_t len, char *out, size_t outsz)
+{
+	static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+	size_t o = 0;
+	unsigned int buf = 0, bits = 0;
+	for (size_t i = 0; i < len; i++) {
+		buf = (buf << 8) | in[i];
+		bits += 8;
+		while (bits >= 5) {
+			if (o + 1 >= outsz)
+				return -1;
+			out[o++] = A[(buf >> (bits - 5)) & 31];
+			bits -= 5;
+		}
+	}
+	if (bits) {
+		if (o + 1 >= outsz)
+			return -1;
+		out[o++] = A[(buf << (5 - bits)) & 31];
+	}
+	out[o] = '\0';
+	return 0;
+}
+
+/* Epoch and step as digit strings: both may need all 20 digits (beyond 64 bits). */
+int dsp_pub_name(const char *epoch, const char *step, const char *path, char *out, size_t outsz)
+{
+	static const char zeros[] = "00000000000000000000";
+	char b32[1024];
+	size_t el = strlen(epoch), sl = strlen(step);
+	if (!el || el > 20 || strspn(epoch, "0123456789") != el || !sl || sl > 20 ||
+	    strspn(step, "0123456789") != sl || dsp_b32((const unsigned char *)path, strlen(path), b32, sizeof(b32)))
+		return -1;
+	return snprintf(out, outsz, "%.*s%s-%.*s%s-%s", (int)(20 - el), zeros, epoch, (int)(20 - sl), zeros,
+			step, b32) >= (int)outsz ? -1 : 0;
+}
+
+static unsigned long long site_grace(const struct dsp_site *site, const char *account)
+{
+	unsigned long long g = site->grace;
+	for (int i = 0; account && i < site->naccounts; i++)
+		if (!strcmp(site->account[i], account))
+			g = site->account_grace[i];
+	return g > DSP_GRACE_CAP ? DSP_GRACE_CAP : g;
+}
+
+int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int need_submission,
+		     char *root, size_t rootsz, char *err, size_t errsz)
+{
+	unsigned long long v;
+	if (!set(&in->checkpoint))
+		return fail(err, errsz, "%s is not set: name the job's checkpoint root", in->checkpoint.label);
+	if (dsp_normalize_root(in->checkpoint.value, root, rootsz, err, errsz))
+		return -1;
+	if (set(&in->generation) &&
+	    dsp_parse_part(in->generation.label, "generation G", in->generation.value, 0, DSP_G_MAX, &v, err, errsz))
+		return -1;
+	if (set(&in->submission)) {
+		if (dsp_parse_part(in->submission.label, "submission N (use `dispatch-slurm submit`)",
+				   in->submission.value, 1, DSP_N_MAX, &v, err, errsz))
+			return -1;
+	} else if (need_submission) {
+		return fail(err, errsz, "%s is not set: submission N (use `dispatch-slurm submit`) is required",
+			    in->submission.label);
+	}
+	if (set(&in->grace) &&
+	    dsp_parse_part(in->grace.label, "grace seconds", in->grace.value, 0, DSP_GRACE_CAP, &v, err, errsz))
+		return -1;
+	if (in->shared.value && strcmp(in->shared.value, "") && strcmp(in->shared.value, "0") &&
+	    strcmp(in->shared.value, "1"))
+		return fail(err, errsz, "%s must be 1 or 0, got '%s'", in->shared.label, in->shared.value);
+	(void)site;
+	return 0;
+}
+
+int dsp_compute(const struct dsp_in *in, const struct dsp_site *site, struct dsp_out *out,
+		char *err, size_t errsz)
+{
+	char root[DSP_PATH];
+	unsigned long long g = 0, n = 0, r = 0, grace;
+	const struct dsp_arg *rc;
+	memset(out, 0, sizeof(*out));
+	if (dsp_check_inputs(in, site, 1, root, sizeof(root), err, errsz))
+		return -1;
+	if (set(&in->generation))
+		dsp_parse_part(in->generation.label, "", in->generation.value, 0, DSP_G_MAX, &g, err, errsz);
+	dsp_parse_part(in->submission.label, "", in->submission.value, 1, DSP_N_MAX, &n, err, errsz);
+	if (dsp_expand_root(root, set(&in->array_task) ? in->array_task.value : NULL, out->checkpoint,
+			    sizeof(out->checkpoint), err, errsz))
+		return -1;
+	rc = set(&in->job_restart) ? &in->job_restart : set(&in->restart) ? &in->restart : NULL;
+	if (rc && dsp_parse_part(rc->label, "restart count R", rc->value, 0, DSP_R_MAX, &r, err, errsz))
+		return -1;
+	if (dsp_epoch(g, n, r, out->epoch, sizeof(out->epoch), err, errsz))
+		return -1;
+	if (!set(&in->job_id))
+		return fail(err, errsz, "%s is not set: not inside a Slurm job", in->job_id.label);
+	if (!set(&in->cluster))
+		return fail(err, errsz, "%s is not set: not inside a Slurm job", in->cluster.label);
+	if (dsp_token(in->cluster.value, in->job_id.value, out->epoch, out->attempt, sizeof(out->attempt),
+		      err, errsz))
+		return -1;
+	if (set(&in->array_task) && !strstr(root, "%a") &&
+	    !(set(&in->attempt) && !strcmp(in->attempt.value, out->attempt)))
+		return fail(err, errsz, "array task %s: every array task needs its own root; put %%a in the "
+			    "checkpoint root's last component (e.g. %s/task-%%a)", in->array_task.value, root);
+	if (set(&in->grace))
+		dsp_parse_part(in->grace.label, "", in->grace.value, 0, DSP_GRACE_CAP, &grace, err, errsz);
+	else
+		grace = site_grace(site, set(&in->account) ? in->account.value : NULL);
+	snprintf(out->generation, sizeof(out->generation), "%llu", g);
+	snprintf(out->submission, sizeof(out->submission), "%llu", n);
+	snprintf(out->restart, sizeof(out->restart), "%llu", r);
+	snprintf(out->grace, sizeof(out->grace), "%llu", grace);
+	if (snprintf(out->exec_dir, sizeof(out->exec_dir), "%s/exec/%s", out->checkpoint, out->attempt)
+	    >= (int)sizeof(out->exec_dir))
+		return fail(err, errsz, "exec folder path too long");
+	out->shared = in->shared.value && !strcmp(in->shared.value, "1");
+	return 0;
+}

@@ -1,0 +1,73 @@
+/*
+ * The dispatch-slurm contract in C: the same rules as dispatch_slurm/{epoch,names,
+ * env}.py, checked against tests/vectors/ (JSON) by test_contract. Pure: no Slurm,
+ * no I/O, so every context (sbatch, slurmstepd, the unit test) computes identically.
+ */
+#ifndef DISPATCH_CONTRACT_H
+#define DISPATCH_CONTRACT_H
+
+#include <stddef.h>
+
+#define DSP_G_MAX 99999999ULL
+#define DSP_N_MAX 999999ULL
+#define DSP_R_MAX 999999ULL
+#define DSP_GRACE_CAP 300ULL
+#define DSP_PATH 4096
+#define DSP_ERR 512
+#define DSP_MAX_ACCOUNTS 64
+
+struct dsp_site {
+	unsigned long long grace;		/* site default grace, seconds */
+	int naccounts;
+	char account[DSP_MAX_ACCOUNTS][64];	/* per-project (account) defaults */
+	unsigned long long account_grace[DSP_MAX_ACCOUNTS];
+	unsigned int exec_mode;			/* 0700, 0710 or 0750 */
+};
+
+/* One input: its value (NULL when absent) and the name to blame in messages. */
+struct dsp_arg {
+	const char *value;
+	const char *label;
+};
+
+struct dsp_in {
+	struct dsp_arg checkpoint, generation, submission, grace, shared;
+	struct dsp_arg job_id, cluster, job_restart, restart, array_task, account, attempt;
+};
+
+struct dsp_out {
+	char checkpoint[DSP_PATH];
+	char generation[24], submission[24], restart[24], epoch[24];
+	char attempt[128];
+	char exec_dir[DSP_PATH];
+	char grace[24];
+	int shared;
+};
+
+void dsp_site_defaults(struct dsp_site *site);
+/* Parse site.conf text; returns 0 or -1 with err naming the line. */
+int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, char *err, size_t errsz);
+int dsp_site_load(struct dsp_site *site, const char *path, int must_exist, char *err, size_t errsz);
+
+/* Decimal digits only (no sign, no space), at most 20 digits, then lo..hi. */
+int dsp_parse_part(const char *label, const char *what, const char *text, unsigned long long lo,
+		   unsigned long long hi, unsigned long long *out, char *err, size_t errsz);
+/* The epoch as a decimal string: G*10^12 + N*10^6 + R may exceed 64 bits. */
+int dsp_epoch(unsigned long long g, unsigned long long n, unsigned long long r, char *out, size_t outsz,
+	      char *err, size_t errsz);
+int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, size_t errsz);
+int dsp_expand_root(const char *root, const char *task, char *out, size_t outsz, char *err, size_t errsz);
+/* Where N is allocated: the root, or the parent of a %a pattern. */
+int dsp_submission_dir(const char *root, char *out, size_t outsz);
+int dsp_token(const char *cluster, const char *job_id, const char *epoch, char *out, size_t outsz,
+	      char *err, size_t errsz);
+int dsp_b32(const unsigned char *in, size_t len, char *out, size_t outsz);
+int dsp_pub_name(const char *epoch, const char *step, const char *path, char *out, size_t outsz);
+/* Submission-time checks (what sbatch can refuse before anything is queued). */
+int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int need_submission,
+		     char *root, size_t rootsz, char *err, size_t errsz);
+/* Every DISPATCH_* value of the execution. */
+int dsp_compute(const struct dsp_in *in, const struct dsp_site *site, struct dsp_out *out,
+		char *err, size_t errsz);
+
+#endif
