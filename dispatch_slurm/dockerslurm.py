@@ -1,0 +1,576 @@
+"""docker-slurm: a real Slurm cluster in containers, for tests and for `dispatch-slurm trial`.
+
+One controller (slurmctld) and N nodes (slurmd) from the image that
+``docker-slurm/build-images`` makes, on an *internal* Docker network (the
+containers reach nothing but each other), with ``/checkpoints`` bind-mounted from
+a host directory so a test reads what jobs wrote without going through a container.
+The munge key is made here, when the cluster starts, and never baked into an image.
+
+Faults are the real ones, not mocks: ``cancel`` (scancel), ``preempt`` (a job in
+the higher-tier partition ``high`` preempts; PreemptMode CANCEL in ``scavenger``,
+REQUEUE in ``normal``), ``partition`` (the node's traffic is dropped with iptables
+inside its network namespace: it keeps its address and its processes keep
+running, as with a cut cable) and ``heal``.
+
+``docker`` and ``testcontainers`` are imported only when a cluster starts: they are
+the optional extra ``dispatch-slurm[cluster]``. The image build lives in one place,
+the ``docker-slurm/build-images`` script of a source checkout; this module calls it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+
+from .errors import DispatchError
+from .slurm import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
+
+__all__ = [
+    "CONTROLLER",
+    "PROFILES",
+    "SUITES",
+    "Cluster",
+    "ClusterError",
+    "build_image",
+    "remove_orphans",
+    "source_root",
+]
+
+#: Debian suite -> the Slurm release it ships.
+SUITES = {"bookworm": "22.05", "trixie": "24.11"}
+#: Timing profiles (docker-slurm/profile-*.env): fast for CI, site = Slurm's defaults.
+PROFILES = ("fast", "site")
+CONTROLLER = "ctl"
+LABEL = "dispatch-slurm.cluster"
+OWNER_LABEL = "dispatch-slurm.owner"
+
+T = TypeVar("T")
+
+
+class ClusterError(DispatchError):
+    """The test cluster could not be built, started or driven, or a wait ran out."""
+
+
+def source_root() -> Path:
+    """The source checkout holding ``docker-slurm/`` (the image is built from the working
+    tree). ``DISPATCH_SLURM_SOURCE`` overrides where that is."""
+    env = os.environ.get("DISPATCH_SLURM_SOURCE")
+    root = Path(env) if env else Path(__file__).resolve().parent.parent
+    if not (root / "docker-slurm" / "build-images").is_file():
+        raise ClusterError(
+            f"no docker-slurm/build-images under {root}: the cluster image is built from a source "
+            "checkout of dispatch-slurm (set DISPATCH_SLURM_SOURCE to one)"
+        )
+    return root
+
+
+def build_image(suite: str, *, log: Optional[Callable[[str], None]] = None) -> str:
+    """Build (or find up to date) the cluster image for ``suite``; its content-hash tag."""
+    if suite not in SUITES:
+        raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
+    script = source_root() / "docker-slurm" / "build-images"
+    p = subprocess.run(["bash", str(script), suite], capture_output=True, text=True, check=False)
+    if log:
+        for line in p.stderr.splitlines():
+            log(line)
+    if p.returncode != 0:
+        raise ClusterError(f"{script} {suite} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    lines = p.stdout.split()
+    if not lines:
+        raise ClusterError(f"{script} {suite} printed no image tag:\n{p.stderr[-2000:]}")
+    return lines[-1]
+
+
+def _docker():
+    try:
+        import docker  # noqa: F401
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.network import Network
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ClusterError(
+            f"the docker-slurm cluster needs the 'cluster' extra: pip install 'dispatch-slurm[cluster]' ({e})"
+        ) from e
+    return docker, DockerContainer, Network
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphans() -> list[str]:
+    """Remove clusters left by a process of this host that is gone (a killed test run:
+    no reaper container can be pulled here). Clusters of live processes are kept."""
+    docker, _, _ = _docker()
+    client = docker.from_env()
+    host = socket.gethostname()
+    dead: set[str] = set()
+    try:
+        for c in client.containers.list(all=True, filters={"label": LABEL}):
+            owner = c.labels.get(OWNER_LABEL, "")
+            h, _, pid = owner.rpartition(":")
+            if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+                dead.add(c.labels[LABEL])
+                c.remove(force=True)
+        for n in client.networks.list(filters={"label": LABEL}):
+            if n.attrs.get("Labels", {}).get(LABEL) in dead:
+                n.remove()
+    finally:
+        client.close()
+    return sorted(dead)
+
+
+@dataclass
+class _Partition:
+    interfaces: list[str]
+
+
+class Cluster:
+    """A docker-slurm cluster: ``Cluster('bookworm', 'fast').start()`` ... ``.stop()``.
+
+    Containers are named ``<id>-ctl``, ``<id>-c1`` ...; inside, hostnames are ``ctl``,
+    ``c1`` ... (the Slurm NodeNames). ``checkpoints`` is the host directory mounted at
+    ``/checkpoints`` on every container. ``timings`` records build and boot seconds."""
+
+    def __init__(
+        self,
+        suite: str = "trixie",
+        profile: str = "fast",
+        *,
+        nodes: int = 3,
+        node_cpus: int = 2,
+        image: Optional[str] = None,
+        name: Optional[str] = None,
+        log: Optional[Callable[[str], None]] = None,
+    ):
+        if suite not in SUITES:
+            raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
+        if profile not in PROFILES:
+            raise ClusterError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
+        if not 1 <= nodes <= 9:
+            raise ClusterError(f"nodes must be 1..9, not {nodes}")
+        self.suite = suite
+        self.profile = profile
+        self.slurm_release = SUITES[suite]
+        self.image = image
+        self.id = name or f"dslurm-{suite}-{uuid.uuid4().hex[:6]}"
+        self.node_names = [f"c{i}" for i in range(1, nodes + 1)]
+        self.node_cpus = node_cpus
+        self.timings: dict[str, float] = {}
+        self._log = log or (lambda s: None)
+        self._containers: dict[str, Any] = {}
+        self._network: Any = None
+        self._tmp: Optional[Path] = None
+        self._partitioned: dict[str, _Partition] = {}
+        self._slurm: Optional[Slurm] = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def checkpoints(self) -> Path:
+        """Host directory mounted at /checkpoints in every container."""
+        if self._tmp is None:
+            raise ClusterError("the cluster is not started")
+        return self._tmp / "checkpoints"
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, suite: Optional[str] = None, profile: Optional[str] = None, *, timeout: float = 240.0) -> "Cluster":
+        """Build or reuse the image, start controller + nodes, wait until every node is idle.
+        ``suite``/``profile`` override the constructor's (``Cluster().start('bookworm', 'site')``)."""
+        if self._containers:
+            raise ClusterError(f"{self.id} is already started")
+        if suite is not None and suite != self.suite:
+            if suite not in SUITES:
+                raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
+            self.suite, self.slurm_release, self.image = suite, SUITES[suite], None
+        if profile is not None:
+            if profile not in PROFILES:
+                raise ClusterError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
+            self.profile = profile
+        os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+        _, DockerContainer, Network = _docker()
+        remove_orphans()
+        t0 = time.monotonic()
+        if self.image is None:
+            self.image = build_image(self.suite, log=self._log)
+        self.timings["build_s"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        try:
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"{self.id}-"))
+            key_dir = self._tmp / "munge"
+            key_dir.mkdir(mode=0o700)
+            # The one munge key of this cluster, made now; the entrypoint installs it as
+            # /etc/munge/munge.key owned by munge, mode 0400, in every container.
+            key = key_dir / "munge.key"
+            key.write_bytes(secrets.token_bytes(1024))
+            key.chmod(0o400)
+            self.checkpoints.mkdir()
+            self.checkpoints.chmod(0o1777)
+
+            labels = {LABEL: self.id, OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
+            self._network = Network(docker_network_kw={"internal": True, "labels": labels})
+            self._network.name = self.id
+            self._network.create()
+            env = {
+                "DOCKER_SLURM_PROFILE": self.profile,
+                "DOCKER_SLURM_CONTROLLER": CONTROLLER,
+                "DOCKER_SLURM_NODES": f"c[1-{len(self.node_names)}]" if len(self.node_names) > 1 else "c1",
+                "DOCKER_SLURM_NODE_CPUS": str(self.node_cpus),
+                "DOCKER_SLURM_CLUSTER_NAME": self.id.replace("-", "_")[:40],
+                "DOCKER_SLURM_KEY_DIR": "/run/munge-key",
+            }
+            for host in [CONTROLLER, *self.node_names]:
+                role = "controller" if host == CONTROLLER else "node"
+                # NET_ADMIN: partition() drops traffic with iptables in the container's own
+                # namespace. SYS_ADMIN (nodes): slurmd 24.11 loads a user's login environment
+                # (sbatch --export=ALL,VAR or NONE sets SLURM_GET_USER_ENV) in a clone() with
+                # new pid+mount namespaces; without the capability the clone fails and slurmd
+                # exits ("fatal: clone: Operation not permitted"). AppArmor's docker-default
+                # profile would refuse the /proc mount in that clone.
+                caps = ["NET_ADMIN"] + (["SYS_ADMIN"] if role == "node" else [])
+                security = ["apparmor=unconfined"] if role == "node" else []
+                c = (
+                    DockerContainer(self.image)
+                    .with_name(f"{self.id}-{host}")
+                    .with_command(role)
+                    .with_network(self._network)
+                    .with_network_aliases(host)
+                    .with_volume_mapping(str(key_dir), "/run/munge-key", "ro")
+                    .with_volume_mapping(str(self.checkpoints), "/checkpoints", "rw")
+                    .with_envs(**env)
+                    .with_kwargs(hostname=host, init=True, cap_add=caps, security_opt=security, labels=labels)
+                )
+                self._containers[host] = c
+                c.start()
+            self._log(f"{self.id}: containers started, waiting for {len(self.node_names)} idle nodes")
+            self.wait_nodes(lambda ns: len(ns) == len(self.node_names) and all(n.state == {"IDLE"} for n in ns),
+                            timeout=timeout, what="every node IDLE")
+        except ClusterError as e:
+            logs = self._tail_logs()
+            self.stop()
+            raise ClusterError(f"{e}\n{logs}") from e
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["boot_s"] = time.monotonic() - t1
+        self._log(f"{self.id}: up in {self.timings['boot_s']:.1f} s (image {self.image})")
+        return self
+
+    def stop(self) -> None:
+        """Remove the containers, the network and the host directory (idempotent)."""
+        for host, c in list(self._containers.items()):
+            try:
+                c.stop()
+            except Exception as e:  # keep removing the rest
+                self._log(f"{self.id}: removing {host}: {e}")
+        self._containers.clear()
+        if self._network is not None:
+            try:
+                self._network.remove()
+            except Exception as e:
+                self._log(f"{self.id}: removing network: {e}")
+            self._network = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        self._slurm = None
+
+    def network_info(self) -> dict[str, Any]:
+        """The cluster network as the engine describes it now (``docker network inspect``)."""
+        if self._network is None:
+            raise ClusterError("the cluster is not started")
+        net = self._network._unwrap_network
+        net.reload()
+        return dict(net.attrs)
+
+    def _container(self, host: str) -> Any:
+        try:
+            return self._containers[host].get_wrapped_container()
+        except KeyError:
+            raise ClusterError(f"no container {host!r} in {self.id} (have: {', '.join(self._containers)})") from None
+
+    def logs(self, host: str) -> str:
+        """The container's output (the daemon logs to stderr)."""
+        return self._container(host).logs().decode(errors="replace")
+
+    def _tail_logs(self, lines: int = 30) -> str:
+        out = []
+        for host in list(self._containers):
+            try:
+                text = self.logs(host).splitlines()[-lines:]
+            except Exception:
+                continue
+            out.append(f"--- {self.id}-{host} ---\n" + "\n".join(text))
+        return "\n".join(out)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def exec(
+        self,
+        host: str,
+        cmd: Union[str, Sequence[str]],
+        *,
+        user: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        input: Optional[str] = None,
+        workdir: Optional[str] = None,
+        check: bool = True,
+    ) -> CommandResult:
+        """Run ``cmd`` (a string goes to ``bash -c``) in container ``host``, as ``user``
+        (default root). ``input`` is fed on stdin. ``check``: raise on a non-zero exit."""
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        environment = dict(env or {})
+        if user and user != "root":
+            environment.update({"HOME": f"/home/{user}", "USER": user, "LOGNAME": user})
+        if input is not None:
+            # docker exec has no simple stdin: pass it in the environment and pipe it in,
+            # keeping the variable out of the command's own environment.
+            environment["DOCKER_SLURM_STDIN"] = input
+            argv = ["bash", "-c", 'printf "%s" "$DOCKER_SLURM_STDIN" | env -u DOCKER_SLURM_STDIN "$@"', "bash", *argv]
+        code, (out, err) = self._container(host).exec_run(
+            argv,
+            user=user or "root",
+            workdir=workdir or (f"/home/{user}" if user and user != "root" else "/"),
+            environment=environment,
+            demux=True,
+        )
+        res = CommandResult(code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace"))
+        if check and res.returncode != 0:
+            shown = cmd if isinstance(cmd, str) else " ".join(cmd)
+            raise ClusterError(
+                f"{self.id}-{host}: `{shown}` as {user or 'root'} exited {res.returncode}: "
+                f"{(res.stderr or res.stdout).strip()[-2000:]}"
+            )
+        return res
+
+    def runner(self, host: str = CONTROLLER, user: Optional[str] = None):
+        """A ``dispatch_slurm.slurm`` runner that runs commands in ``host`` as ``user``."""
+
+        def run(
+            argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, input: Optional[str] = None
+        ) -> CommandResult:
+            return self.exec(host, list(argv), user=user, env=env, input=input, check=False)
+
+        return run
+
+    @property
+    def slurm(self) -> Slurm:
+        """The package's Slurm client, running commands in the controller as root."""
+        if self._slurm is None:
+            self._slurm = Slurm(self.runner(CONTROLLER))
+        return self._slurm
+
+    def slurm_as(self, user: str, host: str = CONTROLLER) -> Slurm:
+        """The Slurm client as ``user`` (alice, bob) on ``host``."""
+        return Slurm(self.runner(host, user))
+
+    def read(self, path: Union[str, Path]) -> str:
+        """A file of the shared volume, read on the host: ``read('x/out.txt')`` or
+        ``read('/checkpoints/x/out.txt')``."""
+        return self.path(path).read_text()
+
+    def path(self, path: Union[str, Path]) -> Path:
+        """Host path of a path under /checkpoints (refuses anything outside it)."""
+        p = Path(path)
+        if p.is_absolute():
+            try:
+                p = p.relative_to("/checkpoints")
+            except ValueError:
+                raise ClusterError(f"{path} is not under /checkpoints") from None
+        full = (self.checkpoints / p).resolve()
+        if full != self.checkpoints.resolve() and self.checkpoints.resolve() not in full.parents:
+            raise ClusterError(f"{path} leaves /checkpoints")
+        return full
+
+    def pids(self, host: str, pattern: str, user: Optional[str] = None) -> list[int]:
+        """PIDs of processes on ``host`` whose command line matches ``pattern`` (pgrep -f)."""
+        cmd = ["pgrep", "-f", pattern] if user is None else ["pgrep", "-u", user, "-f", pattern]
+        res = self.exec(host, cmd, check=False)
+        if res.returncode not in (0, 1):
+            raise ClusterError(f"{host}: pgrep failed: {res.stderr.strip()}")
+        return [int(x) for x in res.stdout.split()]
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        user: str,
+        script: Optional[str] = None,
+        *,
+        args: Sequence[str] = (),
+        env: Optional[Mapping[str, str]] = None,
+    ) -> int:
+        """Submit as ``user`` from the controller: ``script`` (text, fed to sbatch on stdin)
+        and/or sbatch ``args`` (e.g. ``['-p', 'high', '--wrap', 'sleep 60']``). The job id."""
+        if script is None and not args:
+            raise ClusterError("submit needs a script or sbatch args")
+        return self.slurm_as(user).submit(list(args), env, script=script)
+
+    def job(self, job_id: int) -> JobInfo:
+        return self.slurm.job(job_id)
+
+    def nodes(self) -> list[NodeInfo]:
+        return self.slurm.nodes()
+
+    def node(self, name: str) -> NodeInfo:
+        return self.slurm.node(name)
+
+    def wait_until(
+        self, probe: Callable[[], Optional[T]], *, timeout: float, what: str, poll: float = 0.5
+    ) -> T:
+        """Call ``probe`` until it returns a truthy value, at most ``timeout`` seconds.
+        A SlurmError while polling (controller busy) is retried; the last one is reported."""
+        deadline = time.monotonic() + timeout
+        last_err: Optional[Exception] = None
+        while True:
+            try:
+                got = probe()
+                if got:
+                    return got
+                last_err = None
+            except SlurmError as e:
+                last_err = e
+            if time.monotonic() >= deadline:
+                extra = f"; last error: {last_err}" if last_err else ""
+                raise ClusterError(f"{self.id}: waited {timeout:g} s for {what}{extra}")
+            time.sleep(poll)
+
+    def wait_job(
+        self,
+        job_id: int,
+        until: Union[str, Iterable[str], Callable[[JobInfo], bool]],
+        *,
+        timeout: float = 120.0,
+        poll: float = 0.5,
+    ) -> JobInfo:
+        """Poll the job until ``until`` holds: a state name or set of names (matched against
+        the base state and the flags) or a predicate on JobInfo. Returns the JobInfo seen;
+        on timeout raises ClusterError with every distinct state observed on the way."""
+        if callable(until):
+            pred, what = until, getattr(until, "__name__", "predicate")
+        else:
+            wanted = {until} if isinstance(until, str) else set(until)
+            pred, what = (lambda j: bool(j.states & wanted)), f"state in {sorted(wanted)}"
+        seen: list[str] = []
+        last: list[JobInfo] = []
+
+        def probe() -> Optional[JobInfo]:
+            j = self.slurm.job(job_id)
+            last[:] = [j]
+            desc = f"{'+'.join(sorted(j.states))} reason={j.reason} restarts={j.restart_count} nodes={','.join(j.nodes)}"
+            if not seen or seen[-1] != desc:
+                seen.append(desc)
+            return j if pred(j) else None
+
+        try:
+            return self.wait_until(probe, timeout=timeout, poll=poll, what=f"job {job_id} {what}")
+        except ClusterError as e:
+            raise ClusterError(f"{e}; observed: {' -> '.join(seen) or 'nothing'}") from None
+
+    def wait_nodes(
+        self,
+        until: Callable[[list[NodeInfo]], bool],
+        *,
+        timeout: float = 120.0,
+        poll: float = 1.0,
+        what: str = "nodes",
+    ) -> list[NodeInfo]:
+        """Poll every node until ``until(nodes)`` holds."""
+        seen: list[str] = []
+
+        def probe() -> Optional[list[NodeInfo]]:
+            ns = self.slurm.nodes()
+            desc = " ".join(f"{n.name}:{'+'.join(sorted(n.state))}" for n in ns)
+            if not seen or seen[-1] != desc:
+                seen.append(desc)
+            return ns if until(ns) else None
+
+        try:
+            return self.wait_until(probe, timeout=timeout, poll=poll, what=what)
+        except ClusterError as e:
+            raise ClusterError(f"{e}; observed: {' -> '.join(seen) or 'nothing'}") from None
+
+    def wait_node(
+        self, name: str, until: Union[str, Callable[[NodeInfo], bool]], *, timeout: float = 120.0, poll: float = 1.0
+    ) -> NodeInfo:
+        """Poll node ``name`` until its state set contains ``until`` (or the predicate holds)."""
+        pred = until if callable(until) else (lambda n: until in n.state)
+        what = f"node {name} " + (getattr(until, "__name__", "predicate") if callable(until) else f"state {until}")
+        found = self.wait_nodes(
+            lambda ns: any(n.name == name and pred(n) for n in ns), timeout=timeout, poll=poll, what=what
+        )
+        return next(n for n in found if n.name == name)
+
+    def cancel(self, job_id: int, signal: Optional[str] = None, *, user: Optional[str] = None) -> None:
+        """scancel, as ``user`` (default root)."""
+        (self.slurm_as(user) if user else self.slurm).cancel(job_id, signal)
+
+    def preempt(self, job_id: int, *, user: str = "bob", hold: str = "sleep 300", timeout: float = 60.0) -> int:
+        """Preempt a running job the way a site does: submit a job to the higher-tier
+        partition ``high`` that needs the victim's whole nodes. The victim's partition
+        decides what happens (``normal``: REQUEUE, ``scavenger``: CANCEL, after GraceTime).
+        Returns the preemptor's job id (cancel it when done to free the nodes)."""
+        victim = self.wait_job(job_id, "RUNNING", timeout=timeout)
+        return self.submit(
+            user,
+            args=[
+                "-p", "high", "-w", ",".join(victim.nodes), "-N", str(len(victim.nodes)), "--exclusive",
+                "-o", "/dev/null", "-J", f"preemptor-of-{job_id}", "--wrap", hold,
+            ],
+        )
+
+    # -- network faults ---------------------------------------------------------------------
+
+    def _interfaces(self, host: str) -> list[str]:
+        out = self.exec(host, ["ip", "-o", "-4", "addr", "show", "scope", "global"]).stdout
+        ifaces = sorted({line.split()[1].split("@")[0] for line in out.splitlines() if line.strip()})
+        if not ifaces:
+            raise ClusterError(f"{host}: no network interface with an address")
+        return ifaces
+
+    def partition(self, host: str) -> list[str]:
+        """Cut ``host`` off the network: all traffic on its interfaces is dropped inside its
+        network namespace, so it keeps its address and its processes keep running (slurmd
+        too, talking into the void). Returns the interfaces cut."""
+        if host in self._partitioned:
+            raise ClusterError(f"{host} is already partitioned")
+        ifaces = self._interfaces(host)
+        rules = "; ".join(f"iptables -A INPUT -i {i} -j DROP && iptables -A OUTPUT -o {i} -j DROP" for i in ifaces)
+        self.exec(host, f"set -e; {rules}")
+        self._partitioned[host] = _Partition(ifaces)
+        self._log(f"{self.id}: partitioned {host} ({', '.join(ifaces)})")
+        return ifaces
+
+    def heal(self, host: str) -> None:
+        """Undo ``partition``: remove exactly the rules it added."""
+        part = self._partitioned.pop(host, None)
+        if part is None:
+            raise ClusterError(f"{host} is not partitioned")
+        rules = "; ".join(
+            f"iptables -D INPUT -i {i} -j DROP && iptables -D OUTPUT -o {i} -j DROP" for i in part.interfaces
+        )
+        self.exec(host, f"set -e; {rules}")
+        self._log(f"{self.id}: healed {host}")
+
+    def __repr__(self) -> str:
+        state = "running" if self._containers else "stopped"
+        return f"Cluster({self.suite!r} = Slurm {self.slurm_release}, {self.profile!r}, {self.id}, {state})"
