@@ -58,9 +58,12 @@ def analyze(recs: list[dict], old: str, new: str, third: str | None, ended_at: f
                     for r in recs)
     # once the replacement has a complete save, any later resume must continue its lineage
     wrong = third is not None and new_saved and from_lineage != new
+    timeline = {who: [round(r["t"] - ended_at, 3) for r in recs if r["lineage"] == lin and r["op"] in
+                        ("write", "delete")] for who, lin in (("old", old), ("new", new), ("third", third)) if lin}
     return Result(scenario, mode, round(overlap, 3), len(mixed), len(lost), wrong, from_lineage,
                   {"mixed_folders": mixed[:5], "lost_saves": lost[:5],
-                   "old_writes_after_end": sum(t > ended_at for t in old_writes)})
+                   "old_writes_after_end": sum(t > ended_at for t in old_writes),
+                   "lineages": {"old": old, "new": new, "third": third}, "timeline": timeline})
 
 
 def table(results: list[Result]) -> str:
@@ -131,6 +134,298 @@ def demo_local() -> list[Result]:
     for mode in ("naive", "dispatch"):
         with tempfile.TemporaryDirectory(prefix=f"dispatch-demo-{mode}-") as base:
             results.append(run_local(mode, base))
+    return results
+
+
+# ---- cluster trials: real Slurm executions overlap ---------------------------------------
+
+ENDED = frozenset({"CANCELLED", "PREEMPTED", "FAILED", "NODE_FAIL", "TIMEOUT", "COMPLETED", "BOOT_FAIL",
+                   "OUT_OF_MEMORY", "DEADLINE"})
+SCENARIOS = ("cancel", "preempt", "partition")
+DEADLINE = {"fast": 180.0, "site": 1200.0}
+
+
+class DockerTarget:
+    """The docker-slurm cluster: every fault is available, and the test user's jobs
+    and files are reachable from this machine."""
+
+    def __init__(self, cluster, user: str = "alice"):
+        self.c, self.user = cluster, user
+        self.slurm = cluster.slurm_as(user)
+        self.profile = cluster.profile
+        self.nodes = list(cluster.node_names)
+
+    def host_path(self, path: str) -> str:
+        return str(self.c.path(path))
+
+    def mkdir(self, path: str) -> None:
+        self.c.exec(self.nodes[0], f"mkdir -p {path} && chmod 700 {path}", user=self.user)
+
+    def submit(self, script: str, args: list[str]) -> int:
+        return self.slurm.submit(args, script=script)
+
+    def unpin(self, job_id: int) -> None:
+        """Let a job pinned to a node (-w) restart anywhere after that node fails."""
+        self.c.exec("ctl", ["scontrol", "update", f"jobid={job_id}", "ReqNodeList="])
+
+    def preempt(self, node: str) -> int:
+        return self.c.submit("bob", args=["-p", "high", "-w", node, "--exclusive", "-o", "/dev/null",
+                                          "--wrap", "sleep 3600"])
+
+    def cancel(self, job_id: int, user: str | None = None) -> None:
+        self.c.cancel(job_id, user=user)
+
+    def partition(self, node: str) -> None:
+        self.c.partition(node)
+
+    def heal(self, node: str) -> None:
+        self.c.heal(node)
+
+    def alive(self, node: str, marker: str) -> bool:
+        return bool(self.c.pids(node, marker))
+
+
+class SlurmTarget:
+    """Any cluster the user can sbatch to, through the local Slurm CLI: cancel and
+    preempt (a high-priority partition must exist); a partition needs node access."""
+
+    def __init__(self, slurm, nodes: list[str], profile: str = "site", preempt_partition: str = "high"):
+        self.slurm, self.nodes, self.profile = slurm, nodes, profile
+        self.preempt_partition = preempt_partition
+
+    def host_path(self, path: str) -> str:
+        return path
+
+    def mkdir(self, path: str) -> None:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+
+    def submit(self, script: str, args: list[str]) -> int:
+        return self.slurm.submit(args, script=script)
+
+    def unpin(self, job_id: int) -> None:
+        self.slurm.run(["scontrol", "update", f"jobid={job_id}", "ReqNodeList="])
+
+    def preempt(self, node: str) -> int:
+        return self.slurm.submit(["-p", self.preempt_partition, "-w", node, "--exclusive", "-o", "/dev/null",
+                                  "--wrap", "sleep 3600"])
+
+    def cancel(self, job_id: int, user: str | None = None) -> None:
+        self.slurm.cancel(job_id)
+
+    def partition(self, node: str) -> None:
+        raise click_error("the partition scenario needs the docker-slurm target (it cuts a node's network)")
+
+    heal = partition
+
+    def alive(self, node: str, marker: str) -> bool | None:
+        return None  # unknown from a login node: the trainers' logs decide
+
+
+def click_error(msg):
+    from .errors import DispatchError
+    return DispatchError(msg)
+
+
+def _poll(probe, timeout: float, what: str, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"trial: waited {timeout:.0f}s for {what}")
+        time.sleep(every)
+
+
+def _lineage(recs: list[dict], job: int, restart: int | None = None) -> str | None:
+    for r in recs:
+        if r["op"] == "start" and str(r.get("job")) == str(job) and (restart is None or r.get("restart") == restart):
+            return r["lineage"]
+    return None
+
+
+def _saves(recs: list[dict], lineage: str | None) -> int:
+    return sum(r["op"] == "write" and r["lineage"] == lineage and r["path"].endswith(STATE) for r in recs)
+
+
+STATE = "trainer_state.json"
+
+
+def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval: float = 1.0,
+                  warmup: float = 3.0, log=print) -> list[Result]:
+    """One trial of `scenario` for every mode, side by side on the same node."""
+    node = t.nodes[-1]
+    limit = DEADLINE.get(t.profile, 1200.0)
+    part = "scavenger" if scenario == "preempt" else "normal"  # scavenger: PreemptMode=CANCEL
+    dirs, old, new, third = {}, {}, {}, {}
+    for mode in modes:
+        d = f"{base}/{mode}"
+        t.mkdir(d)
+        t.mkdir(f"{d}/root")
+        dirs[mode] = d
+
+    def script(mode: str, extra: str = "") -> str:
+        d = dirs[mode]
+        naive = f"--dir {d}/root/shared" if mode == "naive" else ""
+        return (f"#!/bin/bash\n#SBATCH -o {d}/slurm-%j.out -e {d}/slurm-%j.err\n"
+                f"srun python3 -m dispatch_slurm.workload --mode {mode} --log-dir {d}/logs "
+                f"--interval {interval} --keep 2 --warmup {warmup} {naive} {extra}\n")
+
+    def args(mode: str, *more: str) -> list[str]:
+        a = ["-n1", "-c1", "-p", part, *more]
+        return a + [f"--dispatch-checkpoint={dirs[mode]}/root"] if mode == "dispatch" else a
+
+    def recs(mode: str) -> list[dict]:
+        p = t.host_path(f"{dirs[mode]}/logs")
+        return read_logs(p) if os.path.isdir(p) else []
+
+    for mode in modes:
+        old[mode] = t.submit(script(mode), args(mode, "-w", node))
+    for mode in modes:
+        _poll(lambda: _saves(recs(mode), _lineage(recs(mode), old[mode], 0)) >= 2, limit,
+              f"{mode}: the old execution's first saves")
+    log(f"{scenario}: old executions {old} saving on {node}; triggering")
+    preemptor = None
+    if scenario == "cancel":
+        for mode in modes:
+            t.cancel(old[mode])
+    elif scenario == "preempt":
+        preemptor = t.preempt(node)
+    else:
+        for mode in modes:
+            t.unpin(old[mode])
+        t.partition(node)
+    ended_at = {}
+
+    def reported_ended(mode):
+        j = t.slurm.job(old[mode])
+        done = j.restart_count >= 1 if scenario == "partition" else j.state in ENDED
+        if done and mode not in ended_at:
+            ended_at[mode] = time.time()
+        return done
+
+    _poll(lambda: all([reported_ended(m) for m in modes]), limit, "Slurm to report the old executions ended")
+    log(f"{scenario}: Slurm reports ended; starting replacements")
+    for mode in modes:  # as soon as Slurm says so: resubmit (cancel, preempt) or Slurm requeues
+        new[mode] = old[mode] if scenario == "partition" else t.submit(script(mode), args(mode, "-x", node))
+    new_restart = 1 if scenario == "partition" else 0
+    for mode in modes:
+        _poll(lambda: _saves(recs(mode), _lineage(recs(mode), new[mode], new_restart)) >= 2, limit,
+              f"{mode}: the replacement's first saves")
+    if scenario == "partition":
+        t.heal(node)
+    for mode in modes:  # the old execution must really be gone before the third resumes
+        marker = f"--log-dir {dirs[mode]}/logs"
+        _poll(lambda: t.alive(node, marker) is False or _quiet(recs(mode), _lineage(recs(mode), old[mode], 0),
+                                                              4 * interval), limit,
+              f"{mode}: the old execution's processes to stop")
+    for mode in modes:
+        t.cancel(new[mode])
+    for mode in modes:
+        _poll(lambda: t.slurm.job(new[mode]).state in ENDED and "COMPLETING" not in t.slurm.job(new[mode]).flags,
+              limit, f"{mode}: the replacement to end")
+    if preemptor:
+        t.cancel(preemptor, user="bob")
+    for mode in modes:
+        third[mode] = t.submit(script(mode, "--max-saves 1"), args(mode))
+    for mode in modes:
+        _poll(lambda: t.slurm.job(third[mode]).state in ENDED, limit, f"{mode}: the third execution")
+    results = []
+    for mode in modes:
+        r = recs(mode)
+        restart_new = 1 if scenario == "partition" else 0
+        res = analyze(r, _lineage(r, old[mode], 0), _lineage(r, new[mode], restart_new),
+                      _lineage(r, third[mode]), ended_at[mode], scenario, mode)
+        res.details["jobs"] = {"old": old[mode], "new": new[mode], "third": third[mode]}
+        results.append(res)
+    if scenario == "partition":
+        _poll(lambda: all(n.state == {"IDLE"} for n in t.slurm.nodes() if n.name == node), limit,
+              f"{node} back in service")
+    return results
+
+
+def _quiet(recs: list[dict], lineage: str | None, seconds: float) -> bool:
+    """No write by `lineage` for `seconds` (when processes cannot be listed)."""
+    last = max((r["t"] for r in recs if r["lineage"] == lineage), default=0)
+    return time.time() - last > seconds
+
+
+def summarize(results: list[Result]) -> str:
+    """Per scenario and mode: trials, overlap median/max, and the failure counts."""
+    import statistics
+    groups = defaultdict(list)
+    for r in results:
+        groups[(r.scenario, r.mode)].append(r)
+    head = (f"{'scenario':<10} {'mode':<9} {'trials':>6} {'overlap median':>15} {'max':>7} "
+            f"{'mixed':>6} {'lost':>5} {'wrong resume':>13}")
+    rows = [head, "-" * len(head)]
+    for (sc, mode), rs in sorted(groups.items()):
+        ov = [r.overlap_s for r in rs]
+        rows.append(f"{sc:<10} {mode:<9} {len(rs):>6} {statistics.median(ov):14.1f}s {max(ov):6.1f}s "
+                    f"{sum(r.mixed for r in rs):>6} {sum(r.lost for r in rs):>5} "
+                    f"{sum(r.wrong_resume for r in rs):>13}")
+    return "\n".join(rows)
+
+
+def plot(results: list[Result], path: str) -> None:
+    """A timeline per trial: every write of the old, new and third execution, relative
+    to the moment Slurm reported the old execution ended (needs matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise click_error("--plot needs matplotlib: pip install 'dispatch-slurm[plot]'") from None
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.5 * len(results) + 0.8), squeeze=False)
+    for ax, r in zip(axes[:, 0], results):
+        timeline = r.details["timeline"]
+        for row, (who, ts) in enumerate(timeline.items()):
+            ax.plot(ts, [row] * len(ts), "|", markersize=12)
+        ax.axvline(0, color="red", linewidth=1)
+        ax.set_yticks(range(len(timeline)), list(timeline))
+        ax.set_ylim(-0.7, len(timeline) - 0.3)
+        ax.set_title(f"{r.scenario} / {r.mode}: overlap {r.overlap_s:.1f} s, mixed {r.mixed}, lost {r.lost}, "
+                     f"wrong resume {'YES' if r.wrong_resume else 'no'}", fontsize=9)
+    axes[-1, 0].set_xlabel("seconds after Slurm reported the old execution ended (red line)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: str = "trixie",
+        profile: str = "fast", base: str | None = None, nodes: list[str] | None = None,
+        interval: float = 1.0, warmup: float = 3.0, log=print) -> list[Result]:
+    """Every trial of every scenario; starts (and stops) a docker-slurm cluster for the
+    default target."""
+    results = []
+    if "local" in scenarios:
+        import tempfile
+        for _ in range(trials):
+            for mode in modes:
+                with tempfile.TemporaryDirectory(prefix=f"dispatch-trial-{mode}-") as d:
+                    results.append(run_local(mode, d))
+        scenarios = [s for s in scenarios if s != "local"]
+    if not scenarios:
+        return results
+    cluster = None
+    if target == "docker-slurm":
+        from .dockerslurm import Cluster
+        cluster = Cluster(suite, profile, log=log).start()
+        t, base = DockerTarget(cluster), "/checkpoints/trials"
+        t.mkdir(base)
+    else:
+        from .slurm import Slurm
+        if not base or not nodes:
+            raise click_error("--target slurm needs --dir (a folder every node shares) and --nodes")
+        t = SlurmTarget(Slurm(), nodes, profile)
+    try:
+        for scenario in scenarios:
+            for i in range(trials):
+                results += cluster_trial(t, scenario, tuple(modes), f"{base}/{scenario}-{i}-{int(time.time())}",
+                                         interval, warmup, log)
+    finally:
+        if cluster is not None:
+            cluster.stop()
     return results
 
 

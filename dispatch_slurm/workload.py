@@ -102,7 +102,8 @@ def main(argv=None):
     log = Log(os.path.join(a.log_dir, f"{lineage}.jsonl"), lineage)
     term = []
     signal.signal(signal.SIGTERM, lambda *_: term.append(time.time()) or log("sigterm"))
-    log("start", host=socket.gethostname(), pid=os.getpid(), mode=a.mode, folder=folder, epoch=epoch)
+    log("start", host=socket.gethostname(), pid=os.getpid(), mode=a.mode, folder=folder, epoch=epoch,
+        job=os.environ.get("SLURM_JOB_ID"), restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
     step, src = 0, resume_point(a.mode, folder, root)
     if src:
         try:
