@@ -165,7 +165,8 @@ class DockerTarget:
         return self.slurm.submit(args, script=script)
 
     def unpin(self, job_id: int) -> None:
-        """Let a job pinned to a node (-w) restart anywhere after that node fails."""
+        """Let a requeued job pinned to a node (-w) restart anywhere (Slurm accepts the
+        change only while the job is pending)."""
         self.c.exec("ctl", ["scontrol", "update", f"jobid={job_id}", "ReqNodeList="])
 
     def preempt(self, node: str) -> int:
@@ -292,8 +293,6 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
     elif scenario == "preempt":
         preemptor = t.preempt(node)
     else:
-        for mode in modes:
-            t.unpin(old[mode])
         t.partition(node)
     ended_at = {}
 
@@ -305,6 +304,9 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
         return done
 
     _poll(lambda: all([reported_ended(m) for m in modes]), limit, "Slurm to report the old executions ended")
+    if scenario == "partition":
+        for mode in modes:  # requeued and waiting (BeginTime): it may restart on any node
+            t.unpin(old[mode])
     log(f"{scenario}: Slurm reports ended; starting replacements")
     for mode in modes:  # as soon as Slurm says so: resubmit (cancel, preempt) or Slurm requeues
         new[mode] = old[mode] if scenario == "partition" else t.submit(script(mode), args(mode, "-x", node))

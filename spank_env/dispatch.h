@@ -27,6 +27,7 @@ extern struct dsp_site dsp_site;
 int dsp_local_post_opt(spank_t sp);
 /* remote.c: slurmstepd */
 int dsp_remote_user_init(spank_t sp);
+int dsp_remote_task_init(spank_t sp);
 /* fsops.c: as the user, never following a symlink inside the root */
 int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, size_t errsz);
 int dsp_check_root(const char *dir, char *err, size_t errsz);

@@ -135,3 +135,10 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	(void)av;
 	return spank_context() == S_CTX_REMOTE ? dsp_remote_user_init(sp) : 0;
 }
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	return spank_context() == S_CTX_REMOTE ? dsp_remote_task_init(sp) : 0;
+}

@@ -2,6 +2,12 @@
  * slurmstepd, in slurm_spank_user_init (privileges already dropped to the job
  * user): compute this execution's DISPATCH_* values, make sure its exec folder
  * exists, and put the values into every task's environment.
+ *
+ * A user's mistake must fail the job, never the node: when user_init fails,
+ * slurmstepd cannot launch the batch step and slurmctld drains the node and
+ * requeues the job. So user_init only remembers the error, and task_init (in each
+ * task's own process, after fork) reports it on the task's stderr and fails the
+ * task: the job ends FAILED, the node stays in service.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +22,17 @@ struct envbuf {
 static const char *get(spank_t sp, const char *name, char *buf, size_t sz)
 {
 	return spank_getenv(sp, name, buf, (int)sz) == ESPANK_SUCCESS ? buf : NULL;
+}
+
+static char user_error[DSP_ERR];
+
+int dsp_remote_task_init(spank_t sp)
+{
+	(void)sp;
+	if (!user_error[0])
+		return 0;
+	slurm_error("dispatch-slurm: %s", user_error);
+	return -1;
 }
 
 int dsp_remote_user_init(spank_t sp)
@@ -49,8 +66,8 @@ int dsp_remote_user_init(spank_t sp)
 	if (dsp_compute(&in, &dsp_site, &out, err, sizeof(err)) ||
 	    dsp_make_exec_dir(out.checkpoint, out.attempt, dsp_site.exec_mode,
 			      strstr(dsp_opts.checkpoint, "%a") != NULL, err, sizeof(err))) {
-		slurm_error("dispatch-slurm: %s", err);
-		return -1;
+		snprintf(user_error, sizeof(user_error), "%s", err);
+		return 0;	/* reported by task_init: see the top of this file */
 	}
 	const char *vars[][2] = {
 		{ "DISPATCH_CHECKPOINT", out.checkpoint }, { "DISPATCH_GENERATION", out.generation },

@@ -1,0 +1,218 @@
+"""Issue 4 on the real cluster (Slurm 22.05 and 24.11): the SPANK plugin, the Prolog,
+TaskProlog and Epilog give every task the same DISPATCH_* values as
+`dispatch-slurm env` and the shared contract; bad input is refused without draining
+a node or touching anything outside the user's own tree."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from dispatch_slurm import env as envmod
+from dispatch_slurm.dockerslurm import CONTROLLER, Cluster
+
+pytestmark = pytest.mark.cluster
+
+ENV_DUMP = "env | grep ^DISPATCH_ | sort"
+
+
+def make_root(c: Cluster, path: str, user: str = "alice", mode: str = "700") -> str:
+    c.exec("c1", f"mkdir -p {path} && chmod {mode} {path}", user=user)
+    return path
+
+
+def dumps(host_dir, prefix: str) -> dict[str, dict[str, str]]:
+    """name -> {K: V} of every `env | grep ^DISPATCH_` file the job wrote."""
+    out = {}
+    for p in sorted(host_dir.glob(f"{prefix}*")):
+        out[p.name] = dict(line.split("=", 1) for line in p.read_text().splitlines() if "=" in line)
+    return out
+
+
+def cluster_name(c: Cluster) -> str:
+    cfg = c.exec(CONTROLLER, ["scontrol", "show", "config"]).stdout
+    return re.search(r"^ClusterName\s*=\s*(\S+)", cfg, re.M)[1]
+
+
+def expected(c: Cluster, root: str, job_id: int, n: int, r: int = 0, g: int = 0) -> dict[str, str]:
+    """The contract's answer, computed here from the same facts."""
+    e = {"DISPATCH_CHECKPOINT": root, "DISPATCH_SUBMISSION": str(n), "DISPATCH_GENERATION": str(g),
+         "SLURM_JOB_ID": str(job_id), "SLURM_CLUSTER_NAME": cluster_name(c)}
+    if r:
+        e["SLURM_RESTART_COUNT"] = str(r)
+    return envmod.compute(e)
+
+
+MULTI_NODE = """#!/bin/bash
+#SBATCH -N 3 --ntasks-per-node=2 -o {out}/slurm-%j.out -e {out}/slurm-%j.err
+{ENV_DUMP} > {out}/batch
+dispatch-slurm env --format json --no-mkdir > {out}/cli.json
+srun bash -c '{ENV_DUMP} > {out}/task.$SLURM_PROCID.$(hostname)'
+"""
+
+
+@pytest.mark.parametrize("path", ["spank", "taskprolog"])
+def test_every_task_sees_the_contract(slurm_cluster: Cluster, workdir, path):
+    """Both ways in give every task of a 3-node job the same values: equal to
+    `dispatch-slurm env`, to the contract computed here, and one DISPATCH_ATTEMPT."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    script = MULTI_NODE.format(out=cdir, ENV_DUMP=ENV_DUMP)
+    if path == "spank":
+        job = c.submit("alice", script, args=[f"--dispatch-checkpoint={root}"])
+    else:  # user-level submission: no plugin option; the TaskProlog computes the values
+        out = c.exec(CONTROLLER, ["dispatch-slurm", "submit", root, "--json", "--", "-D", cdir],
+                     user="alice", input=script).stdout
+        job = json.loads(out)["job_id"]
+    c.wait_job(job, "COMPLETED", timeout=90)
+    want = expected(c, root, job, n=1)
+    tasks = dumps(hdir, "task.")
+    assert len(tasks) == 6 and {k.split(".")[2] for k in tasks} == {"c1", "c2", "c3"}
+    assert all(t == want for t in tasks.values()), tasks
+    assert dumps(hdir, "batch")["batch"] == want
+    assert json.loads((hdir / "cli.json").read_text()) == want
+    exec_dir = c.path(want["DISPATCH_EXEC_DIR"])
+    assert exec_dir.is_dir() and exec_dir.stat().st_uid == 2001 and exec_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_requeue_raises_r_and_resubmission_raises_n(slurm_cluster: Cluster, workdir):
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    script = f"""#!/bin/bash
+#SBATCH -o /dev/null --requeue
+echo "$DISPATCH_ATTEMPT $DISPATCH_RESTART $DISPATCH_SUBMISSION $DISPATCH_EPOCH" >> {cdir}/executions
+sleep 300
+"""
+    job = c.submit("alice", script, args=[f"--dispatch-checkpoint={root}"])
+    runs = lambda: (hdir / "executions").read_text().splitlines() if (hdir / "executions").exists() else []
+    c.wait_until(lambda: len(runs()) == 1, timeout=60, what="first execution")
+    c.exec(CONTROLLER, ["scontrol", "requeue", str(job)])
+    c.wait_until(lambda: len(runs()) == 2, timeout=120, what="requeued execution")
+    preemptor = c.preempt(job)  # partition "normal": PreemptMode=REQUEUE
+    c.wait_job(job, lambda j: j.restart_count == 2, timeout=90)
+    c.cancel(preemptor)
+    c.wait_until(lambda: len(runs()) == 3, timeout=180, what="execution after preemption")
+    rows = [r.split() for r in runs()]
+    assert [r[1] for r in rows] == ["0", "1", "2"]
+    assert len({r[0] for r in rows}) == 3, "every execution has its own attempt"
+    assert [int(r[3]) for r in rows] == sorted(int(r[3]) for r in rows) and len({r[3] for r in rows}) == 3
+    assert {r[2] for r in rows} == {"1"}, "a requeue keeps the submission number"
+    c.cancel(job)
+    second = c.submit("alice", script, args=[f"--dispatch-checkpoint={root}"])
+    c.wait_until(lambda: len(runs()) == 4, timeout=60, what="resubmission")
+    assert runs()[3].split()[1:3] == ["0", "2"], "a resubmission raises N and starts at R=0"
+    c.cancel(second)
+    assert sorted(p.name for p in (hdir / "root" / "sub").iterdir()) == ["000001", "000002"]
+
+
+def test_node_failure_requeue_changes_attempt(slurm_cluster: Cluster, workdir):
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    job = c.submit("alice", f"""#!/bin/bash
+#SBATCH -o /dev/null --requeue -w c3
+echo "$DISPATCH_ATTEMPT $DISPATCH_RESTART $(hostname)" >> {cdir}/executions
+sleep 600
+""", args=[f"--dispatch-checkpoint={root}"])
+    runs = lambda: (hdir / "executions").read_text().splitlines() if (hdir / "executions").exists() else []
+    c.wait_until(lambda: len(runs()) == 1, timeout=60, what="first execution")
+    c.partition("c3")
+    try:
+        c.wait_job(job, lambda j: j.restart_count == 1, timeout=180)
+        # requeued and pending (BeginTime): let it restart on another node
+        c.exec(CONTROLLER, ["scontrol", "update", f"jobid={job}", "ReqNodeList="])
+        c.wait_until(lambda: len(runs()) == 2, timeout=180, what="execution after the node failure")
+    finally:
+        c.heal("c3")
+    first, second = (r.split() for r in runs())
+    assert (first[1], second[1]) == ("0", "1") and first[0] != second[0] and second[2] != "c3"
+    c.cancel(job)
+    c.wait_node("c3", "IDLE", timeout=240)
+
+
+def test_array_tasks_get_their_own_roots(slurm_cluster: Cluster, workdir):
+    c = slurm_cluster
+    cdir, hdir = workdir
+    make_root(c, f"{cdir}/sweep")
+    job = c.submit("alice", f"""#!/bin/bash
+#SBATCH -o /dev/null --array=1-3
+{ENV_DUMP} > {cdir}/array.$SLURM_ARRAY_TASK_ID
+""", args=[f"--dispatch-checkpoint={cdir}/sweep/task-%a"])
+    c.wait_until(lambda: len(dumps(hdir, "array.")) == 3, timeout=90, what="three array tasks")
+    seen = dumps(hdir, "array.")
+    roots = {k: v["DISPATCH_CHECKPOINT"] for k, v in seen.items()}
+    assert roots == {f"array.{i}": f"{cdir}/sweep/task-{i}" for i in (1, 2, 3)}
+    assert {v["DISPATCH_SUBMISSION"] for v in seen.values()} == {"1"}, "one submission for the array"
+    for v in seen.values():
+        assert c.path(v["DISPATCH_EXEC_DIR"]).is_dir()
+    assert (hdir / "sweep" / "sub" / "000001").exists()
+    assert job
+
+
+# ---- bad input: refused by sbatch, or the job fails; never a drained node -----------
+
+def _snapshot(c: Cluster, own) -> dict[str, str]:
+    """What must not change: /etc on every container, and the shared volume outside
+    the test's own folder (paths, owners, modes, sizes, mtimes)."""
+    snap = {}
+    for host in [CONTROLLER, *c.node_names]:
+        snap[host] = c.exec(host, "find /etc -xdev -printf '%p %u %m %s %T@\\n' | sort").stdout
+    snap["volume"] = sorted(
+        (str(p), p.lstat().st_uid, p.lstat().st_mode, p.lstat().st_mtime)
+        for p in c.checkpoints.rglob("*") if own not in p.parents and p != own)
+    return snap
+
+
+BAD_OPTIONS = [  # (sbatch options, what the refusal must name)
+    (["--dispatch-checkpoint=ROOT", "--dispatch-generation=abc"], "--dispatch-generation"),
+    (["--dispatch-checkpoint=ROOT", "--dispatch-generation=100000000"], "0..99,999,999"),
+    (["--dispatch-checkpoint=ROOT", "--dispatch-submission=0"], "1..999,999"),
+    (["--dispatch-checkpoint=ROOT", "--dispatch-submission=1000000"], "1..999,999"),
+    (["--dispatch-checkpoint=ROOT", "--dispatch-grace=301"], "0..300"),
+    (["--dispatch-checkpoint=ROOT", "--dispatch-grace=-5"], "--dispatch-grace"),
+    (["--dispatch-checkpoint=relative/root"], "absolute"),
+    (["--dispatch-checkpoint=ROOT/../../etc"], ".."),
+    (["--dispatch-checkpoint=WD/does-not-exist"], "does not exist"),
+    (["--dispatch-checkpoint=WD/readonly"], "not writable"),
+    (["--dispatch-checkpoint=WD/bobs"], "belongs to uid 2002"),
+    (["--dispatch-checkpoint=/etc"], "belongs to uid 0"),
+    (["--dispatch-checkpoint=WD/" + "x" * 300], "name too long"),
+    (["--dispatch-generation=1"], "need --dispatch-checkpoint"),
+]
+
+
+def test_bad_input_matrix(slurm_cluster: Cluster, workdir):
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    make_root(c, f"{cdir}/readonly", mode="500")
+    make_root(c, f"{cdir}/bobs", user="bob", mode="777")
+    make_root(c, f"{cdir}/root2")
+    before = _snapshot(c, hdir)
+    for opts, needle in BAD_OPTIONS:
+        opts = [o.replace("ROOT", root).replace("WD", cdir) for o in opts]
+        res = c.exec(CONTROLLER, ["sbatch", "--parsable", *opts, "--wrap", "true"], user="alice", check=False)
+        assert res.returncode != 0 and not res.stdout.strip(), f"{opts} was accepted: {res.stdout}"
+        assert needle in res.stderr, f"{opts}: {res.stderr!r} does not name {needle!r}"
+    # errors only visible once the job runs: the job fails, with the message in its stderr
+    c.exec("c1", f"ln -s /etc {root}/exec", user="alice")  # planted where exec/ goes
+    failing = {  # name -> (options, what the job's stderr must say)
+        "symlink": ([f"--dispatch-checkpoint={root}"], "symlink"),
+        "array": ([f"--dispatch-checkpoint={cdir}/root2", "--array=1-2"], "%a"),
+    }
+    for name, (opts, _) in failing.items():
+        c.submit("alice", args=[*opts, "-o", f"{cdir}/{name}.%a.out", "-e", f"{cdir}/{name}.%a.err",
+                                "--wrap", f"touch {cdir}/{name}.ran"])
+    c.wait_until(lambda: not c.exec(CONTROLLER, ["squeue", "-h", "-u", "alice"]).stdout.strip(),
+                 timeout=120, what="alice's failing jobs to end")
+    for name, (_, needle) in failing.items():
+        assert not (hdir / f"{name}.ran").exists(), f"{name}: the job ran although its input was bad"
+        errs = [p.read_text() for p in hdir.glob(f"{name}.*.err")]
+        assert errs and all(needle in e for e in errs), f"{name}: stderr does not say why: {errs!r}"
+    assert _snapshot(c, hdir) == before, "something outside the user's tree changed"
+    reasons = c.exec(CONTROLLER, ["sinfo", "-R", "-h"]).stdout.strip()
+    assert reasons == "", f"a node was drained: {reasons}"
