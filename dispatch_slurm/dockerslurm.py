@@ -156,6 +156,7 @@ class Cluster:
         image: Optional[str] = None,
         name: Optional[str] = None,
         log: Optional[Callable[[str], None]] = None,
+        volumes: Optional[Mapping[str, str]] = None,
     ):
         if suite not in SUITES:
             raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
@@ -177,6 +178,8 @@ class Cluster:
         self._tmp: Optional[Path] = None
         self._partitioned: dict[str, _Partition] = {}
         self._slurm: Optional[Slurm] = None
+        # extra read-only mounts, host path -> container path (e.g. a host's torch for tests)
+        self.volumes = dict(volumes or {})
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -259,6 +262,8 @@ class Cluster:
                     .with_envs(**env)
                     .with_kwargs(hostname=host, init=True, cap_add=caps, security_opt=security, labels=labels)
                 )
+                for src, dst in self.volumes.items():
+                    c = c.with_volume_mapping(src, dst, "ro")
                 self._containers[host] = c
                 c.start()
             self._log(f"{self.id}: containers started, waiting for {len(self.node_names)} idle nodes")

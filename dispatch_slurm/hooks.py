@@ -198,16 +198,39 @@ def _record_cessation(values: dict, node: str, stdout_path: str | None) -> dict:
     return {"sentinel": sentinel}
 
 
+def recorded_execution(job_id: str) -> dict | None:
+    """The execution the Prolog started on this node: its own file, root-owned.
+
+    The Epilog cannot recompute it: after a requeue, Slurm hands the old execution's
+    Epilog the job's *new* restart count (seen on 22.05 and 24.11), which names the
+    next execution; cessation evidence for that one would be a lie."""
+    import shlex
+    try:
+        fd = os.open(env_file(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            return None  # not ours: never trust it
+        values = {}
+        for line in f:
+            words = shlex.split(line)
+            if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+                k, v = words[1].split("=", 1)
+                values[k] = v
+    return values if {"DISPATCH_CHECKPOINT", "DISPATCH_ATTEMPT"} <= values.keys() else None
+
+
 def epilog(environ) -> int:
     """After the execution's processes on this node are gone, record it as cessation
     evidence under the root: one entry per execution and node, as the job user."""
     inputs = spank_inputs(environ)
     if inputs is None or "%a" in inputs["DISPATCH_CHECKPOINT"]:
         return 0
-    try:
-        values = envmod.compute(inputs, siteconf.load())
-    except DispatchError as e:
-        log(f"user error: {e}")
+    values = recorded_execution(environ["SLURM_JOB_ID"])
+    if values is None:
+        log("no record of the execution the Prolog started here; no cessation recorded")
         return 0
     attempt = values["DISPATCH_ATTEMPT"]
     deadline = time.monotonic() + CESSATION_WAIT
@@ -220,12 +243,9 @@ def epilog(environ) -> int:
     result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"))
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
-    try:
-        path = env_file(environ["SLURM_JOB_ID"])
-        with open(path) as f:
-            mine = f"DISPATCH_ATTEMPT={attempt}\n" in f.read().replace("'", "")
-        if mine:  # a later execution of the job on this node has its own file
-            os.unlink(path)
+    try:  # a later execution of the job on this node has written its own by now? keep it
+        if recorded_execution(environ["SLURM_JOB_ID"]) == values:
+            os.unlink(env_file(environ["SLURM_JOB_ID"]))
     except OSError:
         pass
     return 0

@@ -49,6 +49,14 @@ ranks to agree on a step (e.g. an all-reduced stop flag), which is the caller's 
 
 Slurm: preemption's SIGTERM goes to the job steps, not to the batch shell, unless
 ``--signal=B:...``; scancel sends SIGCONT, SIGTERM, waits KillWait, then SIGKILL.
+
+Requeue after a preemption. Slurm 24.05 and later record a job that ends during its
+GraceTime as PREEMPTED and requeue it (PreemptMode=REQUEUE). Slurm 22.05 records it
+COMPLETED when it exits 0, and never requeues it: the job is over. ``linger=True``
+(or ``$DISPATCH_PREEMPT_LINGER=1``) keeps the process alive after the sentinel until
+the scheduler ends it at the end of the grace, so 22.05 too sees a preempted job and
+requeues it. The save is done and published either way; lingering only holds the
+allocation for the rest of the grace.
 """
 
 import os
@@ -70,6 +78,7 @@ class _State:
     grace: float | None = None  # resolved at install (or from the env on first use)
     publish: bool | None = None
     defer = False
+    linger = False
     arrived: float | None = None  # time.monotonic() of the first signal
     running = False
 
@@ -111,15 +120,19 @@ def is_publishing_rank(publish: bool | None = None) -> bool:
 
 
 def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | None = None, *,
-                               publish: bool | None = None, defer: bool = False) -> None:
+                               publish: bool | None = None, defer: bool = False,
+                               linger: bool | None = None) -> None:
     """Call ``fn(time_remaining)`` when one of ``signals`` arrives, then exit (see the
-    module doc). Must be called from the main thread; calling it again replaces fn."""
+    module doc; ``linger``: stay until killed instead, for Slurm 22.05's requeue).
+    Must be called from the main thread; calling it again replaces fn."""
     if not callable(fn):
         raise TypeError(f"install_preemption_handler needs a callable, got {fn!r}")
     sigs = tuple(signal.Signals(s) for s in ([signals] if isinstance(signals, int) else signals))
     if not sigs or signal.SIGKILL in sigs or signal.SIGSTOP in sigs:
         raise DispatchError(f"signals must be catchable and non-empty, got {signals!r}")
-    _s.fn, _s.grace, _s.publish, _s.defer = fn, resolve_grace(grace), publish, defer
+    if linger is None:
+        linger = os.environ.get("DISPATCH_PREEMPT_LINGER", "") not in ("", "0")
+    _s.fn, _s.grace, _s.publish, _s.defer, _s.linger = fn, resolve_grace(grace), publish, defer, linger
     for sig in sigs:
         signal.signal(sig, _on_signal)
 
@@ -155,6 +168,8 @@ def _run() -> None:
     events.record("checkpoint_complete", elapsed=time.monotonic() - _s.arrived,
            time_remaining=time_remaining())
     _write(1, "\n" + SENTINEL + "\n")  # on its own line: the program may have been mid-line
+    while _s.linger:  # until the scheduler's SIGKILL (see "Requeue after a preemption")
+        time.sleep(3600)
     os._exit(0)
 
 

@@ -243,3 +243,19 @@ def test_events_one_file_per_process_merged_by_time(root, monkeypatch):
         events.read(str(root))
     monkeypatch.delenv("DISPATCH_CHECKPOINT")
     assert events.emit("execution_started") is None  # outside dispatch: nowhere to write
+
+
+def test_linger_stays_until_the_scheduler_kills(tmp_path, root):
+    """Slurm 22.05 requeues a preempted job only if it is still running when the grace
+    ends: with linger, the save is published and the sentinel printed, then the process
+    stays (a second SIGTERM included) until SIGKILL."""
+    proc = start(tmp_path, root, env={"DISPATCH_PREEMPT_LINGER": "1"})
+    proc.send_signal(signal.SIGTERM)
+    lines = iter(proc.stdout.readline, "")
+    assert any(line.strip() == SENTINEL for line in lines)
+    assert store.latest(root).path == "exec/att1/checkpoint-7"
+    proc.send_signal(signal.SIGTERM)  # what Slurm sends again when the grace ends
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)  # an exiting handler would be gone well within this
+    proc.kill()
+    assert proc.wait(10) == -signal.SIGKILL
