@@ -156,6 +156,31 @@ class JobInfo:
         """Base state and flags together, for ``'COMPLETING' in job.states``."""
         return self.flags | {self.state}
 
+    # -- appended for the supervisor (issue 7): read from ``raw``, same on 22.05 and 24.11 --
+
+    @property
+    def start_time(self) -> Optional[int]:
+        """Unix time the current execution started (None while it never started)."""
+        t = _number(self.raw.get("start_time"))
+        return t or None
+
+    @property
+    def end_time(self) -> Optional[int]:
+        t = _number(self.raw.get("end_time"))
+        return t or None
+
+    @property
+    def comment(self) -> str:
+        """``sbatch --comment``: the supervisor tags its submissions with it."""
+        c = self.raw.get("comment")
+        if isinstance(c, dict):  # some data_parser versions: {"job": ..., "administrator": ...}
+            c = c.get("job")
+        return str(c or "")
+
+    @property
+    def cluster(self) -> str:
+        return str(self.raw.get("cluster") or "")
+
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -171,6 +196,22 @@ class NodeInfo:
     def base_state(self) -> str:
         base = self.state & {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"}
         return next(iter(sorted(base)), "UNKNOWN")
+
+    # -- appended for the cessation signal (issue 7) --
+
+    @property
+    def boot_time(self) -> Optional[int]:
+        """Unix time the node last booted, as its slurmd reported it."""
+        t = _number(self.raw.get("boot_time"))
+        return t or None
+
+    @property
+    def responding(self) -> bool:
+        """Up and answering slurmctld: not DOWN, NOT_RESPONDING, FUTURE, UNKNOWN or powered down.
+        (Responding says nothing about the node's old processes: see dispatch_slurm.cessation.)"""
+        bad = {"DOWN", "NOT_RESPONDING", "FUTURE", "UNKNOWN", "POWERED_DOWN", "POWERING_DOWN",
+               "POWER_DOWN", "POWERING_UP", "REBOOT_ISSUED"}
+        return not (self.state & bad) and bool(self.state)
 
 
 def _number(v: Any) -> Optional[int]:
@@ -383,3 +424,39 @@ class Slurm:
         flags: Iterable[Any] = n.get("state_flags") or []
         state.update(str(f).upper() for f in flags)
         return NodeInfo(name=str(n.get("name") or ""), state=frozenset(state), reason=str(n.get("reason") or ""), raw=n)
+
+    # -- appended for the supervisor (issue 7) ----------------------------------------------
+
+    def find_job(self, job_id: int) -> Optional[JobInfo]:
+        """The job, or None when slurmctld no longer (or never) knew it. Any other failure
+        (controller unreachable, bad output) raises: "unknown" must never read as "gone"."""
+        try:
+            return self.job(job_id)
+        except SlurmError as e:
+            if _UNKNOWN_JOB.search(str(e)):
+                return None
+            raise
+
+    def jobs_with_comment(self, comment: str, user: Optional[str] = None) -> list[JobInfo]:
+        """Jobs in slurmctld's memory whose ``--comment`` is exactly ``comment``."""
+        return [j for j in self.jobs() if j.comment == comment and (user is None or j.user == user)]
+
+    def cluster_name(self) -> str:
+        """ClusterName from ``scontrol show config`` (part of every DISPATCH_ATTEMPT)."""
+        out = self.run(["scontrol", "show", "config"])
+        m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.M)
+        if not m:
+            raise SlurmError(["scontrol", "show", "config"], 0, "no ClusterName", what="printed no ClusterName")
+        return m.group(1)
+
+    def hold(self, job_id: int) -> None:
+        """``scontrol hold``: a pending job stays pending until released (users may hold their own)."""
+        self.run(["scontrol", "hold", str(int(job_id))])
+
+    def release(self, job_id: int) -> None:
+        """``scontrol release``: undo ``hold``."""
+        self.run(["scontrol", "release", str(int(job_id))])
+
+
+# What 22.05 and 24.11 say for a job id slurmctld does not hold (purged after MinJobAge).
+_UNKNOWN_JOB = re.compile(r"Invalid job id|found no such job|is not known to slurmctld", re.I)

@@ -35,3 +35,19 @@ def cli(*args, env=None, check=False, cwd=None):
     if check and proc.returncode != 0:
         raise AssertionError(f"dispatch-slurm {args} exited {proc.returncode}: {proc.stderr}")
     return proc
+
+
+HOST_SITE = "/opt/host-site"  # where a cluster sees this machine's torch, if it can use it
+
+
+def host_torch(suite: str) -> dict[str, str]:
+    """Mount this machine's site-packages read-only when its torch can run in the suite's
+    containers: the same Python minor (bookworm's 3.11) and glibc. No image carries torch
+    (the only wheel on disk is cp311; a download would be GBs)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if suite != "bookworm" or sys.version_info[:2] != (3, 11):
+        return {}
+    return {os.path.dirname(os.path.dirname(torch.__file__)): HOST_SITE}

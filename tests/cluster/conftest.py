@@ -38,23 +38,6 @@ def _docker_problem() -> str | None:
     return None
 
 
-HOST_SITE = "/opt/host-site"  # where a cluster sees this machine's torch, if it can use it
-
-
-def host_torch(suite: str) -> dict[str, str]:
-    """Mount this machine's site-packages read-only when its torch can run in the suite's
-    containers: the same Python minor (bookworm's 3.11) and glibc. No image carries torch
-    (the only wheel on disk is cp311; a download would be GBs)."""
-    import sys
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return {}
-    if suite != "bookworm" or sys.version_info[:2] != (3, 11):
-        return {}
-    return {os.path.dirname(os.path.dirname(torch.__file__)): HOST_SITE}
-
-
 @pytest.fixture(scope="session", params=SUITES)
 def cluster(request):
     """A running docker-slurm cluster (controller ctl + nodes c1..c3), all nodes idle."""
@@ -64,6 +47,7 @@ def cluster(request):
             pytest.fail(problem)
         pytest.skip(problem)
     from dispatch_slurm.dockerslurm import Cluster
+    from support import host_torch
 
     c = Cluster(request.param, PROFILE, log=lambda s: print(s, flush=True), volumes=host_torch(request.param))
     c.start()

@@ -12,7 +12,7 @@ import pytest
 
 from dispatch_slurm import events, store
 from dispatch_slurm.dockerslurm import Cluster
-from support import REPO
+from support import HOST_SITE, REPO
 
 pytestmark = pytest.mark.cluster
 
@@ -95,7 +95,6 @@ def test_pytorch_example_preempted_and_resumed(slurm_cluster: Cluster, workdir):
     """examples/pytorch_train.py under Slurm: model + optimizer state saved in the grace
     window, published, and the requeued execution resumes from it. Needs torch in the
     cluster: only the bookworm cluster can use this machine's (Python 3.11) torch."""
-    from conftest import HOST_SITE
     c = slurm_cluster
     if HOST_SITE not in c.volumes.values():
         pytest.skip(f"no torch usable in the {c.suite} cluster (only bookworm's Python 3.11 can use the host's)")

@@ -1,0 +1,163 @@
+"""The Slurm cessation signal: have the processes of one execution of a job stopped?
+
+`dispatch-slurm ceased JOBID --restart R [--root ROOT]` answers with its exit code:
+0 ceased, 1 not ceased, 2 cannot tell. "Ceased" needs evidence, never the absence of it:
+
+1. Slurm says execution R ended and the job is no longer COMPLETING (its epilogs are
+   done or the nodes were written off); and
+2. every node that ran execution R either
+   * recorded its Epilog for it (``<root>/ceased/<attempt>.<node>``: the Epilog writes
+     it after the execution's processes on that node are gone), or
+   * booted after execution R started (BootTime > start): a rebooted node runs none of
+     its old processes.
+
+Why not "the node is up, responding and not running the job": right after a partitioned
+node rejoins, slurmctld shows it IDLE and responding while slurmd has not yet killed
+the orphaned processes, which keep writing. Only the node itself can say they are
+gone, and the Epilog is how it says so. A node that is down or not responding is never
+evidence: it may be cut off and still running the job.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import epoch as epochmod
+from . import names, store
+from .errors import DispatchError
+from .slurm import JobInfo, Slurm, SlurmError
+
+CEASED, NOT_CEASED, UNKNOWN = "ceased", "not_ceased", "unknown"
+EXIT = {CEASED: 0, NOT_CEASED: 1, UNKNOWN: 2}
+TERMINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                      "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+
+
+def _from_record(root: str, job_id: int, restart: int) -> dict:
+    """What the supervisor's record says about execution (job, R): G, N, attempt, nodes, start."""
+    from .supervisor import Record
+    info: dict[str, Any] = {}
+    for f in Record(root).read():
+        if f.get("job") == job_id and f.get("r") == restart and f["type"] in ("started", "ended", "hold"):
+            for k in ("g", "n", "epoch", "attempt", "nodes", "start_time"):
+                if f.get(k) not in (None, []):
+                    info[k] = f[k]
+        if f["type"] == "supervisor" and f.get("cluster"):
+            info["cluster"] = f["cluster"]
+    return info
+
+
+def _slurm_says(j: Optional[JobInfo], restart: int) -> tuple[Optional[bool], str]:
+    """(True: execution R ended and nothing is completing | False: not yet | None: cannot tell, why)."""
+    if j is None:
+        return True, "the job is no longer known to slurmctld (purged after it finished completing)"
+    states = "+".join(sorted(j.states))
+    if j.restart_count < restart:
+        return None, f"the job is at restart {j.restart_count}; execution R={restart} has not happened"
+    if "COMPLETING" in j.states:
+        return False, f"Slurm says the job is still completing ({states})"
+    if j.restart_count > restart:
+        return True, f"Slurm requeued the job (now restart {j.restart_count}, {states}): R={restart} ended"
+    if j.state in TERMINAL:
+        return True, f"Slurm says the job ended ({states})"
+    if j.state == "PENDING":
+        return None, f"execution R={restart} has not started ({states})"
+    return False, f"Slurm says the job is still {states}"
+
+
+def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = None,
+          generation: Optional[int] = None, submission: Optional[int] = None,
+          cluster: Optional[str] = None, nodes: Optional[list[str]] = None,
+          started: Optional[int] = None) -> dict:
+    """The answer and its evidence, as a JSON-able dict (see the module docstring)."""
+    out: dict[str, Any] = {"job": job_id, "restart": restart, "answer": UNKNOWN, "nodes": {}}
+    rec = _from_record(root, job_id, restart) if root else {}
+    g = generation if generation is not None else rec.get("g")
+    n = submission if submission is not None else rec.get("n")
+    try:
+        j = slurm.find_job(job_id)
+    except SlurmError as e:
+        out["why"] = f"Slurm did not answer: {e}"
+        return out
+    ended, why = _slurm_says(j, restart)
+    out["slurm"] = {"ended": ended, "says": why}
+    if j is not None:
+        out["slurm"].update(state=j.state, flags=sorted(j.flags), restart_count=j.restart_count)
+    same = j is not None and j.restart_count == restart
+    ran_on = nodes if nodes else rec.get("nodes") or (j.nodes if same else None)
+    start = started if started is not None else rec.get("start_time") or (j.start_time if same else None)
+    if ended is None:
+        out["why"] = why
+        return out
+    if ran_on is None or (not ran_on and not same):
+        out["why"] = (f"{why}; which nodes ran execution R={restart} is unknown: pass --nodes, or --root "
+                      "with the supervisor's record")
+        return out
+    attempt = rec.get("attempt")
+    if attempt is None and g is not None and n is not None:
+        try:
+            cl = cluster or rec.get("cluster") or (j.cluster if j else "") or slurm.cluster_name()
+            attempt = names.attempt_token(cl, str(job_id), epochmod.compose(g, n, restart))
+        except (SlurmError, DispatchError) as e:
+            out["why"] = f"cannot name the execution's attempt: {e}"
+            return out
+    out["attempt"] = attempt
+    recorded: set[str] = set()
+    if root and attempt:
+        try:
+            recorded = store.ceased_nodes(root, attempt)
+        except OSError as e:
+            out["ceased_dir_error"] = f"{root}/{names.CEASED}: {e.strerror or e}"
+    try:
+        known = {nd.name: nd for nd in slurm.nodes()} if set(ran_on) - recorded else {}
+    except SlurmError as e:
+        out["why"] = f"Slurm did not list the nodes: {e}"
+        return out
+    for name in ran_on:
+        out["nodes"][name] = _node_evidence(name, recorded, known.get(name), start, root, attempt)
+    gone = all(v["ceased"] for v in out["nodes"].values())
+    if not ended:
+        out["answer"], out["why"] = NOT_CEASED, why
+    elif gone:
+        out["answer"] = CEASED
+        out["why"] = f"{why}; " + ("every node has evidence" if ran_on else "it never ran on a node")
+    else:
+        missing = [k for k, v in out["nodes"].items() if not v["ceased"]]
+        out["answer"], out["why"] = NOT_CEASED, f"{why}; no evidence from {', '.join(missing)}"
+    return out
+
+
+def _node_evidence(name: str, recorded: set[str], node, start: Optional[int], root: Optional[str],
+                   attempt: Optional[str]) -> dict:
+    if name in recorded:
+        return {"ceased": True, "evidence": f"epilog recorded {names.CEASED}/{attempt}.{name}"}
+    if node is None:
+        return {"ceased": False, "evidence": "Slurm does not know this node"}
+    state = "+".join(sorted(node.state))
+    if not node.responding:
+        return {"ceased": False, "evidence": f"node is {state}: down or not responding is no evidence"}
+    if start is not None and node.boot_time is not None and node.boot_time > start:
+        return {"ceased": True, "evidence": f"node booted at {node.boot_time}, after the execution "
+                                            f"started at {start}"}
+    if not root or not attempt:
+        need = "--root (and G, N)" if not root else "the attempt (pass --generation and --submission)"
+        return {"ceased": False, "evidence": f"node is {state}; without {need} its epilog record "
+                                             "cannot be checked, and it has not rebooted since"}
+    return {"ceased": False, "evidence": f"node is {state} but recorded no epilog for {attempt} and has "
+                                         "not rebooted since the execution started"}
+
+
+def render(ans: dict) -> str:
+    lines = [f"{ans['answer'].replace('_', ' ')}: job {ans['job']} execution R={ans['restart']}: "
+             f"{ans.get('why', '')}"]
+    for name, ev in sorted(ans.get("nodes", {}).items()):
+        lines.append(f"  {name}: {'ceased' if ev['ceased'] else 'NOT ceased'}: {ev['evidence']}")
+    return "\n".join(lines) + "\n"
+
+
+def exit_code(ans: dict) -> int:
+    return EXIT[ans["answer"]]
+
+
+__all__ = ["check", "render", "exit_code", "CEASED", "NOT_CEASED", "UNKNOWN"]
+

@@ -1,0 +1,612 @@
+"""The supervisor's rules, record, restart and holds, and the cessation evidence rule,
+without a cluster: a stand-in runner answers the Slurm commands as Slurm 24.11 prints
+them (CLI JSON), so dispatch_slurm.slurm parses what it would on a login node. The
+cluster tests (tests/cluster/test_supervisor.py) show the same on real Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from support import cli
+
+from dispatch_slurm import cessation, store
+from dispatch_slurm import supervisor as sv
+from dispatch_slurm.errors import DispatchError
+from dispatch_slurm.slurm import CommandResult, Slurm
+
+CLUSTER = "testc"
+
+
+class FakeSlurm:
+    """slurmctld's side of the CLI, as Slurm 24.11 answers: enough for the supervisor."""
+
+    def __init__(self):
+        self.jobs: dict[int, dict] = {}
+        self.node_state = {n: {"state": ["IDLE"], "boot_time": 1000} for n in ("c1", "c2", "c3")}
+        self.next_id = 100
+        self.sbatch: list[tuple[list[str], dict]] = []
+        self.calls: list[list[str]] = []
+        self.sbatch_error: str | None = None
+        self.down = False  # slurmctld unreachable
+
+    def __call__(self, argv, *, env=None, input=None):
+        argv = list(argv)
+        self.calls.append(argv)
+        ok = lambda out="": CommandResult(0, out, "")  # noqa: E731
+        if self.down:
+            return CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+        if argv == ["scontrol", "--version"]:
+            return ok("slurm 24.11.5\n")
+        if argv == ["scontrol", "show", "config"]:
+            return ok(f"Configuration data as of now\nClusterName             = {CLUSTER}\n")
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return ok("\n".join(argv[3].split(",")) + "\n")
+        if argv[0] == "sbatch":
+            if self.sbatch_error:
+                return CommandResult(1, "", self.sbatch_error)
+            self.sbatch.append((argv, dict(env or {})))
+            comment = next(a.split("=", 1)[1] for a in argv if a.startswith("--comment="))
+            jid = self.next_id
+            self.next_id += 1
+            self.jobs[jid] = {"job_id": jid, "job_state": ["PENDING"], "restart_cnt": 0, "nodes": "",
+                              "comment": comment, "start_time": {"set": True, "number": 0},
+                              "state_reason": "None", "user_name": "alice", "name": "job",
+                              "exit_code": {"status": ["PENDING"]}, "cluster": CLUSTER}
+            return ok(f"{jid}\n")
+        if argv[:3] == ["scontrol", "show", "job"]:
+            if len(argv) == 4:
+                return ok(json.dumps({"jobs": list(self.jobs.values())}))
+            jid = int(argv[3])
+            if jid not in self.jobs:
+                return CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified")
+            return ok(json.dumps({"jobs": [self.jobs[jid]]}))
+        if argv[:3] == ["scontrol", "show", "nodes"]:
+            return ok(json.dumps({"nodes": [{"name": n, **s} for n, s in self.node_state.items()]}))
+        if argv[0] == "scancel":
+            self.end(int(argv[-1]), "CANCELLED")
+            return ok()
+        if argv[:2] in (["scontrol", "hold"], ["scontrol", "release"]):
+            self.jobs[int(argv[2])]["held_in_slurm"] = argv[1] == "hold"
+            return ok()
+        raise AssertionError(f"the stand-in does not know {argv}")
+
+    # -- what happens to jobs --
+    def start(self, jid, nodes=("c1",), t=2000):
+        self.jobs[jid].update(job_state=["RUNNING"], nodes=",".join(nodes), start_time={"set": True, "number": t})
+
+    def end(self, jid, state, completing=False, code=0):
+        self.jobs[jid]["job_state"] = [state] + (["COMPLETING"] if completing else [])
+        self.jobs[jid]["exit_code"] = {"status": ["EXITED"], "return_code": {"set": True, "number": code}}
+
+    def requeue(self, jid):
+        j = self.jobs[jid]
+        j.update(job_state=["PENDING"], restart_cnt=j["restart_cnt"] + 1, nodes="", state_reason="BeginTime")
+
+    def by_comment(self):
+        out = {}
+        for j in self.jobs.values():
+            out.setdefault(j["comment"], []).append(j["job_id"])
+        return out
+
+
+class Clock:
+    def __init__(self, t=10_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def defn(**kw):
+    d = {"g": 0, **sv.DEFAULTS, "args": ["job.sh"], "cwd": "/"}
+    d.update(kw)
+    return d
+
+
+def new(root, fake, clock=None, answers=None, start_defn=None, poll=1.0):
+    """A supervisor on root with the stand-in; `answers`: what the cessation signal says, in turn."""
+    clock = clock or Clock()
+    asked = []
+
+    def ask(h):
+        asked.append(h)
+        a = answers.pop(0) if answers else "not_ceased"
+        return {"answer": a, "exit": {"ceased": 0, "not_ceased": 1}.get(a, 2)}
+
+    sup = sv.Supervisor(str(root), Slurm(fake), poll=poll, clock=clock, sleep=clock.sleep,
+                        ask=ask, say=lambda m: None)
+    sup.asked = asked
+    sup.open("test")
+    sup.start(start_defn)
+    return sup
+
+
+def drive(sup, until, steps=5000):
+    """Step the supervisor until `until()` holds; Finished propagates."""
+    for _ in range(steps):
+        if until():
+            return
+        wait = sup.step()
+        if wait:
+            sup.sleep(wait)
+    raise AssertionError(f"not reached in {steps} steps; record: {[f['type'] for f in sup.record.read()]}")
+
+
+def types(root, *only):
+    return [f["type"] for f in sv.Record(str(root)).read() if not only or f["type"] in only]
+
+
+def facts(root, type_):
+    return [f for f in sv.Record(str(root)).read() if f["type"] == type_]
+
+
+# ---- the record ------------------------------------------------------------------------------
+
+def test_record_appends_fsynced_lines_and_cuts_a_torn_tail(root):
+    rec = sv.Record(str(root))
+    rec.open_for_append()
+    rec.append({"type": "note", "text": "a"})
+    rec.append({"type": "note", "text": "b"})
+    rec.close()
+    with open(root / "record.jsonl", "ab") as f:
+        f.write(b'{"type":"note","te')  # a crash in the middle of a write
+    assert [f["text"] for f in sv.Record(str(root)).read()] == ["a", "b"], "readers ignore a torn tail"
+    rec = sv.Record(str(root))
+    got = rec.open_for_append()
+    rec.close()
+    assert [f["type"] for f in got] == ["note", "note", "torn_tail_dropped"]
+    assert got[-1]["bytes"] == '{"type":"note","te' and got[-1]["seq"] == 3
+    assert (root / "record.jsonl").read_bytes().endswith(b"}\n")
+
+
+def test_record_line_that_does_not_parse_is_an_error_naming_it(root):
+    (root / "record.jsonl").write_text('{"type":"note"}\nnot json\n{"type":"note"}\n')
+    with pytest.raises(DispatchError, match=r"record.jsonl:2: not a record fact"):
+        sv.Record(str(root)).read()
+
+
+# ---- rules ---------------------------------------------------------------------------------
+
+def test_done_on_success(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    drive(sup, lambda: sup.state.job)
+    fake.start(100, ["c1", "c2"])
+    drive(sup, lambda: sup.state.started)
+    fake.end(100, "COMPLETED")
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 0
+    assert types(root) == ["supervisor", "job", "intent", "submitted", "started", "ended", "rule", "finished"]
+    st = facts(root, "started")[0]
+    assert st["nodes"] == ["c1", "c2"] and st["r"] == 0 and st["epoch"] == 1_000_000
+    assert st["attempt"] == f"{CLUSTER}.100.1000000" and st["start_time"] == 2000
+    argv, _ = fake.sbatch[0]
+    assert "--dispatch-checkpoint=" + str(root) in argv and "--dispatch-submission=1" in argv
+    assert "--dispatch-generation=0" in argv and "--no-requeue" not in argv and argv[-1] == "job.sh"
+
+
+def test_resubmit_until_the_budget_is_spent(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=2))
+    for jid, state in ((100, "CANCELLED"), (101, "NODE_FAIL")):
+        drive(sup, lambda: sup.state.job == jid)
+        fake.start(jid)
+        drive(sup, lambda: sup.state.started)
+        fake.end(jid, state)
+    drive(sup, lambda: sup.state.job == 102)
+    fake.start(102)
+    drive(sup, lambda: sup.state.started)
+    fake.end(102, "FAILED", code=3)
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 1 and "no resubmission is left" in e.value.message
+    rules = [(f["rule"], f["cause"], f.get("budget_left")) for f in facts(root, "rule")]
+    assert rules == [("resubmit", "cancel", 1), ("resubmit", "node_failure", 0), ("fail", "failure", 0)]
+    assert [(f["n"], f["job"], f["epoch"]) for f in facts(root, "started")] == \
+        [(1, 100, 1_000_000), (2, 101, 2_000_000), (3, 102, 3_000_000)]
+    assert facts(root, "ended")[2]["exit_code"] == 3
+    assert sorted(p.name for p in (root / "sub").iterdir()) == ["000001", "000002", "000003"]
+
+
+def test_slurm_requeue_is_recorded_without_spending_budget(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=1))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100, ["c3"])
+    drive(sup, lambda: sup.state.started)
+    fake.requeue(100)  # node failure, JobRequeue=1
+    drive(sup, lambda: 0 in sup.state.ended and not sup.state.pending_decision)
+    fake.start(100, ["c1"], t=2100)
+    drive(sup, lambda: sup.state.started["r"] == 1)
+    ended, = facts(root, "ended")
+    assert ended["requeued"] and ended["r"] == 0 and ended["nodes"] == ["c3"]
+    assert [f["rule"] for f in facts(root, "rule")] == ["requeue"] and sup.state.used == 0
+    s1 = facts(root, "started")[1]
+    assert (s1["n"], s1["r"], s1["epoch"], s1["nodes"]) == (1, 1, 1_000_001, ["c1"])
+    assert len(fake.sbatch) == 1
+
+
+def test_a_job_that_ran_between_two_polls_is_still_recorded_as_started(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    drive(sup, lambda: sup.state.job)
+    fake.start(100, ["c2"])
+    fake.end(100, "COMPLETED")
+    with pytest.raises(sv.Finished):
+        drive(sup, lambda: False)
+    started, = facts(root, "started")
+    assert started["late"] and started["nodes"] == ["c2"]
+
+
+# ---- restart without double submission --------------------------------------------------------
+
+class Crash(BaseException):
+    pass
+
+
+def crash_at(sup, fact_type):
+    """Make the supervisor die just before it records `fact_type` (as SIGKILL would)."""
+    real = sup.record.append
+
+    def append(f):
+        if f["type"] == fact_type:
+            raise Crash
+        return real(f)
+    sup.record.append = append
+
+
+def test_crash_after_sbatch_before_the_job_id_is_recorded(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    crash_at(sup, "submitted")
+    with pytest.raises(Crash):
+        drive(sup, lambda: False)
+    sup.record.close()
+    assert types(root)[-1] == "intent" and len(fake.sbatch) == 1
+    again = new(root, fake)  # restart: resumes from the record
+    drive(again, lambda: again.state.job)
+    assert len(fake.sbatch) == 1, "the restarted supervisor submitted again"
+    sub = facts(root, "submitted")
+    assert sub == [sub[0]] and sub[0]["recovered"] and sub[0]["job"] == 100 and sub[0]["n"] == 1
+    assert fake.by_comment() == {f"dispatch-slurm:{root}:g0:n1": [100]}
+
+
+def test_crash_before_sbatch_allocates_a_fresh_n(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    real = fake.__call__
+    fake_calls = []
+
+    def die_on_sbatch(argv, **kw):
+        if argv[0] == "sbatch":
+            fake_calls.append(argv)
+            raise Crash
+        return real(argv, **kw)
+    sup.slurm.runner = die_on_sbatch
+    with pytest.raises(Crash):
+        drive(sup, lambda: False)
+    sup.record.close()
+    again = new(root, fake)
+    drive(again, lambda: again.state.job)
+    assert [(f["type"], f.get("n")) for f in sv.Record(str(root)).read()
+            if f["type"] in ("intent", "intent_lost", "submitted")] == \
+        [("intent", 1), ("intent_lost", 1), ("intent", 2), ("submitted", 2)]
+    assert len(fake.sbatch) == 1, "N=1 never reached Slurm; N=2 did, once"
+
+
+def test_resume_follows_the_recorded_job_and_refuses_other_arguments(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=1))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    sup.record.close()  # killed: no exit marker
+    with pytest.raises(DispatchError, match="resubmit"):
+        sv.check_resume({"resubmit": 5}, [], sv.State.replay(sv.Record(str(root)).read()).defn)
+    with pytest.raises(DispatchError, match="omit the sbatch arguments"):
+        sv.check_resume({}, ["other.sh"], sv.State.replay(sv.Record(str(root)).read()).defn)
+    again = new(root, fake)
+    fake.end(100, "COMPLETED")
+    with pytest.raises(sv.Finished) as e:
+        drive(again, lambda: False)
+    assert e.value.code == 0 and len(fake.sbatch) == 1
+    assert len(facts(root, "started")) == 1, "the execution it had seen start is not recorded twice"
+
+
+def test_slurm_unreachable_is_waited_out_not_taken_for_an_end(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=3))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    fake.down = True
+    for _ in range(5):
+        assert sup.step() == sup.poll
+    assert types(root)[-1] == "started"
+    fake.down = False
+    fake.jobs.pop(100)  # purged (MinJobAge): how it ended cannot be told
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 1 and "not resubmitting blindly" in e.value.message and len(fake.sbatch) == 1
+
+
+def test_a_second_live_supervisor_is_refused_and_a_dead_one_is_taken_over(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    sup.record.close()
+    # make the claim belong to a live process that looks like a supervisor
+    p = subprocess.Popen(["bash", "-c", "exec -a dispatch-slurm-fake sleep 60"])
+    try:
+        info = json.loads((root / "supervisor" / "000001").read_text())
+        os.chmod(root / "supervisor" / "000001", 0o644)
+        (root / "supervisor" / "000001").write_text(json.dumps({**info, "pid": p.pid}))
+        with pytest.raises(DispatchError, match="already running"):
+            new(root, fake)
+    finally:
+        p.kill()
+        p.wait()
+    again = new(root, fake)
+    assert again.claim.seq == 2
+
+
+def test_a_writer_that_lost_its_claim_stops_without_writing(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    before = types(root)
+    (root / "supervisor" / "000002").write_text("{}")  # someone else claimed the root
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 2 and "took over" in e.value.message
+    assert types(root) == before and (root / "supervisor" / "000001.exited").exists()
+
+
+# ---- shared checkpoints: holds --------------------------------------------------------------
+
+def shared_job_ended(root, fake, clock, answers, **kw):
+    sup = new(root, fake, clock, answers=answers,
+              start_defn=defn(shared=True, resubmit=1, cessation_interval=60.0, hold_for=3600.0, **kw))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100, ["c1", "c2"])
+    drive(sup, lambda: sup.state.started)
+    fake.end(100, "NODE_FAIL")
+    drive(sup, lambda: sup.state.hold)
+    return sup
+
+
+def test_shared_checkpoint_holds_until_the_cessation_signal_says_ceased(root):
+    fake, clock = FakeSlurm(), Clock()
+    sup = shared_job_ended(root, fake, clock, ["not_ceased", "unknown", "not_ceased", "ceased"])
+    argv = fake.sbatch[0][0]
+    assert "--no-requeue" in argv and "--dispatch-shared-checkpoint" in argv
+    t_hold = clock.t
+    drive(sup, lambda: sup.state.job == 101)
+    assert len(sup.asked) == 4 and clock.t - t_hold >= 3 * 60, "asked every 60 s, not faster"
+    assert types(root)[5:] == ["ended", "rule", "hold", "cessation", "cessation", "cessation", "cessation",
+                               "release", "rule", "intent", "submitted"]
+    held, hold = facts(root, "rule")[0], facts(root, "hold")[0]
+    assert held["rule"] == "resubmit" and held["held"] and held["cause"] == "node_failure"
+    assert hold["replaces"] == "resubmit" and hold["nodes"] == ["c1", "c2"]
+    assert hold["attempt"] == f"{CLUSTER}.100.1000000" and hold["until"] == pytest.approx(t_hold + 3600)
+    assert [f["answer"] for f in facts(root, "cessation")] == ["not_ceased", "unknown", "not_ceased", "ceased"]
+    assert facts(root, "release")[0]["by"] == "cessation signal"
+    applied = facts(root, "rule")[1]
+    assert applied == {**applied, "rule": "resubmit", "after_hold": 1, "budget_left": 0}
+    assert len(fake.sbatch) == 2 and "--dispatch-submission=2" in fake.sbatch[1][0]
+
+
+def test_a_person_releases_the_hold(root):
+    fake, clock = FakeSlurm(), Clock()
+    sup = shared_job_ended(root, fake, clock, [])
+    drive(sup, lambda: len(sup.asked) == 2)
+    got = sv.release(str(root), "node c2 power-cycled")
+    assert got["hold"] == 1 and got["replaces"] == "resubmit"
+    with pytest.raises(DispatchError, match="already released"):
+        sv.release(str(root))
+    drive(sup, lambda: sup.state.job == 101)
+    rel, = facts(root, "release")
+    assert rel["by"] == "person" and rel["message"] == "node c2 power-cycled" and rel["user"]
+    with pytest.raises(DispatchError, match="no hold stands"):
+        sv.release(str(root))
+
+
+def test_an_expired_hold_leaves_the_job_held_and_says_so(root):
+    fake, clock = FakeSlurm(), Clock()
+    sup = shared_job_ended(root, fake, clock, [])
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 3 and "expired" in e.value.message and "stays held" in e.value.message
+    assert types(root)[-2:] == ["hold_expired", "finished"] and len(fake.sbatch) == 1
+    assert len(sup.asked) == 61  # at the hold, then every 60 s for an hour
+    sup.close()
+    # a restart asks once more, then says so again; nothing is submitted
+    again = new(root, fake, clock)
+    with pytest.raises(sv.Finished) as e:
+        drive(again, lambda: False)
+    assert e.value.code == 3 and len(again.asked) == 1 and len(fake.sbatch) == 1
+    again.close()
+    # the person's answer comes later: the next run applies it
+    sv.release(str(root))
+    last = new(root, fake, clock)
+    drive(last, lambda: last.state.job == 101)
+    assert len(fake.sbatch) == 2
+
+
+def test_shared_job_requeued_by_slurm_anyway_is_held_in_slurm(root):
+    fake, clock = FakeSlurm(), Clock()
+    sup = new(root, fake, clock, answers=["ceased"], start_defn=defn(shared=True, resubmit=1))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    fake.requeue(100)
+    drive(sup, lambda: sup.state.hold)
+    assert fake.jobs[100]["held_in_slurm"] is True
+    drive(sup, lambda: not sup.state.hold and not sup.state.pending_apply)
+    assert fake.jobs[100]["held_in_slurm"] is False and len(fake.sbatch) == 1
+    assert [f["rule"] for f in facts(root, "rule")] == ["requeue", "requeue"]
+
+
+def test_the_cessation_command_is_run_with_the_execution_filled_in(root, tmp_path):
+    out = tmp_path / "argv"
+    script = f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:])); sys.exit(int(sys.argv[1]))"
+    fake = FakeSlurm()
+    sup = sv.Supervisor(str(root), Slurm(fake), clock=Clock(), say=lambda m: None)
+    sup.state.cluster = CLUSTER
+    h = {"job": 100, "r": 2, "g": 0, "n": 3, "epoch": 3_000_002, "attempt": "testc.100.3000002",
+         "nodes": ["c1", "c2"], "start_time": 2000, "interval": 5.0}
+    for code, answer in ((0, "ceased"), (1, "not_ceased"), (7, "unknown")):
+        h["cessation_cmd"] = f"{sys.executable} -c {script!r} {code} {{job}} {{restart}} {{nodes}} {{root}} {{attempt}}"
+        got = sup.ask_command(h)
+        assert got["answer"] == answer and got["exit"] == code
+    assert out.read_text() == f"7 100 2 c1,c2 {root} testc.100.3000002"
+    h["cessation_cmd"] = "/nonexistent/ceased {job}"
+    assert sup.ask_command(h)["answer"] == "unknown"
+
+
+# ---- supersession --------------------------------------------------------------------------
+
+def test_supersede_cancels_generation_g_and_supervises_g_plus_1(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=1))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    sup.close()
+    sv.make_request(str(root), "supersede.1", {})
+    new_sup = sv.Supervisor(str(root), Slurm(fake), clock=Clock(), say=lambda m: None)
+    new_sup.open("supersede", takeover=True)
+    new_sup.start(None)
+    new_sup.supersede({**sv.make_defn({}, ["job2.sh"], base=new_sup.state.defn)})
+    drive(new_sup, lambda: new_sup.state.job == 101)
+    fake.start(101)
+    drive(new_sup, lambda: new_sup.state.started)
+    assert fake.jobs[100]["job_state"] == ["CANCELLED"]
+    sup_f, = facts(root, "superseded")
+    assert (sup_f["from_g"], sup_f["to_g"], sup_f["job"], sup_f["cancelled"]) == (0, 1, 100, True)
+    job1 = facts(root, "job")[1]
+    assert job1["g"] == 1 and job1["args"] == ["job2.sh"] and job1["resubmit"] == 1
+    argv = fake.sbatch[1][0]
+    assert "--dispatch-generation=1" in argv and "--dispatch-submission=2" in argv
+    assert facts(root, "started")[1]["epoch"] == 1_000_002_000_000
+    # the cancel of generation 0 is not a failure of generation 1: no rule applies to it
+    assert [f["rule"] for f in facts(root, "rule")] == []
+
+
+# ---- the cessation evidence rule ---------------------------------------------------------------
+
+def ended_job(fake, root, state="NODE_FAIL", nodes=("c1", "c2")):
+    fake.jobs[100] = {"job_id": 100, "job_state": [state], "restart_cnt": 0, "nodes": ",".join(nodes),
+                      "start_time": {"set": True, "number": 2000}, "cluster": CLUSTER, "comment": ""}
+    return {"root": str(root), "generation": 0, "submission": 1}
+
+
+def test_ceased_needs_an_ended_job_and_evidence_from_every_node(root):
+    fake = FakeSlurm()
+    kw = ended_job(fake, root)
+    attempt = f"{CLUSTER}.100.1000000"
+    fake.jobs[100]["job_state"] = ["RUNNING"]
+    a = cessation.check(Slurm(fake), 100, 0, **kw)
+    assert a["answer"] == "not_ceased" and "still RUNNING" in a["why"]
+    fake.jobs[100]["job_state"] = ["NODE_FAIL", "COMPLETING"]
+    store.record_cessation(str(root), attempt, "c1")
+    store.record_cessation(str(root), attempt, "c2")
+    a = cessation.check(Slurm(fake), 100, 0, **kw)
+    assert a["answer"] == "not_ceased" and "completing" in a["why"], "COMPLETING is not ended"
+    fake.jobs[100]["job_state"] = ["NODE_FAIL"]
+    a = cessation.check(Slurm(fake), 100, 0, **kw)
+    assert a["answer"] == "ceased" and a["attempt"] == attempt
+    assert all(v["ceased"] and "epilog" in v["evidence"] for v in a["nodes"].values())
+
+
+def test_a_down_or_merely_responding_node_is_no_evidence(root):
+    fake = FakeSlurm()
+    kw = ended_job(fake, root)
+    store.record_cessation(str(root), f"{CLUSTER}.100.1000000", "c1")
+    fake.node_state["c2"] = {"state": ["DOWN", "NOT_RESPONDING"], "boot_time": 1000}
+    a = cessation.check(Slurm(fake), 100, 0, **kw)
+    assert a["answer"] == "not_ceased" and a["nodes"]["c1"]["ceased"]
+    assert not a["nodes"]["c2"]["ceased"] and "down or not responding" in a["nodes"]["c2"]["evidence"]
+    # back, IDLE and responding (the orphan may still run): still no evidence
+    fake.node_state["c2"] = {"state": ["IDLE"], "boot_time": 1000}
+    a = cessation.check(Slurm(fake), 100, 0, **kw)
+    assert a["answer"] == "not_ceased" and "not rebooted" in a["nodes"]["c2"]["evidence"]
+    assert cessation.exit_code(a) == 1
+    # rebooted after the execution started: its old processes are gone
+    fake.node_state["c2"] = {"state": ["IDLE"], "boot_time": 2500}
+    a = cessation.check(Slurm(fake), 100, 0, **kw)
+    assert a["answer"] == "ceased" and "booted" in a["nodes"]["c2"]["evidence"]
+    # ...but a node that rebooted and then went down again is still not evidence
+    fake.node_state["c2"] = {"state": ["DOWN"], "boot_time": 2500}
+    assert cessation.check(Slurm(fake), 100, 0, **kw)["answer"] == "not_ceased"
+
+
+def test_ceased_takes_g_n_and_nodes_from_the_record_and_cannot_tell_without_them(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=1))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100, ["c3"])
+    drive(sup, lambda: sup.state.started)
+    fake.requeue(100)
+    fake.start(100, ["c1"], t=2100)  # R=1 runs elsewhere; Slurm now shows R=1's nodes
+    store.record_cessation(str(root), f"{CLUSTER}.100.1000000", "c3")
+    a = cessation.check(Slurm(fake), 100, 0, root=str(root))
+    assert a["answer"] == "ceased" and list(a["nodes"]) == ["c3"]
+    b = cessation.check(Slurm(fake), 100, 0)  # no record: R=0's nodes are unknown
+    assert b["answer"] == "unknown" and "--nodes" in b["why"] and cessation.exit_code(b) == 2
+    fake.down = True
+    assert cessation.check(Slurm(fake), 100, 0, root=str(root))["answer"] == "unknown"
+
+
+def test_a_purged_job_is_ended_and_the_record_names_its_nodes(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    drive(sup, lambda: sup.state.job)
+    fake.start(100, ["c2"])
+    drive(sup, lambda: sup.state.started)
+    fake.jobs.pop(100)
+    a = cessation.check(Slurm(fake), 100, 0, root=str(root))
+    assert a["answer"] == "not_ceased" and a["slurm"]["ended"] is True
+    store.record_cessation(str(root), f"{CLUSTER}.100.1000000", "c2")
+    assert cessation.check(Slurm(fake), 100, 0, root=str(root))["answer"] == "ceased"
+
+
+# ---- the CLI -----------------------------------------------------------------------------
+
+def test_plan_shows_the_hold_substitution(root):
+    p = cli("plan", root, "--shared-checkpoint", "--resubmit", "2", "--hold-for", "12h",
+            "--cessation-interval", "30s", "--", "-N", "2", "train.sbatch", check=True).stdout
+    assert "hold instead of resubmit" in p and "waits up to 12h" in p and "every 30s" in p
+    assert "--no-requeue" in p and "--dispatch-shared-checkpoint" in p and "--dispatch-submission=<N>" in p
+    j = json.loads(cli("plan", root, "--resubmit", "1", "--json", "--", "train.sbatch", check=True).stdout)
+    assert [r["rule"] for r in j["rules"]] == ["done", "resubmit", "resubmit", "resubmit", "resubmit", "requeue"]
+    assert j["hold"] is None and "--no-requeue" not in j["sbatch"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--", "--comment=mine", "x.sh"], "--comment"),
+    (["--", "--dispatch-generation=3", "x.sh"], "--dispatch-"),
+    (["--", "--array=1-3", "x.sh"], "array"),
+    (["--shared-checkpoint", "--", "--requeue", "x.sh"], "--no-requeue"),
+    (["--via", "env", "--", "--export=NONE", "x.sh"], "--export"),
+    (["--hold-for", "soon", "--", "x.sh"], "--hold-for"),
+    (["--cessation-cmd", "ceased {jobid}", "--", "x.sh"], "placeholders"),
+    ([], "no sbatch arguments"),
+])
+def test_bad_input_is_refused_with_a_message_naming_it(root, args, needle):
+    p = cli("run", root, *args)
+    assert p.returncode == 2 and needle in p.stderr, p.stderr
+    assert not (root / "sub").exists(), "no submission number spent on bad input"
+
+
+def test_release_without_a_hold_and_ceased_exit_codes(root):
+    p = cli("release", root)
+    assert p.returncode == 1 and "no hold stands" in p.stderr
+    p = cli("run", root / "missing", "--", "x.sh")
+    assert p.returncode == 2 and "does not exist" in p.stderr
