@@ -317,7 +317,7 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
     if scenario == "partition":
         t.heal(node)
     for mode in modes:  # the old execution must really be gone before the third resumes
-        marker = f"--log-dir {dirs[mode]}/logs"
+        marker = f"{dirs[mode]}/logs"
         _poll(lambda: t.alive(node, marker) is False or _quiet(recs(mode), _lineage(recs(mode), old[mode], 0),
                                                               4 * interval), limit,
               f"{mode}: the old execution's processes to stop")
