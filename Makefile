@@ -16,15 +16,20 @@ host:
 # installed first: a bare `torch` requirement would resolve to the newest CUDA build (GBs).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test,cluster]'
+	$(PY) -m pip install -q -e '.[test,cluster,plot]'
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[hf]'
 	touch $@
 
 venv: $(VENV)/.installed
 
+# The main job: build and start docker-slurm, overlap a job and its replacement in each
+# scenario, naive shared folder vs dispatch-slurm, and print what the overlap did.
 demo: host venv
-	$(PY) -m dispatch_slurm.trial
+	@mkdir -p demo-output
+	$(PY) -m dispatch_slurm trial --scenario cancel --scenario preempt --scenario partition \
+	  --trials 1 --json demo-output/trials.json --plot demo-output/timeline.png
+	@echo "timeline: demo-output/timeline.png   results: demo-output/trials.json"
 
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass.
 test: host venv
