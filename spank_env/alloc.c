@@ -29,13 +29,8 @@ int dsp_local_post_opt(spank_t sp)
 {
 	char err[DSP_ERR], root[DSP_PATH], subdir[DSP_PATH];
 	unsigned long long n;
-	struct dsp_in in = {
-		.checkpoint = { dsp_opts.checkpoint, "--dispatch-checkpoint" },
-		.generation = { dsp_opts.generation, "--dispatch-generation" },
-		.submission = { dsp_opts.submission, "--dispatch-submission" },
-		.grace = { dsp_opts.grace, "--dispatch-grace" },
-		.shared = { dsp_opts.shared ? "1" : "", "--dispatch-shared-checkpoint" },
-	};
+	struct dsp_in in;
+	dsp_opts_in(&in);
 	if (!dsp_opts.checkpoint[0]) {
 		if (dsp_opts.any) {
 			slurm_error("--dispatch-* options need --dispatch-checkpoint=DIR");

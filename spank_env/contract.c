@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char *err, size_t errsz, const char *fmt, ...)
+int dsp_fail(char *err, size_t errsz, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -55,7 +55,7 @@ int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, ch
 		char *hash, *s, *e;
 		lineno++;
 		if (len >= sizeof(line))
-			return fail(err, errsz, "%s:%d: line too long", path, lineno);
+			return dsp_fail(err, errsz, "%s:%d: line too long", path, lineno);
 		memcpy(line, p, len);
 		line[len] = '\0';
 		p += len + (nl ? 1 : 0);
@@ -86,14 +86,14 @@ int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, ch
 			while (*v == '0' && strlen(v) > 3)
 				v++;
 			if (strcmp(v, "700") && strcmp(v, "710") && strcmp(v, "750"))
-				return fail(err, errsz, "%s:%d: exec_mode %s must be 0700, 0710 or 0750 "
+				return dsp_fail(err, errsz, "%s:%d: exec_mode %s must be 0700, 0710 or 0750 "
 					    "(owner rwx; group at most r-x; never world)", path, lineno, value);
 			site->exec_mode = (unsigned int)strtoul(v, NULL, 8);
 		} else if (!strcmp(key, "grace")) {
 			site->grace = strtoull(value, NULL, 10);
 		} else if (!strncmp(key, "grace.", 6) && key[6]) {
 			if (site->naccounts == DSP_MAX_ACCOUNTS || strlen(key + 6) >= 64)
-				return fail(err, errsz, "%s:%d: too many or too long account names", path, lineno);
+				return dsp_fail(err, errsz, "%s:%d: too many or too long account names", path, lineno);
 			strcpy(site->account[site->naccounts], key + 6);
 			site->account_grace[site->naccounts++] = strtoull(value, NULL, 10);
 		} else {
@@ -101,7 +101,7 @@ int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, ch
 		}
 		continue;
 bad:
-		return fail(err, errsz, "%s:%d: cannot parse '%s' (expected grace = S, grace.<account> = S "
+		return dsp_fail(err, errsz, "%s:%d: cannot parse '%s' (expected grace = S, grace.<account> = S "
 			    "or exec_mode = 0NNN)", path, lineno, s);
 	}
 	return 0;
@@ -116,7 +116,7 @@ int dsp_site_load(struct dsp_site *site, const char *path, int must_exist, char 
 	if (!f) {
 		if (errno == ENOENT && !must_exist)
 			return 0;
-		return fail(err, errsz, "site config %s: %s", path, strerror(errno));
+		return dsp_fail(err, errsz, "site config %s: %s", path, strerror(errno));
 	}
 	n = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
@@ -131,7 +131,7 @@ int dsp_parse_part(const char *label, const char *what, const char *text, unsign
 	size_t len = text ? strlen(text) : 0;
 	unsigned long long v = 0;
 	if (!len || len > 20 || strspn(text, "0123456789") != len)
-		return fail(err, errsz, "%s (%s) must be a decimal integer %llu..%s, got '%s'", label, what,
+		return dsp_fail(err, errsz, "%s (%s) must be a decimal integer %llu..%s, got '%s'", label, what,
 			    lo, grouped(hi, b, sizeof(b)), text ? text : "");
 	for (size_t i = 0; i < len; i++) {
 		unsigned int d = (unsigned int)(text[i] - '0');
@@ -145,7 +145,7 @@ int dsp_parse_part(const char *label, const char *what, const char *text, unsign
 		const char *t = text;
 		while (*t == '0' && t[1])
 			t++;	/* the Python message shows the integer, without leading zeros */
-		return fail(err, errsz, "%s (%s) %s is out of range %llu..%s", label, what, t, lo,
+		return dsp_fail(err, errsz, "%s (%s) %s is out of range %llu..%s", label, what, t, lo,
 			    grouped(hi, a, sizeof(a)));
 	}
 	*out = v;
@@ -158,11 +158,11 @@ int dsp_epoch(unsigned long long g, unsigned long long n, unsigned long long r, 
 	char b[32];
 	unsigned long long low;
 	if (g > DSP_G_MAX)
-		return fail(err, errsz, "generation G %llu is out of range 0..%s", g, grouped(DSP_G_MAX, b, sizeof(b)));
+		return dsp_fail(err, errsz, "generation G %llu is out of range 0..%s", g, grouped(DSP_G_MAX, b, sizeof(b)));
 	if (n < 1 || n > DSP_N_MAX)
-		return fail(err, errsz, "submission N %llu is out of range 1..%s", n, grouped(DSP_N_MAX, b, sizeof(b)));
+		return dsp_fail(err, errsz, "submission N %llu is out of range 1..%s", n, grouped(DSP_N_MAX, b, sizeof(b)));
 	if (r > DSP_R_MAX)
-		return fail(err, errsz, "restart R %llu is out of range 0..%s", r, grouped(DSP_R_MAX, b, sizeof(b)));
+		return dsp_fail(err, errsz, "restart R %llu is out of range 0..%s", r, grouped(DSP_R_MAX, b, sizeof(b)));
 	low = n * 1000000ULL + r;
 	if (g)
 		snprintf(out, outsz, "%llu%012llu", g, low);
@@ -176,7 +176,7 @@ int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, siz
 	size_t o = 0;
 	const char *p;
 	if (!root || root[0] != '/')
-		return fail(err, errsz, "checkpoint root '%s' must be an absolute path", root ? root : "");
+		return dsp_fail(err, errsz, "checkpoint root '%s' must be an absolute path", root ? root : "");
 	for (p = root; *p;) {
 		const char *q;
 		size_t len;
@@ -188,10 +188,10 @@ int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, siz
 			;
 		len = (size_t)(q - p);
 		if (len == 2 && p[0] == '.' && p[1] == '.')
-			return fail(err, errsz, "checkpoint root '%s' must not contain '..'", root);
+			return dsp_fail(err, errsz, "checkpoint root '%s' must not contain '..'", root);
 		if (!(len == 1 && p[0] == '.')) {
 			if (o + 1 + len + 1 > outsz)
-				return fail(err, errsz, "checkpoint root '%s' is too long", root);
+				return dsp_fail(err, errsz, "checkpoint root '%s' is too long", root);
 			out[o++] = '/';
 			memcpy(out + o, p, len);
 			o += len;
@@ -202,7 +202,7 @@ int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, siz
 		out[o++] = '/';
 	out[o] = '\0';
 	if (strstr(out, "%a") && strstr(out, "%a") < strrchr(out, '/'))
-		return fail(err, errsz, "checkpoint root '%s': %%a may only appear in the last component", root);
+		return dsp_fail(err, errsz, "checkpoint root '%s': %%a may only appear in the last component", root);
 	return 0;
 }
 
@@ -216,11 +216,11 @@ int dsp_expand_root(const char *root, const char *task, char *out, size_t outsz,
 	}
 	s = strstr(root, "%a");
 	if (s < leaf)
-		return fail(err, errsz, "checkpoint root '%s': %%a may only appear in the last component", root);
+		return dsp_fail(err, errsz, "checkpoint root '%s': %%a may only appear in the last component", root);
 	if (!task || !task[0])
-		return fail(err, errsz, "checkpoint root '%s' has %%a but this job is not an array task", root);
+		return dsp_fail(err, errsz, "checkpoint root '%s' has %%a but this job is not an array task", root);
 	if (strspn(task, "0123456789") != strlen(task))
-		return fail(err, errsz, "SLURM_ARRAY_TASK_ID '%s' must be decimal digits", task);
+		return dsp_fail(err, errsz, "SLURM_ARRAY_TASK_ID '%s' must be decimal digits", task);
 	while (task[0] == '0' && task[1])
 		task++;
 	o = 0;
@@ -228,13 +228,13 @@ int dsp_expand_root(const char *root, const char *task, char *out, size_t outsz,
 		if (s[0] == '%' && s[1] == 'a') {
 			size_t tl = strlen(task);
 			if (o + tl + 1 > outsz)
-				return fail(err, errsz, "checkpoint root '%s' is too long", root);
+				return dsp_fail(err, errsz, "checkpoint root '%s' is too long", root);
 			memcpy(out + o, task, tl);
 			o += tl;
 			s += 2;
 		} else {
 			if (o + 2 > outsz)
-				return fail(err, errsz, "checkpoint root '%s' is too long", root);
+				return dsp_fail(err, errsz, "checkpoint root '%s' is too long", root);
 			out[o++] = *s++;
 		}
 	}
@@ -257,11 +257,11 @@ int dsp_token(const char *cluster, const char *job_id, const char *epoch, char *
 {
 	size_t cl = cluster ? strlen(cluster) : 0, o = 0;
 	if (!cl || cl > 64)
-		return fail(err, errsz, "cluster name '%s' must be 1..64 characters", cluster ? cluster : "");
+		return dsp_fail(err, errsz, "cluster name '%s' must be 1..64 characters", cluster ? cluster : "");
 	if (!job_id || !job_id[0] || strspn(job_id, "0123456789") != strlen(job_id))
-		return fail(err, errsz, "Slurm job id '%s' must be decimal digits", job_id ? job_id : "");
+		return dsp_fail(err, errsz, "Slurm job id '%s' must be decimal digits", job_id ? job_id : "");
 	if (cl + strlen(job_id) + strlen(epoch) + 3 > outsz)
-		return fail(err, errsz, "attempt token too long");
+		return dsp_fail(err, errsz, "attempt token too long");
 	for (size_t i = 0; i < cl; i++) {
 		unsigned char c = (unsigned char)cluster[i];
 		out[o++] = (isascii(c) && (isalnum(c) || c == '_' || c == '-')) ? (char)c : '_';
@@ -321,7 +321,7 @@ int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int n
 {
 	unsigned long long v;
 	if (!set(&in->checkpoint))
-		return fail(err, errsz, "%s is not set: name the job's checkpoint root", in->checkpoint.label);
+		return dsp_fail(err, errsz, "%s is not set: name the job's checkpoint root", in->checkpoint.label);
 	if (dsp_normalize_root(in->checkpoint.value, root, rootsz, err, errsz))
 		return -1;
 	if (set(&in->generation) &&
@@ -332,7 +332,7 @@ int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int n
 				   in->submission.value, 1, DSP_N_MAX, &v, err, errsz))
 			return -1;
 	} else if (need_submission) {
-		return fail(err, errsz, "%s is not set: submission N (use `dispatch-slurm submit`) is required",
+		return dsp_fail(err, errsz, "%s is not set: submission N (use `dispatch-slurm submit`) is required",
 			    in->submission.label);
 	}
 	if (set(&in->grace) &&
@@ -340,7 +340,7 @@ int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int n
 		return -1;
 	if (in->shared.value && strcmp(in->shared.value, "") && strcmp(in->shared.value, "0") &&
 	    strcmp(in->shared.value, "1"))
-		return fail(err, errsz, "%s must be 1 or 0, got '%s'", in->shared.label, in->shared.value);
+		return dsp_fail(err, errsz, "%s must be 1 or 0, got '%s'", in->shared.label, in->shared.value);
 	(void)site;
 	return 0;
 }
@@ -366,15 +366,15 @@ int dsp_compute(const struct dsp_in *in, const struct dsp_site *site, struct dsp
 	if (dsp_epoch(g, n, r, out->epoch, sizeof(out->epoch), err, errsz))
 		return -1;
 	if (!set(&in->job_id))
-		return fail(err, errsz, "%s is not set: not inside a Slurm job", in->job_id.label);
+		return dsp_fail(err, errsz, "%s is not set: not inside a Slurm job", in->job_id.label);
 	if (!set(&in->cluster))
-		return fail(err, errsz, "%s is not set: not inside a Slurm job", in->cluster.label);
+		return dsp_fail(err, errsz, "%s is not set: not inside a Slurm job", in->cluster.label);
 	if (dsp_token(in->cluster.value, in->job_id.value, out->epoch, out->attempt, sizeof(out->attempt),
 		      err, errsz))
 		return -1;
 	if (set(&in->array_task) && !strstr(root, "%a") &&
 	    !(set(&in->attempt) && !strcmp(in->attempt.value, out->attempt)))
-		return fail(err, errsz, "array task %s: every array task needs its own root; put %%a in the "
+		return dsp_fail(err, errsz, "array task %s: every array task needs its own root; put %%a in the "
 			    "checkpoint root's last component (e.g. %s/task-%%a)", in->array_task.value, root);
 	if (set(&in->grace))
 		dsp_parse_part(in->grace.label, "", in->grace.value, 0, DSP_GRACE_CAP, &grace, err, errsz);
@@ -386,7 +386,7 @@ int dsp_compute(const struct dsp_in *in, const struct dsp_site *site, struct dsp
 	snprintf(out->grace, sizeof(out->grace), "%llu", grace);
 	if (snprintf(out->exec_dir, sizeof(out->exec_dir), "%s/exec/%s", out->checkpoint, out->attempt)
 	    >= (int)sizeof(out->exec_dir))
-		return fail(err, errsz, "exec folder path too long");
+		return dsp_fail(err, errsz, "exec folder path too long");
 	out->shared = in->shared.value && !strcmp(in->shared.value, "1");
 	return 0;
 }

@@ -44,6 +44,8 @@ struct dsp_out {
 	int shared;
 };
 
+/* Format a message into err; returns -1, so `return dsp_fail(...)` reports an error. */
+int dsp_fail(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void dsp_site_defaults(struct dsp_site *site);
 /* Parse site.conf text; returns 0 or -1 with err naming the line. */
 int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, char *err, size_t errsz);

@@ -23,6 +23,8 @@ struct dsp_opts {
 extern struct dsp_opts dsp_opts;
 extern struct dsp_site dsp_site;
 
+/* plugin.c: the options as contract inputs (named by option in messages) */
+void dsp_opts_in(struct dsp_in *in);
 /* alloc.c: sbatch / salloc / srun */
 int dsp_local_post_opt(spank_t sp);
 /* remote.c: slurmstepd */

@@ -7,7 +7,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,15 +17,6 @@
 
 #define DIRFLAGS (O_RDONLY | O_DIRECTORY | O_CLOEXEC)
 
-static int fail(char *err, size_t errsz, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errsz, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
 /* The root itself may be a symlink (sites alias scratch); it must exist and be ours. */
 static int open_root(const char *dir, char *err, size_t errsz)
 {
@@ -34,17 +24,17 @@ static int open_root(const char *dir, char *err, size_t errsz)
 	int fd = open(dir, DIRFLAGS);
 	if (fd < 0) {
 		if (errno == ENOENT)
-			return fail(err, errsz, "checkpoint root %s does not exist (create it first)", dir);
-		return fail(err, errsz, "checkpoint root %s: %s", dir, strerror(errno));
+			return dsp_fail(err, errsz, "checkpoint root %s does not exist (create it first)", dir);
+		return dsp_fail(err, errsz, "checkpoint root %s: %s", dir, strerror(errno));
 	}
 	if (fstat(fd, &st) || st.st_uid != geteuid()) {
 		close(fd);
-		return fail(err, errsz, "checkpoint root %s belongs to uid %u, not to you (uid %u)", dir,
+		return dsp_fail(err, errsz, "checkpoint root %s belongs to uid %u, not to you (uid %u)", dir,
 			    (unsigned)st.st_uid, (unsigned)geteuid());
 	}
 	if (faccessat(fd, ".", W_OK | X_OK, AT_EACCESS)) {
 		close(fd);
-		return fail(err, errsz, "checkpoint root %s is not writable by you", dir);
+		return dsp_fail(err, errsz, "checkpoint root %s is not writable by you", dir);
 	}
 	return fd;
 }
@@ -87,12 +77,12 @@ int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, s
 		return -1;
 	if ((sub = ensure_dir(root, "sub", 0777, &created)) < 0) {
 		close(root);
-		return fail(err, errsz, "%s/sub: %s", dir, strerror(errno));
+		return dsp_fail(err, errsz, "%s/sub: %s", dir, strerror(errno));
 	}
 	if (!(d = fdopendir(dup(sub)))) {
 		close(sub);
 		close(root);
-		return fail(err, errsz, "%s/sub: %s", dir, strerror(errno));
+		return dsp_fail(err, errsz, "%s/sub: %s", dir, strerror(errno));
 	}
 	while ((e = readdir(d))) {
 		unsigned long long v;
@@ -103,7 +93,7 @@ int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, s
 			closedir(d);
 			close(sub);
 			close(root);
-			return fail(err, errsz, "bad entry '%s' in %s/sub: not a 6-digit submission number "
+			return dsp_fail(err, errsz, "bad entry '%s' in %s/sub: not a 6-digit submission number "
 				    "000001..999999", e->d_name, dir);
 		}
 		if (v > max)
@@ -115,7 +105,7 @@ int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, s
 		if (*n > DSP_N_MAX) {
 			close(sub);
 			close(root);
-			return fail(err, errsz, "%s/sub: no submission number left (N must be <= 999,999)", dir);
+			return dsp_fail(err, errsz, "%s/sub: no submission number left (N must be <= 999,999)", dir);
 		}
 		snprintf(name, sizeof(name), "%06llu", *n);
 		fd = openat(sub, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
@@ -126,13 +116,13 @@ int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, s
 		if (errno != EEXIST) {
 			close(sub);
 			close(root);
-			return fail(err, errsz, "%s/sub/%s: %s", dir, name, strerror(errno));
+			return dsp_fail(err, errsz, "%s/sub/%s: %s", dir, name, strerror(errno));
 		}
 	}
 	if (fsync(sub) || fsync(root)) {
 		close(sub);
 		close(root);
-		return fail(err, errsz, "%s/sub: fsync: %s", dir, strerror(errno));
+		return dsp_fail(err, errsz, "%s/sub: fsync: %s", dir, strerror(errno));
 	}
 	close(sub);
 	close(root);
@@ -154,7 +144,7 @@ int dsp_make_exec_dir(const char *root, const char *attempt, unsigned int mode, 
 		rfd = ensure_dir(pfd, leaf + 1, 0777, &created);
 		close(pfd);
 		if (rfd < 0)
-			return fail(err, errsz, "%s: %s%s", root, strerror(errno),
+			return dsp_fail(err, errsz, "%s: %s%s", root, strerror(errno),
 				    errno == ELOOP || errno == ENOTDIR ? " (a symlink is in the way)" : "");
 	} else if ((rfd = open_root(root, err, errsz)) < 0) {
 		return -1;
@@ -162,21 +152,21 @@ int dsp_make_exec_dir(const char *root, const char *attempt, unsigned int mode, 
 	efd = ensure_dir(rfd, "exec", 0777, &created);
 	close(rfd);
 	if (efd < 0)
-		return fail(err, errsz, "%s/exec: %s%s", root, strerror(errno),
+		return dsp_fail(err, errsz, "%s/exec: %s%s", root, strerror(errno),
 			    errno == ELOOP || errno == ENOTDIR ? "; refusing to follow a symlink" : "");
 	afd = ensure_dir(efd, attempt, mode, &created);
 	close(efd);
 	if (afd < 0)
-		return fail(err, errsz, "%s/exec/%s: %s%s", root, attempt, strerror(errno),
+		return dsp_fail(err, errsz, "%s/exec/%s: %s%s", root, attempt, strerror(errno),
 			    errno == ELOOP || errno == ENOTDIR ? "; refusing to follow a symlink" : "");
 	if (fstat(afd, &st) || st.st_uid != geteuid()) {
 		close(afd);
-		return fail(err, errsz, "%s/exec/%s exists and belongs to uid %u, not to you", root, attempt,
+		return dsp_fail(err, errsz, "%s/exec/%s exists and belongs to uid %u, not to you", root, attempt,
 			    (unsigned)st.st_uid);
 	}
 	if ((st.st_mode & 07777) != mode && fchmod(afd, mode)) {
 		close(afd);
-		return fail(err, errsz, "%s/exec/%s: chmod: %s", root, attempt, strerror(errno));
+		return dsp_fail(err, errsz, "%s/exec/%s: chmod: %s", root, attempt, strerror(errno));
 	}
 	close(afd);
 	return 0;

@@ -90,6 +90,16 @@ static int opt_cb(int val, const char *optarg, int remote)
 	return rc ? -1 : 0;
 }
 
+void dsp_opts_in(struct dsp_in *in)
+{
+	memset(in, 0, sizeof(*in));
+	in->checkpoint = (struct dsp_arg){ dsp_opts.checkpoint, "--dispatch-checkpoint" };
+	in->generation = (struct dsp_arg){ dsp_opts.generation, "--dispatch-generation" };
+	in->submission = (struct dsp_arg){ dsp_opts.submission, "--dispatch-submission" };
+	in->grace = (struct dsp_arg){ dsp_opts.grace, "--dispatch-grace" };
+	in->shared = (struct dsp_arg){ dsp_opts.shared ? "1" : "", "--dispatch-shared-checkpoint" };
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	char err[DSP_ERR];

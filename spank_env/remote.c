@@ -49,20 +49,15 @@ int dsp_remote_user_init(spank_t sp)
 	}
 	snprintf(b.job_id, sizeof(b.job_id), "%u", job_id);
 	/* S_SLURM_RESTART_COUNT is unreliable (always 0): read the job's own env */
-	struct dsp_in in = {
-		.checkpoint = { dsp_opts.checkpoint, "--dispatch-checkpoint" },
-		.generation = { dsp_opts.generation, "--dispatch-generation" },
-		.submission = { dsp_opts.submission, "--dispatch-submission" },
-		.grace = { dsp_opts.grace, "--dispatch-grace" },
-		.shared = { dsp_opts.shared ? "1" : "", "--dispatch-shared-checkpoint" },
-		.job_id = { b.job_id, "SLURM_JOB_ID" },
-		.cluster = { get(sp, "SLURM_CLUSTER_NAME", b.cluster, sizeof(b.cluster)), "SLURM_CLUSTER_NAME" },
-		.restart = { get(sp, "SLURM_RESTART_COUNT", b.restart, sizeof(b.restart)), "SLURM_RESTART_COUNT" },
-		.array_task = { get(sp, "SLURM_ARRAY_TASK_ID", b.array_task, sizeof(b.array_task)),
-				"SLURM_ARRAY_TASK_ID" },
-		.account = { get(sp, "SLURM_JOB_ACCOUNT", b.account, sizeof(b.account)), "SLURM_JOB_ACCOUNT" },
-		.attempt = { get(sp, "DISPATCH_ATTEMPT", b.attempt, sizeof(b.attempt)), "DISPATCH_ATTEMPT" },
-	};
+	struct dsp_in in;
+	dsp_opts_in(&in);
+	in.job_id = (struct dsp_arg){ b.job_id, "SLURM_JOB_ID" };
+	in.cluster = (struct dsp_arg){ get(sp, "SLURM_CLUSTER_NAME", b.cluster, sizeof(b.cluster)), "SLURM_CLUSTER_NAME" };
+	in.restart = (struct dsp_arg){ get(sp, "SLURM_RESTART_COUNT", b.restart, sizeof(b.restart)), "SLURM_RESTART_COUNT" };
+	in.array_task = (struct dsp_arg){ get(sp, "SLURM_ARRAY_TASK_ID", b.array_task, sizeof(b.array_task)),
+					  "SLURM_ARRAY_TASK_ID" };
+	in.account = (struct dsp_arg){ get(sp, "SLURM_JOB_ACCOUNT", b.account, sizeof(b.account)), "SLURM_JOB_ACCOUNT" };
+	in.attempt = (struct dsp_arg){ get(sp, "DISPATCH_ATTEMPT", b.attempt, sizeof(b.attempt)), "DISPATCH_ATTEMPT" };
 	if (dsp_compute(&in, &dsp_site, &out, err, sizeof(err)) ||
 	    dsp_make_exec_dir(out.checkpoint, out.attempt, dsp_site.exec_mode,
 			      strstr(dsp_opts.checkpoint, "%a") != NULL, err, sizeof(err))) {
