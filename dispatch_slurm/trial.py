@@ -142,7 +142,7 @@ def demo_local() -> list[Result]:
 ENDED = frozenset({"CANCELLED", "PREEMPTED", "FAILED", "NODE_FAIL", "TIMEOUT", "COMPLETED", "BOOT_FAIL",
                    "OUT_OF_MEMORY", "DEADLINE"})
 SCENARIOS = ("cancel", "preempt", "partition")
-DEADLINE = {"fast": 180.0, "site": 1200.0}
+DEADLINE = {"fast": 180.0, "site": 3600.0}  # site: SlurmdTimeout=300, requeue delay 121 s, slow re-registration
 
 
 class DockerTarget:
