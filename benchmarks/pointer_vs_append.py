@@ -14,6 +14,7 @@ One trial, for each design, on a real filesystem:
      from O's lineage (R's work is dropped; T continues a dead lineage).
 
     python benchmarks/pointer_vs_append.py [--trials 1000] [--seed 1]
+    python benchmarks/pointer_vs_append.py --cluster --trials 40    (O and R are Slurm jobs)
 """
 
 import argparse
@@ -23,9 +24,10 @@ import random
 import signal
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dispatch_slurm import store  # noqa: E402
+from dispatch_slurm import store  # noqa: E402  (inside a job: the package installed on the node)
 
 E1, E2 = 1_000_000, 2_000_000
 
@@ -127,6 +129,67 @@ def trial(design, base, rng) -> dict:
     return {"k": k, "resumed": third, "loss": k > 0 and third[0] != "new"}
 
 
+# ---- overlapping trials on a real cluster: O and R are Slurm jobs ----------------------
+
+def worker(role: str, design: str, root: str, k: int) -> None:
+    """Inside a job. old: make s0 visible, save s0+1, check, announce, wait (the
+    harness SIGSTOPs us here), then act. new: resume from what is visible, save k."""
+    epoch = E1 if role == "old" else E2
+    if role == "old":
+        make_visible(design, root, save(root, "old", 10), 10, "old", epoch)
+        go = os.path.join(root, "go")
+
+        def stall():
+            open(os.path.join(root, "checked"), "w").close()
+            while not os.path.exists(go):  # the harness stops us in this loop
+                time.sleep(0.01)
+        make_visible(design, root, save(root, "old", 11), 11, "old", epoch, stall=stall)
+        return
+    start = resume(design, root)
+    step = start[1] if start else 0
+    for _ in range(k):
+        step += 1
+        make_visible(design, root, save(root, "new", step), step, "new", epoch)
+
+
+def cluster_trial(c, design: str, base: str, rng) -> dict:
+    from dispatch_slurm.dockerslurm import Cluster  # noqa: F401  (a started Cluster is passed in)
+    root = f"{base}/{design}-{rng.getrandbits(32):08x}"
+    c.exec("c1", f"mkdir -m 700 {root}", user="alice")
+    host_root = c.path(root)
+    me = f"{base}/pointer_vs_append.py"
+    job = lambda role, k=0: c.submit("alice", args=["-o", "/dev/null", "-w", "c3" if role == "old" else "c2",
+                                                    "--wrap", f"python3 {me} --worker {role} {design} {root} {k}"])
+    old = job("old")
+    c.wait_until(lambda: (host_root / "checked").exists(), timeout=60, what="the old job to check")
+    pid = c.wait_until(lambda: c.pids("c3", f"pointer_vs_append.py --worker old {design} {root}"), timeout=30, what="its pid")[0]
+    c.exec("c3", ["kill", "-STOP", str(pid)])  # really stalled, between its check and its act
+    (host_root / "go").touch()
+    k = rng.randrange(4)
+    new = job("new", k)
+    c.wait_job(new, {"COMPLETED", "FAILED"}, timeout=60)
+    c.exec("c3", ["kill", "-CONT", str(pid)])
+    c.wait_job(old, {"COMPLETED", "FAILED"}, timeout=60)
+    third = resume(design, str(host_root))
+    return {"k": k, "resumed": third, "loss": k > 0 and third[0] != "new"}
+
+
+def run_cluster(trials: int, seed: int = 1, suite: str = "trixie") -> dict:
+    import shutil
+    from dispatch_slurm.dockerslurm import Cluster
+    rng = random.Random(seed)
+    out = {}
+    with Cluster(suite, "fast", log=lambda m: print(m, file=sys.stderr)) as c:
+        base = "/checkpoints/pointer-vs-append"
+        c.exec("c1", f"install -d -m 1777 {base}")
+        shutil.copy(os.path.abspath(__file__), c.path(base) / "pointer_vs_append.py")
+        for design in ("pointer", "append-only"):
+            results = [cluster_trial(c, design, base, random.Random(rng.random())) for _ in range(trials)]
+            out[design] = {"trials": trials, "losses": sum(r["loss"] for r in results),
+                           "stalls_with_replacement_saves": sum(r["k"] > 0 for r in results)}
+    return out
+
+
 def run(trials: int, seed: int = 1, base: str | None = None) -> dict:
     rng = random.Random(seed)
     out = {}
@@ -142,9 +205,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cluster", action="store_true",
+                    help="overlapping trials on docker-slurm: the old and new executions are Slurm jobs")
+    ap.add_argument("--worker", nargs=4, metavar=("ROLE", "DESIGN", "ROOT", "K"), help=argparse.SUPPRESS)
     a = ap.parse_args()
-    res = run(a.trials, a.seed)
-    print(f"stalled old run (SIGSTOP between check and act), {a.trials} local trials per design")
+    if a.worker:
+        role, design, root, k = a.worker
+        return worker(role, design, root, int(k))
+    res = run_cluster(a.trials, a.seed) if a.cluster else run(a.trials, a.seed)
+    where = "overlapping Slurm jobs" if a.cluster else "local"
+    print(f"stalled old run (SIGSTOP between check and act), {a.trials} {where} trials per design")
     for design, r in res.items():
         print(f"  {design:<12} losses {r['losses']:>4} / {r['trials']}"
               f"   (trials where the replacement saved during the stall: {r['stalls_with_replacement_saves']})")
