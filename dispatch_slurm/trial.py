@@ -18,6 +18,8 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from .errors import DispatchError
+
 
 @dataclass
 class Result:
@@ -214,17 +216,12 @@ class SlurmTarget:
         self.slurm.cancel(job_id)
 
     def partition(self, node: str) -> None:
-        raise click_error("the partition scenario needs the docker-slurm target (it cuts a node's network)")
+        raise DispatchError("the partition scenario needs the docker-slurm target (it cuts a node's network)")
 
     heal = partition
 
     def alive(self, node: str, marker: str) -> bool | None:
         return None  # unknown from a login node: the trainers' logs decide
-
-
-def click_error(msg):
-    from .errors import DispatchError
-    return DispatchError(msg)
 
 
 def _poll(probe, timeout: float, what: str, every: float = 0.25):
@@ -377,7 +374,7 @@ def plot(results: list[Result], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise click_error("--plot needs matplotlib: pip install 'dispatch-slurm[plot]'") from None
+        raise DispatchError("--plot needs matplotlib: pip install 'dispatch-slurm[plot]'") from None
     fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.5 * len(results) + 0.8), squeeze=False)
     for ax, r in zip(axes[:, 0], results):
         timeline = r.details["timeline"]
@@ -418,7 +415,7 @@ def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: 
     else:
         from .slurm import Slurm
         if not base or not nodes:
-            raise click_error("--target slurm needs --dir (a folder every node shares) and --nodes")
+            raise DispatchError("--target slurm needs --dir (a folder every node shares) and --nodes")
         t = SlurmTarget(Slurm(), nodes, profile)
     try:
         for scenario in scenarios:
