@@ -104,6 +104,14 @@ def test_name_order_is_epoch_step_order(items):
     assert by_name == sorted(by_name)
 
 
+def _parses(name):
+    try:
+        names.parse(name)
+        return True
+    except BadName:
+        return False
+
+
 @st.composite
 def mutated(draw):
     """A valid name with one edit: a character replaced, inserted or deleted."""
@@ -137,13 +145,7 @@ def test_mutations_are_refused_or_still_canonical(name):
 @settings(max_examples=300)
 @given(st.lists(st.one_of(mutated(), st.builds(names.encode, epochs, steps, relpath)), max_size=20))
 def test_bulk_validation_agrees_with_parse(entries):
-    def ok(n):
-        try:
-            names.parse(n)
-            return True
-        except BadName:
-            return False
-    assert names.all_valid(entries) == all(map(ok, entries))
+    assert names.all_valid(entries) == all(map(_parses, entries))
 
 
 @settings(max_examples=1000)
@@ -151,9 +153,27 @@ def test_bulk_validation_agrees_with_parse(entries):
 def test_bulk_agrees_on_arbitrary_decoded_bytes(raw):
     """Any bytes as a path (NULs, slashes, dots, non-UTF-8): both validators agree."""
     name = f"{1_000_000:020d}-{1:020d}-" + base64.b32encode(raw).decode().rstrip("=")
-    try:
-        names.parse(name)
-        expected = True
-    except BadName:
-        expected = False
-    assert names.all_valid([name]) == expected
+    assert names.all_valid([name]) == _parses(name)
+
+
+@settings(max_examples=1000)
+@given(st.lists(st.one_of(st.binary(max_size=12).map(lambda b: base64.b32encode(b).decode().rstrip("=")),
+                          st.text(alphabet=names._B32, max_size=24)), min_size=1, max_size=6))
+def test_bulk_agrees_on_lists_of_any_base32_paths(paths):
+    """Several paths decoded side by side (separators between them), including
+    non-canonical tail bits next to NUL bytes: still the per-entry verdict."""
+    entries = [f"{1_000_000:020d}-{i:020d}-{p}" for i, p in enumerate(paths)]
+    assert names.all_valid(entries) == all(map(_parses, entries))
+
+
+@pytest.mark.parametrize("bad_at", [None, 0, 4095, 4096, 9999])
+def test_bulk_spans_chunks(bad_at):
+    entries = [names.encode(1_000_000 + i % 3, i, f"run/checkpoint-{i}") for i in range(10_000)]
+    if bad_at is not None:
+        entries[bad_at] = names.encode(1_000_000, bad_at, "a")[:-1] + "B"  # tail bits set
+    assert names.all_valid(entries) == (bad_at is None)
+
+
+def test_bulk_long_path_agrees():
+    name = names.encode(1_000_000, 1, "d/" * 150 + "x")  # longer than NAME_MAX: parse has no limit
+    assert _parses(name) and names.all_valid([name])
