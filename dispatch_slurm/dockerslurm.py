@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
-from .errors import DispatchError
+from . import wait
+from .errors import DispatchError, WaitTimeout
 from .slurm import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
 
 __all__ = [
@@ -444,20 +445,10 @@ class Cluster:
     ) -> T:
         """Call ``probe`` until it returns a truthy value, at most ``timeout`` seconds.
         A SlurmError while polling (controller busy) is retried; the last one is reported."""
-        deadline = time.monotonic() + timeout
-        last_err: Optional[Exception] = None
-        while True:
-            try:
-                got = probe()
-                if got:
-                    return got
-                last_err = None
-            except SlurmError as e:
-                last_err = e
-            if time.monotonic() >= deadline:
-                extra = f"; last error: {last_err}" if last_err else ""
-                raise ClusterError(f"{self.id}: waited {timeout:g} s for {what}{extra}")
-            time.sleep(poll)
+        try:
+            return wait.until(probe, timeout=timeout, what=what, every=poll, retry=(SlurmError,))
+        except WaitTimeout as e:
+            raise ClusterError(f"{self.id}: {e}") from None
 
     def wait_job(
         self,

@@ -35,3 +35,7 @@ class StoreError(DispatchError):
 
 class EnvError(DispatchError, ValueError):
     """The job environment cannot give a valid execution (missing or bad input)."""
+
+
+class WaitTimeout(DispatchError, TimeoutError):
+    """A bounded wait for real state ran out; the message names what never happened."""

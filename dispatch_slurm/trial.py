@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from . import wait
 from .errors import DispatchError
 
 
@@ -80,14 +81,12 @@ def table(results: list[Result]) -> str:
 # ---- local trials: processes on this machine stand in for Slurm executions ----------
 
 def _wait_saves(log: str, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(log):
-            with open(log) as f:
-                if sum('"op": "write"' in line and "trainer_state" in line for line in f) >= n:
-                    return
-        time.sleep(0.02)
-    raise TimeoutError(f"{log}: fewer than {n} saves within {timeout}s")
+    def saved() -> bool:
+        if not os.path.exists(log):
+            return False
+        with open(log) as f:
+            return sum('"op": "write"' in line and "trainer_state" in line for line in f) >= n
+    wait.until(saved, timeout=timeout, what=f"{n} saves in {log}", every=0.02)
 
 
 def run_local(mode: str, base: str, interval: float = 0.2, overlap: float = 1.5,
@@ -224,15 +223,8 @@ class SlurmTarget:
         return None  # unknown from a login node: the trainers' logs decide
 
 
-def _poll(probe, timeout: float, what: str, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"trial: waited {timeout:.0f}s for {what}")
-        time.sleep(every)
+def _poll(probe, timeout: float, what: str):
+    return wait.until(probe, timeout=timeout, what=f"trial: {what}")
 
 
 def _lineage(recs: list[dict], job: int, restart: int | None = None) -> str | None:

@@ -5,7 +5,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 VECTORS = pathlib.Path(__file__).parent / "vectors"
 REPO = pathlib.Path(__file__).parent.parent
@@ -13,18 +12,6 @@ REPO = pathlib.Path(__file__).parent.parent
 
 def vectors(name: str):
     return json.loads((VECTORS / name).read_text())
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    """Poll `predicate` until it returns a truthy value; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def cli(*args, env=None, check=False, cwd=None):

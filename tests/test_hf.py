@@ -24,10 +24,10 @@ except ImportError:
         pytest.skip("transformers not installed and DISPATCH_SKIP_HF=1", allow_module_level=True)
     raise
 
-from dispatch_slurm import events, hf, store
+from dispatch_slurm import events, hf, store, wait
 from dispatch_slurm.epoch import compose
 from dispatch_slurm.errors import DispatchError
-from support import REPO, wait_for
+from support import REPO
 
 E_OLD, E_NEW = compose(0, 1, 0), compose(0, 2, 0)
 E_REQUEUE = compose(0, 2, 1)  # the replacement, requeued once
@@ -192,9 +192,9 @@ def test_pytorch_example_resumes_and_checkpoints_on_sigterm(root, tmp_path):
     proc = run("c.2.2000000", E_NEW, "--max-steps", "1000000", "--save-every", "100000",
                "--step-time", "0.002", wait=False)
     try:
-        wait_for(lambda: proc.poll() is not None or any(
+        wait.until(lambda: proc.poll() is not None or any(
             e["type"] == "execution_started" and e["epoch"] == E_NEW for e in events.read(str(root))),
-            120, "the second execution to start training")
+            timeout=120, what="the second execution to start training", every=0.05)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:

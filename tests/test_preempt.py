@@ -9,9 +9,8 @@ import textwrap
 
 import pytest
 
-from dispatch_slurm import events, preempt, store
+from dispatch_slurm import events, preempt, store, wait
 from dispatch_slurm.errors import DispatchError
-from support import wait_for
 
 E1 = 1_000_000
 SENTINEL = "dispatch-checkpoint-complete"
@@ -84,7 +83,7 @@ def start(tmp_path, root, env=None, **cfg):
         if proc.poll() is not None:
             raise AssertionError(f"child exited {proc.returncode} early: {proc.stderr.read()}")
         return (tmp_path / "ready").exists()
-    wait_for(ready, 30, "the child to install its handler")
+    wait.until(ready, timeout=30, what="the child to install its handler", every=0.05)
     return proc
 
 
