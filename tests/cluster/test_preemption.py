@@ -58,9 +58,10 @@ def preempt_and_requeue(c: Cluster, job: int, out, started: str):
     preemptor = c.preempt(job)
     c.wait_job(job, lambda j: j.restart_count == 1, timeout=120)
     c.cancel(preemptor, user="bob")
-    c.wait_until(lambda: "resumed from" in out.read_text(), timeout=120, what="the requeued execution")
-    c.cancel(job)
-    return out.read_text()
+    text = c.wait_until(lambda: t if "resumed from" in (t := out.read_text()) else None,
+                        timeout=120, what="the requeued execution")
+    c.cancel(job)  # its SIGTERM makes the handler save and print again: read before it
+    return text
 
 
 def test_preempted_job_checkpoints_in_grace_and_resumes(slurm_cluster: Cluster, workdir):
