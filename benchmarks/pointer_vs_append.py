@@ -153,7 +153,6 @@ def worker(role: str, design: str, root: str, k: int) -> None:
 
 
 def cluster_trial(c, design: str, base: str, rng) -> dict:
-    from dispatch_slurm.dockerslurm import Cluster  # noqa: F401  (a started Cluster is passed in)
     root = f"{base}/{design}-{rng.getrandbits(32):08x}"
     c.exec("c1", f"mkdir -m 700 {root}", user="alice")
     host_root = c.path(root)

@@ -27,7 +27,7 @@ import syslog
 import time
 
 from . import env as envmod
-from . import events, names, siteconf, store
+from . import events, siteconf, store
 from .errors import DispatchError
 
 RUN_DIR = "/run/dispatch-slurm"

@@ -196,7 +196,8 @@ _CHUNK = 4096
 
 def _separator(r: int) -> str:
     """Base32 that completes a path of length r (mod 8) and decodes to b"\0x..x\0"."""
-    whole, extra = {0: (0, 5), 2: (1, 4), 4: (2, 3), 5: (3, 7), 7: (4, 6)}[r]
+    whole = r * 5 // 8  # bytes the path fills in its last 5-byte quantum
+    extra = 5 - whole if whole < 3 else 10 - whole  # room for NUL, filler, NUL
     return b32encode(bytes(whole + 1) + b"x" * (extra - 2) + b"\0")[r:]
 
 

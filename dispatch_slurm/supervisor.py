@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 from . import epoch as epochmod
 from . import events, names, store
 from .errors import DispatchError
-from .slurm import JobInfo, Slurm, SlurmError
+from .slurm import Slurm, SlurmError
 
 RECORD, CLAIMS, REQUESTS = "record.jsonl", "supervisor", "requests"
 SCHEMA = 1

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dispatch_slurm import env, siteconf, store
+from dispatch_slurm import env, siteconf
 from dispatch_slurm.errors import EnvError, EpochError
 from support import cli, vectors
 

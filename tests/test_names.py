@@ -5,7 +5,7 @@ import os
 import string
 
 import pytest
-from hypothesis import assume, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dispatch_slurm import epoch, names

@@ -263,7 +263,7 @@ def test_syscall_order_from_a_real_trace(root, first):
 def test_fsync_eio_means_no_success(root, which):
     """The kernel returns EIO from the first or second fsync: publish raises."""
     a = save(root, "exec/a/checkpoint-1")
-    proc = _strace([f"-e", f"inject=fsync:error=EIO:when={which}"], root, a)
+    proc = _strace(["-e", f"inject=fsync:error=EIO:when={which}"], root, a)
     assert proc.returncode != 0
     assert "RETURNED" not in proc.stdout
     assert "Input/output error" in proc.stderr
