@@ -156,18 +156,16 @@ class JobInfo:
         """Base state and flags together, for ``'COMPLETING' in job.states``."""
         return self.flags | {self.state}
 
-    # -- appended for the supervisor (issue 7): read from ``raw``, same on 22.05 and 24.11 --
+    # -- read from ``raw``: the same fields on 22.05 and 24.11 --
 
     @property
     def start_time(self) -> Optional[int]:
         """Unix time the current execution started (None while it never started)."""
-        t = _number(self.raw.get("start_time"))
-        return t or None
+        return _time(self.raw, "start_time")
 
     @property
     def end_time(self) -> Optional[int]:
-        t = _number(self.raw.get("end_time"))
-        return t or None
+        return _time(self.raw, "end_time")
 
     @property
     def comment(self) -> str:
@@ -197,13 +195,10 @@ class NodeInfo:
         base = self.state & {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"}
         return next(iter(sorted(base)), "UNKNOWN")
 
-    # -- appended for the cessation signal (issue 7) --
-
     @property
     def boot_time(self) -> Optional[int]:
         """Unix time the node last booted, as its slurmd reported it."""
-        t = _number(self.raw.get("boot_time"))
-        return t or None
+        return _time(self.raw, "boot_time")
 
     @property
     def responding(self) -> bool:
@@ -212,6 +207,11 @@ class NodeInfo:
         bad = {"DOWN", "NOT_RESPONDING", "FUTURE", "UNKNOWN", "POWERED_DOWN", "POWERING_DOWN",
                "POWER_DOWN", "POWERING_UP", "REBOOT_ISSUED"}
         return not (self.state & bad) and bool(self.state)
+
+
+def _time(raw: dict[str, Any], key: str) -> Optional[int]:
+    """A Unix time field; Slurm's 0 means "not yet", like an unset one."""
+    return _number(raw.get(key)) or None
 
 
 def _number(v: Any) -> Optional[int]:
@@ -425,7 +425,7 @@ class Slurm:
         state.update(str(f).upper() for f in flags)
         return NodeInfo(name=str(n.get("name") or ""), state=frozenset(state), reason=str(n.get("reason") or ""), raw=n)
 
-    # -- appended for the supervisor (issue 7) ----------------------------------------------
+    # -- lookups and actions the supervisor needs --
 
     def find_job(self, job_id: int) -> Optional[JobInfo]:
         """The job, or None when slurmctld no longer (or never) knew it. Any other failure

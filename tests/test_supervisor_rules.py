@@ -216,13 +216,19 @@ def test_resubmit_until_the_budget_is_spent(root):
     assert sorted(p.name for p in (root / "sub").iterdir()) == ["000001", "000002", "000003"]
 
 
-def test_slurm_requeue_is_recorded_without_spending_budget(root):
+def _requeued_once(root):
+    """Job 100 (resubmit budget 1) started on c3, then requeued by Slurm (a node failure)."""
     fake = FakeSlurm()
     sup = new(root, fake, start_defn=defn(resubmit=1))
     drive(sup, lambda: sup.state.job)
     fake.start(100, ["c3"])
     drive(sup, lambda: sup.state.started)
     fake.requeue(100)  # node failure, JobRequeue=1
+    return fake, sup
+
+
+def test_slurm_requeue_is_recorded_without_spending_budget(root):
+    fake, sup = _requeued_once(root)
     drive(sup, lambda: 0 in sup.state.ended and not sup.state.pending_decision)
     fake.start(100, ["c1"], t=2100)
     drive(sup, lambda: sup.state.started["r"] == 1)
@@ -548,12 +554,7 @@ def test_a_down_or_merely_responding_node_is_no_evidence(root):
 
 
 def test_ceased_takes_g_n_and_nodes_from_the_record_and_cannot_tell_without_them(root):
-    fake = FakeSlurm()
-    sup = new(root, fake, start_defn=defn(resubmit=1))
-    drive(sup, lambda: sup.state.job)
-    fake.start(100, ["c3"])
-    drive(sup, lambda: sup.state.started)
-    fake.requeue(100)
+    fake, sup = _requeued_once(root)
     fake.start(100, ["c1"], t=2100)  # R=1 runs elsewhere; Slurm now shows R=1's nodes
     store.record_cessation(str(root), f"{CLUSTER}.100.1000000", "c3")
     a = cessation.check(Slurm(fake), 100, 0, root=str(root))
