@@ -25,9 +25,10 @@ venv: $(VENV)/.installed
 
 # The main job: build and start docker-slurm, overlap a job and its replacement in each
 # scenario, naive shared folder vs dispatch-slurm, and print what the overlap did.
+# The trials are the test bed's (tests/testbed/), run from this checkout: not in the wheel.
 demo: host venv
 	@mkdir -p demo-output
-	$(PY) -m dispatch_slurm trial --scenario cancel --scenario preempt --scenario partition \
+	PYTHONPATH=tests $(PY) -m testbed trial --scenario cancel --scenario preempt --scenario partition \
 	  --trials 1 --json demo-output/trials.json --plot demo-output/timeline.png
 	@echo "timeline: demo-output/timeline.png   results: demo-output/trials.json"
 

@@ -14,11 +14,13 @@ alternate the variants so drift hits all of them.
 """
 
 import argparse
+import os
 import re
 import statistics
 import sys
 
-from dispatch_slurm.dockerslurm import CONTROLLER, Cluster
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # the test bed
+from testbed.cluster import CONTROLLER, Cluster  # noqa: E402
 
 PLUGSTACK = "required /usr/local/lib/slurm/dispatch_env.so"
 VARIANTS = {  # name: (plugin loaded, TaskProlog configured, sbatch options / exported inputs)

@@ -15,7 +15,8 @@ import statistics
 import tempfile
 import time
 
-from dispatch_slurm import names, store
+from dispatch_slurm import store
+from dispatch_slurm.contract import names
 
 
 def populate(root: str, n: int) -> None:

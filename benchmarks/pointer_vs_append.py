@@ -27,9 +27,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # the test bed
 from dispatch_slurm import store  # noqa: E402  (inside a job: the package installed on the node)
 
 E1, E2 = 1_000_000, 2_000_000
+ATTEMPT = {"old": f"bench.1.{E1}", "new": f"bench.2.{E2}"}  # each lineage's exec folder (token: its epoch)
 
 
 # ---- the rejected design: a pointer file, updated by check-then-rename ---------------
@@ -60,7 +62,7 @@ def pointer_rename(root, path, step, lineage):
 # ---- both designs behind one interface -------------------------------------------------
 
 def save(root, lineage, step):
-    path = os.path.join(root, "exec", lineage, f"checkpoint-{step}")
+    path = os.path.join(root, "exec", ATTEMPT[lineage], f"checkpoint-{step}")
     os.makedirs(path)
     with open(os.path.join(path, "state.json"), "w") as f:
         json.dump({"lineage": lineage, "step": step}, f)
@@ -78,7 +80,7 @@ def make_visible(design, root, path, step, lineage, epoch, stall=None):
     else:
         if stall:
             stall()
-        store.publish(root, path, step, epoch)
+        store.publish(path, step, root=root, epoch=epoch, sync=False)
 
 
 def resume(design, root):
@@ -175,7 +177,7 @@ def cluster_trial(c, design: str, base: str, rng) -> dict:
 
 def run_cluster(trials: int, seed: int = 1, suite: str = "trixie") -> dict:
     import shutil
-    from dispatch_slurm.dockerslurm import Cluster
+    from testbed.cluster import Cluster
     rng = random.Random(seed)
     out = {}
     with Cluster(suite, "fast", log=lambda m: print(m, file=sys.stderr)) as c:

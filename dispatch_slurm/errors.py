@@ -25,17 +25,9 @@ class BadPath(DispatchError, ValueError):
     """A path refused by the contract (absolute, '..', outside the root...)."""
 
 
-class AlreadyPublished(DispatchError, FileExistsError):
-    """The exact publication already exists; publications are never rewritten."""
-
-
 class StoreError(DispatchError):
     """The checkpoint root is unusable (missing, not a directory, I/O error)."""
 
 
 class EnvError(DispatchError, ValueError):
     """The job environment cannot give a valid execution (missing or bad input)."""
-
-
-class WaitTimeout(DispatchError, TimeoutError):
-    """A bounded wait for real state ran out; the message names what never happened."""

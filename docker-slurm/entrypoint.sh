@@ -10,7 +10,7 @@
 #   DOCKER_SLURM_NODE_CPUS     CPUs each node declares                       default: 2
 #   DOCKER_SLURM_CLUSTER_NAME  ClusterName                                   default: docker
 #   DOCKER_SLURM_KEY_DIR       a directory shared by the cluster's containers default: /run/munge-key
-# The munge key is never in the image: the driver (dispatch_slurm.dockerslurm) writes
+# The munge key is never in the image: the driver (tests/testbed/cluster.py) writes
 # $DOCKER_SLURM_KEY_DIR/munge.key before the cluster starts; without one (compose), the controller
 # makes it there and the nodes wait for it.
 set -euo pipefail

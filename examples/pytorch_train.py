@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from dispatch_slurm import events, install_preemption_handler, preemption_point, store
-from dispatch_slurm.preempt import is_publishing_rank
-from dispatch_slurm.watch import publish_save
+from dispatch_slurm import install_preemption_handler, preemption_point, store
+from dispatch_slurm.runtime.preempt import is_publishing_rank
+from dispatch_slurm.store import events
 
 
 def need(key: str) -> str:
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
             time.sleep(a.step_time)
         if step % a.save_every == 0 or step == a.max_steps:
             if rank0:
-                publish_save(save(step), step, by="example")
+                store.publish(save(step), step, by="example")
             print(f"step {step} loss {loss.item():.4f} saved", flush=True)
         preemption_point()  # a pending signal: save this whole step, publish, exit 0
     events.emit("execution_ended", exit=0)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dispatch_slurm import env, siteconf
+from dispatch_slurm.contract import env, siteconf
 from dispatch_slurm.errors import EnvError, EpochError
 from support import cli, vectors
 
@@ -88,19 +88,22 @@ def test_cli_array_task_root(root):
 
 
 def test_cli_publish_latest_ls(root):
-    e = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": "1000000"}
+    a = "c.1.1000000"  # this execution's attempt
+    e = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": "1000000", "DISPATCH_ATTEMPT": a}
     assert cli("latest", env=e).returncode == 1
     for step in (10, 20):
-        (root / "exec/a" / f"checkpoint-{step}").mkdir(parents=True)
-        cli("publish", root / "exec/a" / f"checkpoint-{step}", env=e, check=True)
-    late = root / "exec/old/checkpoint-999"
+        (root / "exec" / a / f"checkpoint-{step}").mkdir(parents=True)
+        cli("publish", root / "exec" / a / f"checkpoint-{step}", env=e, check=True)
+    late = root / "exec" / a / "final"
     late.mkdir(parents=True)
     refused = cli("publish", late, "--epoch", "999999", env=e)  # N=0
     assert refused.returncode == 2 and "submission N=0" in refused.stderr
+    nostep = cli("publish", late, env=e)
+    assert nostep.returncode == 2 and "cannot tell the step" in nostep.stderr and "--step" in nostep.stderr
     proc = cli("publish", late, "--epoch", "1000000", "--step", "999", "--json", env=e, check=True)
-    assert json.loads(proc.stdout)["step"] == 999
-    again = cli("publish", late, "--step", "999", env=e)
-    assert again.returncode == 2 and "already published" in again.stderr
+    assert json.loads(proc.stdout)["step"] == 999 and json.loads(proc.stdout)["existed"] is False
+    again = cli("publish", late, "--step", "999", env=e, check=True)
+    assert again.stdout.startswith("already published (durability confirmed): step 999")
     assert cli("latest", "--path", env=e, check=True).stdout.strip() == str(late)
     assert json.loads(cli("latest", "--json", str(root), check=True).stdout)["step"] == 999
     table = cli("ls", str(root), check=True).stdout.splitlines()
@@ -146,7 +149,7 @@ def test_submit_allocates_and_passes_inputs(root, tmp_path):
     second = cli("submit", root, "--generation", "1", "--", "job.sh", env=e, check=True)
     assert "submission 2 (epoch 1000002000000)" in second.stdout
     bad = cli("submit", root, "--generation", "-1", "--", "job.sh", env=e)
-    assert bad.returncode == 2 and "DISPATCH_GENERATION" in bad.stderr
+    assert bad.returncode == 2 and "--generation" in bad.stderr and len(bad.stderr.splitlines()) == 1
     unknown = cli("submit", root, "--nodes=2", "job.sh", env=e)  # sbatch options need `--`
     assert unknown.returncode == 2 and "--nodes" in unknown.stderr
     assert sorted(os.listdir(root / "sub")) == ["000001", "000002"]  # refused: no N spent

@@ -24,8 +24,11 @@ except ImportError:
         pytest.skip("transformers not installed and DISPATCH_SKIP_HF=1", allow_module_level=True)
     raise
 
-from dispatch_slurm import events, hf, store, wait
-from dispatch_slurm.epoch import compose
+from dispatch_slurm import store
+from dispatch_slurm.contract.epoch import compose
+from dispatch_slurm.integrations import hf
+from dispatch_slurm.store import events
+from testbed import wait
 from dispatch_slurm.errors import DispatchError
 from support import REPO
 
@@ -160,7 +163,7 @@ def test_output_dir_outside_the_exec_folder_is_refused(root, monkeypatch):
 def test_a_vanished_latest_save_is_an_error(root, monkeypatch):
     exec_dir = execution(monkeypatch, root, "c.11.1000000", E_OLD)
     os.makedirs(os.path.join(exec_dir, "checkpoint-4"))
-    store.publish(str(root), os.path.join(exec_dir, "checkpoint-4"), 4, E_OLD)
+    store.publish(os.path.join(exec_dir, "checkpoint-4"), 4, root=str(root), epoch=E_OLD)
     os.rmdir(os.path.join(exec_dir, "checkpoint-4"))
     with pytest.raises(DispatchError, match="no longer exists"):
         hf.resume_from_checkpoint()

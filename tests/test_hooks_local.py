@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from dispatch_slurm import hooks
+from dispatch_slurm.slurm import hooks
 
 OPT = hooks.SPANK_OPT
 

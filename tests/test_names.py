@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dispatch_slurm import epoch, names
+from dispatch_slurm.contract import epoch, names
 from dispatch_slurm.errors import BadName, BadPath, EnvError, EpochError
 
 from support import vectors

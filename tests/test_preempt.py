@@ -9,7 +9,10 @@ import textwrap
 
 import pytest
 
-from dispatch_slurm import events, preempt, store, wait
+from dispatch_slurm import store
+from dispatch_slurm.runtime import preempt
+from dispatch_slurm.store import events
+from testbed import wait
 from dispatch_slurm.errors import DispatchError
 
 E1 = 1_000_000
@@ -68,14 +71,14 @@ CHILD = textwrap.dedent("""
 
 
 def start(tmp_path, root, env=None, **cfg):
-    exec_dir = root / "exec" / "att1"
+    exec_dir = root / "exec" / "c.1.1000000"
     exec_dir.mkdir(parents=True, exist_ok=True)
     cfg = {"out": str(tmp_path), "exec": str(exec_dir), "signals": ["SIGTERM"], **cfg}
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "RANK", "SLURM_"))}
     e = {**base, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": str(E1),
-         "DISPATCH_ATTEMPT": "att1", "SLURM_JOB_ID": "42", **(env or {})}
+         "DISPATCH_ATTEMPT": "c.1.1000000", "SLURM_JOB_ID": "42", **(env or {})}
     proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -107,13 +110,13 @@ def test_sigterm_saves_publishes_prints_sentinel_and_exits_0(tmp_path, root):
     rc, out, err = finish(proc)
     assert rc == 0, err
     assert out.splitlines()[-1] == SENTINEL and out.count(SENTINEL) == 1
-    save = root / "exec" / "att1" / "checkpoint-7"
+    save = root / "exec" / "c.1.1000000" / "checkpoint-7"
     assert (save / "state.bin").read_bytes() == b"weights"
     pub = store.latest(root)
-    assert (pub.epoch, pub.step, pub.path) == (E1, 7, "exec/att1/checkpoint-7")
+    assert (pub.epoch, pub.step, pub.path) == (E1, 7, "exec/c.1.1000000/checkpoint-7")
     evs = events.read(root)
     assert [e["type"] for e in evs] == ["preempt_signal", "published", "checkpoint_complete"]
-    assert all(e["v"] == 1 and e["job"] == "42" and e["attempt"] == "att1" and e["epoch"] == E1
+    assert all(e["v"] == 1 and e["job"] == "42" and e["attempt"] == "c.1.1000000" and e["epoch"] == E1
                and e["pid"] == proc.pid for e in evs)
     assert evs[0]["signal"] == "SIGTERM" and evs[0]["grace"] == 60
     assert evs[1]["step"] == 7 and evs[1]["by"] == "preempt"
@@ -180,7 +183,7 @@ def test_only_the_publishing_rank_publishes(tmp_path, root, rank_env, published)
     proc.send_signal(signal.SIGTERM)
     rc, out, err = finish(proc)
     assert rc == 0 and SENTINEL in out, err
-    assert (root / "exec" / "att1" / "checkpoint-7").is_dir()  # every rank's save ran
+    assert (root / "exec" / "c.1.1000000" / "checkpoint-7").is_dir()  # every rank's save ran
     assert (store.latest(root) is not None) == published
 
 
@@ -224,7 +227,7 @@ def test_events_one_file_per_process_merged_by_time(root, monkeypatch):
     monkeypatch.setenv("DISPATCH_ATTEMPT", "c.1.1000000")
     monkeypatch.setenv("DISPATCH_EPOCH", str(E1))
     events.emit("execution_started", argv=["a"])
-    code = "from dispatch_slurm import events; events.emit('hold', reason='shared checkpoint')"
+    code = "from dispatch_slurm.store import events; events.emit('hold', reason='shared checkpoint')"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    env={**os.environ, "DISPATCH_ATTEMPT": "c.1.1000001"})
     events.emit("execution_ended", exit=0)
@@ -252,7 +255,7 @@ def test_linger_stays_until_the_scheduler_kills(tmp_path, root):
     proc.send_signal(signal.SIGTERM)
     lines = iter(proc.stdout.readline, "")
     assert any(line.strip() == SENTINEL for line in lines)
-    assert store.latest(root).path == "exec/att1/checkpoint-7"
+    assert store.latest(root).path == "exec/c.1.1000000/checkpoint-7"
     proc.send_signal(signal.SIGTERM)  # what Slurm sends again when the grace ends
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=2)  # an exiting handler would be gone well within this

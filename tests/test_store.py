@@ -13,10 +13,19 @@ import time
 
 import pytest
 
-from dispatch_slurm import names, store
-from dispatch_slurm.errors import AlreadyPublished, BadName, BadPath, StoreError
+from dispatch_slurm import store
+from dispatch_slurm.contract import names
+from dispatch_slurm.errors import BadName, BadPath, StoreError
+from dispatch_slurm.store import events
 
 E1, E2 = 1_000_000, 2_000_000  # N=1 and N=2, G=R=0
+A1, A2 = f"c.1.{E1}", f"c.2.{E2}"  # the attempts (exec folders) of two executions
+
+
+@pytest.fixture(autouse=True)
+def _outside_a_job(monkeypatch):
+    for key in ("DISPATCH_ATTEMPT", "DISPATCH_EPOCH", "DISPATCH_CHECKPOINT"):
+        monkeypatch.delenv(key, raising=False)
 
 
 def save(root, rel):
@@ -25,14 +34,18 @@ def save(root, rel):
     return p
 
 
+def publish(root, path, step, epoch, **kw):
+    return store.publish(path, step, root=root, epoch=epoch, **kw).publication
+
+
 def test_publish_then_latest(root):
-    a = save(root, "exec/a/checkpoint-10")
-    b = save(root, "exec/a/checkpoint-20")
+    a = save(root, f"exec/{A1}/checkpoint-10")
+    b = save(root, f"exec/{A1}/checkpoint-20")
     assert store.latest(root) is None
-    store.publish(root, a, 10, E1)
-    pb = store.publish(root, b, 20, E1)
+    publish(root, a, 10, E1)
+    pb = publish(root, b, 20, E1)
     assert store.latest(root) == pb
-    assert pb.path == "exec/a/checkpoint-20"
+    assert pb.path == f"exec/{A1}/checkpoint-20"
     assert [p.step for p in store.publications(root)] == [10, 20]
     entry = root / "pub" / pb.name
     assert entry.stat().st_size == 0 and not entry.stat().st_mode & 0o222
@@ -40,44 +53,70 @@ def test_publish_then_latest(root):
 
 def test_higher_epoch_outranks_any_step(root):
     """An old run's late save (lower epoch, higher step) never outranks the replacement."""
-    old = save(root, "exec/old/checkpoint-9000")
-    new = save(root, "exec/new/checkpoint-5")
-    store.publish(root, new, 5, E2)
-    store.publish(root, old, 9000, E1)  # published after, as a stalled old run would
-    assert store.latest(root).path == "exec/new/checkpoint-5"
+    old = save(root, f"exec/{A1}/checkpoint-9000")
+    new = save(root, f"exec/{A2}/checkpoint-5")
+    publish(root, new, 5, E2)
+    publish(root, old, 9000, E1)  # published after, as a stalled old run would
+    assert store.latest(root).path == f"exec/{A2}/checkpoint-5"
 
 
-def test_publish_twice_is_refused(root):
-    a = save(root, "exec/a/checkpoint-1")
-    store.publish(root, a, 1, E1)
-    with pytest.raises(AlreadyPublished, match="already published"):
-        store.publish(root, a, 1, E1)
+def test_publish_again_confirms_durability_and_changes_nothing(root):
+    a = save(root, f"exec/{A1}/checkpoint-1")
+    first = store.publish(a, root=root, epoch=E1)
+    again = store.publish(a, root=root, epoch=E1)
+    assert (first.existed, again.existed) == (False, True)
+    assert first.publication == again.publication
     assert len(os.listdir(root / "pub")) == 1
+    assert [e["existed"] for e in events.read(root) if e["type"] == "published"] == [False, True]
+
+
+def test_only_a_save_of_the_publishing_execution_is_published(root, monkeypatch):
+    """Issue 12, #4: an old execution's save at the replacement's epoch, and protocol
+    entries, are refused whoever calls; --adopt says so explicitly and is recorded."""
+    old = save(root, f"exec/{A1}/checkpoint-900")
+    save(root, f"exec/{A2}/checkpoint-5")
+    with pytest.raises(BadPath, match=f"written by execution {A1} \\(epoch {E1}\\), not at epoch {E2}.*--adopt"):
+        publish(root, old, 900, E2)
+    monkeypatch.setenv("DISPATCH_ATTEMPT", f"other.9.{E1}")  # same epoch, another execution's folder
+    with pytest.raises(BadPath, match=f"not by this one \\(other.9.{E1}\\)"):
+        publish(root, old, 900, E1)
+    monkeypatch.delenv("DISPATCH_ATTEMPT")
+    (root / "sub").mkdir()
+    (root / "sub" / "x").mkdir()
+    for protocol_entry in (root / "sub" / "x", root / "sub"):
+        for adopt in (False, True):
+            with pytest.raises(BadPath, match="part of the protocol, not a save"):
+                publish(root, protocol_entry, 1, E2, adopt=adopt)
+    assert store.latest(root) is None
+    res = store.publish(old, 900, root=root, epoch=E2, adopt=True)
+    assert res.adopted and store.latest(root) == res.publication
+    ev = [e for e in events.read(root) if e["type"] == "published"]
+    assert ev[-1]["adopted"] is True and ev[-1]["adopted_from"] == A1
 
 
 def test_publish_refuses_missing_or_outside_saves(root, tmp_path):
     with pytest.raises(BadPath, match="does not exist"):
-        store.publish(root, root / "exec/nope", 1, E1)
+        publish(root, root / f"exec/{A1}/nope", 1, E1)
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     with pytest.raises(BadPath, match="not inside"):
-        store.publish(root, outside, 1, E1)
-    (root / "exec").mkdir()
-    (root / "exec" / "link").symlink_to(outside)  # inside by name, outside by target
+        publish(root, outside, 1, E1)
+    (root / "exec" / A1).mkdir(parents=True)
+    (root / "exec" / A1 / "link").symlink_to(outside)  # inside by name, outside by target
     with pytest.raises(BadPath, match="symlink"):
-        store.publish(root, root / "exec" / "link", 1, E1)
+        publish(root, root / "exec" / A1 / "link", 1, E1)
     (outside / "ck").mkdir()
     with pytest.raises(BadPath, match="symlink"):  # a symlinked folder on the way
-        store.publish(root, root / "exec" / "link" / "ck", 1, E1)
+        publish(root, root / "exec" / A1 / "link" / "ck", 1, E1)
     with pytest.raises(BadPath, match="not inside"):
-        store.publish(root, root, 1, E1)
+        publish(root, root, 1, E1)
     assert not (root / "pub").exists()
 
 
 def test_name_over_the_limit_refused_before_anything_is_created(root):
-    deep = save(root, "exec/" + "x" * 150)
+    deep = save(root, f"exec/{A1}/" + "x" * 150)
     with pytest.raises(BadPath, match="limit of 255"):
-        store.publish(root, deep, 1, E1)
+        publish(root, deep, 1, E1)
     assert not (root / "pub").exists()
 
 
@@ -90,8 +129,8 @@ def test_missing_root_is_an_error_not_created(tmp_path):
 
 
 def test_bad_entry_is_an_error_naming_it_never_skipped(root):
-    a = save(root, "exec/a/checkpoint-1")
-    store.publish(root, a, 1, E1)
+    a = save(root, f"exec/{A1}/checkpoint-1")
+    publish(root, a, 1, E1)
     (root / "pub" / "latest").touch()
     for fn in (store.latest, store.publications):
         with pytest.raises(BadName, match="'latest'"):
@@ -107,9 +146,9 @@ def test_symlinked_pub_is_refused(root, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (root / "pub").symlink_to(elsewhere)
-    a = save(root, "exec/a/checkpoint-1")
+    a = save(root, f"exec/{A1}/checkpoint-1")
     with pytest.raises(StoreError, match="symlink"):
-        store.publish(root, a, 1, E1)
+        publish(root, a, 1, E1)
     with pytest.raises(StoreError, match="symlink"):
         store.latest(root)
     assert os.listdir(elsewhere) == []
@@ -139,16 +178,13 @@ def test_exec_dir(root, tmp_path):
 
 def _race(root, barrier, results):
     barrier.wait()
-    try:
-        store.publish(root, os.path.join(root, "exec/a/checkpoint-1"), 1, E1)
-        results.put("ok")
-    except AlreadyPublished:
-        results.put("exists")
+    res = store.publish(os.path.join(root, f"exec/{A1}/checkpoint-1"), 1, root=root, epoch=E1, sync=False)
+    results.put("exists" if res.existed else "ok")
 
 
 @pytest.mark.parametrize("rep", range(5))
 def test_race_exactly_one_wins(root, rep):
-    save(root, "exec/a/checkpoint-1")
+    save(root, f"exec/{A1}/checkpoint-1")
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(16), ctx.Queue()
     procs = [ctx.Process(target=_race, args=(str(root), barrier, results)) for _ in range(16)]
@@ -174,11 +210,11 @@ CHILD = textwrap.dedent("""
     import os, sys
     from dispatch_slurm import store
     root, start = sys.argv[1], int(sys.argv[2])
-    os.makedirs(os.path.join(root, "exec/a"), exist_ok=True)
+    os.makedirs(os.path.join(root, "exec/c.1.1000000"), exist_ok=True)
     for step in range(start, start + 10**6):
-        path = os.path.join(root, "exec/a", f"checkpoint-{step}")
+        path = os.path.join(root, "exec/c.1.1000000", f"checkpoint-{step}")
         os.mkdir(path)
-        store.publish(root, path, step, 1_000_000)
+        store.publish(path, step, root=root, epoch=1_000_000)
         os.write(1, b"%d\\n" % step)   # reported only once publish returned
 """)
 
@@ -203,7 +239,7 @@ def test_sigkill_at_random_moments(root):
         reported.update(int(x) for x in out.split())
         start = max([start - 1, *reported]) + 1
         # a killed mkdir may have left checkpoint-<start>; skip past any leftover
-        while (root / "exec/a" / f"checkpoint-{start}").exists():
+        while (root / "exec" / A1 / f"checkpoint-{start}").exists():
             start += 1
         assert child.returncode == -signal.SIGKILL
     pubs = store.publications(root)  # raises if any entry does not parse
@@ -218,13 +254,14 @@ STRACE = shutil.which("strace")
 needs_strace = pytest.mark.skipif(STRACE is None and not os.environ.get("CI"), reason="strace missing")
 
 PUBLISH = ("import sys; from dispatch_slurm import store; "
-           "p = store.publish(sys.argv[1], sys.argv[2], 1, 1_000_000); print('RETURNED', p.name)")
+           "r = store.publish(sys.argv[2], 1, root=sys.argv[1], epoch=1_000_000, sync=sys.argv[3] == 'sync'); "
+           "print('RETURNED', 'existed' if r.existed else 'created', r.publication.name)")
 
 
-def _strace(args, root, save_path):
+def _strace(args, root, save_path, sync=True):
     env = {**os.environ, "PYTHONPATH": str(os.path.dirname(os.path.dirname(__file__)))}
     return subprocess.run([STRACE, "-f", "-qq", "-e", "trace=openat,fsync,close", *args, "-o", "/dev/stderr",
-                           sys.executable, "-c", PUBLISH, str(root), str(save_path)],
+                           sys.executable, "-c", PUBLISH, str(root), str(save_path), "sync" if sync else "-"],
                           env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -235,38 +272,67 @@ def _events(trace: list[str]):
         if m := re.search(r'openat\((\w+), "([^"]+)", ([^,)]+).*\)\s+= (\d+)$', line):
             fds[m[4]] = m[2]
             events.append(("open", m[2], m[3]))
-        elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
-            events.append(("fsync", fds[m[1]], ""))
+        elif m := re.search(r"fsync\((\d+)\)\s+= (0|-1 EIO.*)$", line):
+            events.append(("fsync", fds[m[1]], "" if m[2] == "0" else "EIO"))
     return events
+
+
+def _entry_index(events) -> int:
+    return next(i for i, (_, path, _) in enumerate(events) if re.fullmatch(r"\d{20}-\d{20}-[A-Z2-7]+", path))
 
 
 @needs_strace
 @pytest.mark.parametrize("first", [True, False], ids=["creates-pub", "pub-exists"])
 def test_syscall_order_from_a_real_trace(root, first):
-    a = save(root, "exec/a/checkpoint-1")
+    """The save's files are fsynced, then O_CREAT|O_EXCL|O_NOFOLLOW the entry, fsync(pub), fsync(root)."""
+    a = save(root, f"exec/{A1}/checkpoint-1")
+    (a / "model.bin").write_bytes(b"w" * 100)
     if not first:
-        store.publish(root, save(root, "exec/a/checkpoint-0"), 0, E1)
+        publish(root, save(root, f"exec/{A1}/checkpoint-0"), 0, E1)
     proc = _strace([], root, a)
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = _events(proc.stderr.splitlines())
-    i = next(i for i, (_, path, _) in enumerate(events) if re.fullmatch(r"\d{20}-\d{20}-[A-Z2-7]+", path))
+    i = _entry_index(events)
     flags = events[i][2]
     assert all(f in flags for f in ("O_CREAT", "O_EXCL", "O_NOFOLLOW")), flags
-    assert events[i + 1:] == [("fsync", "pub", ""), ("fsync", str(root), "")]
+    assert [e for e in events[i + 1:] if e[0] == "fsync"][:2] == [("fsync", "pub", ""), ("fsync", str(root), "")]
+    synced = [path for kind, path, _ in events[:i] if kind == "fsync"]
+    assert synced.index("model.bin") < synced.index("checkpoint-1") < synced.index(A1)  # files, save, its folder
     if first:  # creating pub/ was made durable (root fsynced) before the entry was created
-        assert ("fsync", str(root), "") in events[:i]
-    assert proc.stdout.startswith("RETURNED")
+        assert str(root) in synced
+    assert proc.stdout.startswith("RETURNED created")
 
 
 @needs_strace
 @pytest.mark.parametrize("which", [1, 2])
-def test_fsync_eio_means_no_success(root, which):
-    """The kernel returns EIO from the first or second fsync: publish raises."""
-    a = save(root, "exec/a/checkpoint-1")
-    proc = _strace(["-e", f"inject=fsync:error=EIO:when={which}"], root, a)
+def test_fsync_eio_means_no_success_and_a_retry_completes_durability(root, which):
+    """Issue 12, #5: the kernel returns EIO from fsync(pub) or fsync(root): publish
+    raises. The entry may already be listed (it is in the page cache), so a retry must
+    not merely say "already published": it fsyncs pub/ and the root again, and only then
+    returns (existed)."""
+    a = save(root, f"exec/{A1}/checkpoint-1")
+    (root / "pub").mkdir()  # so that fsync #1 is pub's and #2 the root's, after the entry
+    proc = _strace(["-e", f"inject=fsync:error=EIO:when={which}"], root, a, sync=False)
     assert proc.returncode != 0
     assert "RETURNED" not in proc.stdout
     assert "Input/output error" in proc.stderr
+    failed = [e for e in _events(proc.stderr.splitlines()) if e[0] == "fsync"]
+    assert failed[which - 1] == ("fsync", ["pub", str(root)][which - 1], "EIO")
+    retry = _strace([], root, a, sync=False)
+    assert retry.returncode == 0, retry.stderr[-2000:]
+    assert retry.stdout.startswith("RETURNED existed")
+    assert [e for e in _events(retry.stderr.splitlines()) if e[0] == "fsync"][:2] == \
+        [("fsync", "pub", ""), ("fsync", str(root), "")]
+    assert len(store.publications(root)) == 1
+
+
+@needs_strace
+def test_eio_on_the_save_means_nothing_is_published(root):
+    a = save(root, f"exec/{A1}/checkpoint-1")
+    (a / "model.bin").write_bytes(b"w")
+    proc = _strace(["-e", "inject=fsync:error=EIO:when=1"], root, a)
+    assert proc.returncode != 0 and "Input/output error" in proc.stderr
+    assert not (root / "pub").exists() and store.latest(root) is None
 
 
 @pytest.fixture
@@ -285,7 +351,7 @@ def full_fs(tmp_path):
 def test_enospc_means_no_success(full_fs):
     root = full_fs
     (root / "pub").mkdir()
-    s = save(root, "exec/a")
+    s = save(root, f"exec/{A1}/checkpoint-1")
     # fill the remaining inodes
     i = 0
     while True:
@@ -295,7 +361,7 @@ def test_enospc_means_no_success(full_fs):
         except OSError:
             break
     with pytest.raises(OSError) as e:
-        store.publish(root, s, 1, E1)
+        publish(root, s, 1, E1)
     assert e.value.errno == 28  # ENOSPC
     assert os.listdir(root / "pub") == []
     assert store.latest(root) is None

@@ -13,10 +13,12 @@ import sys
 import pytest
 from support import cli
 
-from dispatch_slurm import cessation, store
 from dispatch_slurm import supervisor as sv
+from dispatch_slurm.slurm import cessation
+from dispatch_slurm.store import ceased
+from dispatch_slurm.supervisor.record import execution
 from dispatch_slurm.errors import DispatchError
-from dispatch_slurm.slurm import CommandResult, Slurm
+from dispatch_slurm.slurm.client import CommandResult, Slurm
 
 CLUSTER = "testc"
 
@@ -154,21 +156,23 @@ def test_record_appends_fsynced_lines_and_cuts_a_torn_tail(root):
     rec.open_for_append()
     rec.append({"type": "note", "text": "a"})
     rec.append({"type": "note", "text": "b"})
-    rec.close()
     with open(root / "record.jsonl", "ab") as f:
         f.write(b'{"type":"note","te')  # a crash in the middle of a write
     assert [f["text"] for f in sv.Record(str(root)).read()] == ["a", "b"], "readers ignore a torn tail"
     rec = sv.Record(str(root))
     got = rec.open_for_append()
-    rec.close()
     assert [f["type"] for f in got] == ["note", "note", "torn_tail_dropped"]
     assert got[-1]["bytes"] == '{"type":"note","te' and got[-1]["seq"] == 3
     assert (root / "record.jsonl").read_bytes().endswith(b"}\n")
 
 
 def test_record_line_that_does_not_parse_is_an_error_naming_it(root):
-    (root / "record.jsonl").write_text('{"type":"note"}\nnot json\n{"type":"note"}\n')
+    note = '{"type":"note","t":1,"text":"x"}'
+    (root / "record.jsonl").write_text(f'{note}\nnot json\n{note}\n')
     with pytest.raises(DispatchError, match=r"record.jsonl:2: not a record fact"):
+        sv.Record(str(root)).read()
+    (root / "record.jsonl").write_text(f'{note}\n{{"type":"ended","t":1,"job":"7","r":0,"state":"FAILED"}}\n')
+    with pytest.raises(DispatchError, match=r"record.jsonl:2: ended fact field 'job' is str '7'"):
         sv.Record(str(root)).read()
 
 
@@ -275,7 +279,6 @@ def test_crash_after_sbatch_before_the_job_id_is_recorded(root):
     crash_at(sup, "submitted")
     with pytest.raises(Crash):
         drive(sup, lambda: False)
-    sup.record.close()
     assert types(root)[-1] == "intent" and len(fake.sbatch) == 1
     again = new(root, fake)  # restart: resumes from the record
     drive(again, lambda: again.state.job)
@@ -299,7 +302,6 @@ def test_crash_before_sbatch_allocates_a_fresh_n(root):
     sup.slurm.runner = die_on_sbatch
     with pytest.raises(Crash):
         drive(sup, lambda: False)
-    sup.record.close()
     again = new(root, fake)
     drive(again, lambda: again.state.job)
     assert [(f["type"], f.get("n")) for f in sv.Record(str(root)).read()
@@ -314,7 +316,7 @@ def test_resume_follows_the_recorded_job_and_refuses_other_arguments(root):
     drive(sup, lambda: sup.state.job)
     fake.start(100)
     drive(sup, lambda: sup.state.started)
-    sup.record.close()  # killed: no exit marker
+    # killed: no exit marker
     with pytest.raises(DispatchError, match="resubmit"):
         sv.check_resume({"resubmit": 5}, [], sv.State.replay(sv.Record(str(root)).read()).defn)
     with pytest.raises(DispatchError, match="omit the sbatch arguments"):
@@ -346,8 +348,7 @@ def test_slurm_unreachable_is_waited_out_not_taken_for_an_end(root):
 
 def test_a_second_live_supervisor_is_refused_and_a_dead_one_is_taken_over(root):
     fake = FakeSlurm()
-    sup = new(root, fake, start_defn=defn())
-    sup.record.close()
+    new(root, fake, start_defn=defn())
     # make the claim belong to a live process that looks like a supervisor
     p = subprocess.Popen(["bash", "-c", "exec -a dispatch-slurm-fake sleep 60"])
     try:
@@ -485,7 +486,7 @@ def test_supersede_cancels_generation_g_and_supervises_g_plus_1(root):
     fake.start(100)
     drive(sup, lambda: sup.state.started)
     sup.close()
-    sv.make_request(str(root), "supersede.1", {})
+    sv.requests.make(str(root), "supersede.1", {})
     new_sup = sv.Supervisor(str(root), Slurm(fake), clock=Clock(), say=lambda m: None)
     new_sup.open("supersede", takeover=True)
     new_sup.start(None)
@@ -521,8 +522,8 @@ def test_ceased_needs_an_ended_job_and_evidence_from_every_node(root):
     a = cessation.check(Slurm(fake), 100, 0, **kw)
     assert a["answer"] == "not_ceased" and "still RUNNING" in a["why"]
     fake.jobs[100]["job_state"] = ["NODE_FAIL", "COMPLETING"]
-    store.record_cessation(str(root), attempt, "c1")
-    store.record_cessation(str(root), attempt, "c2")
+    ceased.record(str(root), attempt, "c1")
+    ceased.record(str(root), attempt, "c2")
     a = cessation.check(Slurm(fake), 100, 0, **kw)
     assert a["answer"] == "not_ceased" and "completing" in a["why"], "COMPLETING is not ended"
     fake.jobs[100]["job_state"] = ["NODE_FAIL"]
@@ -534,7 +535,7 @@ def test_ceased_needs_an_ended_job_and_evidence_from_every_node(root):
 def test_a_down_or_merely_responding_node_is_no_evidence(root):
     fake = FakeSlurm()
     kw = ended_job(fake, root)
-    store.record_cessation(str(root), f"{CLUSTER}.100.1000000", "c1")
+    ceased.record(str(root), f"{CLUSTER}.100.1000000", "c1")
     fake.node_state["c2"] = {"state": ["DOWN", "NOT_RESPONDING"], "boot_time": 1000}
     a = cessation.check(Slurm(fake), 100, 0, **kw)
     assert a["answer"] == "not_ceased" and a["nodes"]["c1"]["ceased"]
@@ -556,13 +557,13 @@ def test_a_down_or_merely_responding_node_is_no_evidence(root):
 def test_ceased_takes_g_n_and_nodes_from_the_record_and_cannot_tell_without_them(root):
     fake, sup = _requeued_once(root)
     fake.start(100, ["c1"], t=2100)  # R=1 runs elsewhere; Slurm now shows R=1's nodes
-    store.record_cessation(str(root), f"{CLUSTER}.100.1000000", "c3")
-    a = cessation.check(Slurm(fake), 100, 0, root=str(root))
+    ceased.record(str(root), f"{CLUSTER}.100.1000000", "c3")
+    a = cessation.check(Slurm(fake), 100, 0, root=str(root), known=execution(str(root), 100, 0))
     assert a["answer"] == "ceased" and list(a["nodes"]) == ["c3"]
     b = cessation.check(Slurm(fake), 100, 0)  # no record: R=0's nodes are unknown
     assert b["answer"] == "unknown" and "--nodes" in b["why"] and cessation.exit_code(b) == 2
     fake.down = True
-    assert cessation.check(Slurm(fake), 100, 0, root=str(root))["answer"] == "unknown"
+    assert cessation.check(Slurm(fake), 100, 0, root=str(root), known=execution(str(root), 100, 0))["answer"] == "unknown"
 
 
 def test_a_purged_job_is_ended_and_the_record_names_its_nodes(root):
@@ -572,10 +573,10 @@ def test_a_purged_job_is_ended_and_the_record_names_its_nodes(root):
     fake.start(100, ["c2"])
     drive(sup, lambda: sup.state.started)
     fake.jobs.pop(100)
-    a = cessation.check(Slurm(fake), 100, 0, root=str(root))
+    a = cessation.check(Slurm(fake), 100, 0, root=str(root), known=execution(str(root), 100, 0))
     assert a["answer"] == "not_ceased" and a["slurm"]["ended"] is True
-    store.record_cessation(str(root), f"{CLUSTER}.100.1000000", "c2")
-    assert cessation.check(Slurm(fake), 100, 0, root=str(root))["answer"] == "ceased"
+    ceased.record(str(root), f"{CLUSTER}.100.1000000", "c2")
+    assert cessation.check(Slurm(fake), 100, 0, root=str(root), known=execution(str(root), 100, 0))["answer"] == "ceased"
 
 
 # ---- the CLI -----------------------------------------------------------------------------

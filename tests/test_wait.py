@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from dispatch_slurm import wait
-from dispatch_slurm.errors import DispatchError, WaitTimeout
+from dispatch_slurm.errors import DispatchError
+from testbed import wait
+from testbed.wait import WaitTimeout
 
 
 def test_returns_the_probe_value_once_real_state_appears(tmp_path):

@@ -11,7 +11,9 @@ import threading
 
 import pytest
 
-from dispatch_slurm import events, store, watch
+from dispatch_slurm import store
+from dispatch_slurm.runtime import watch
+from dispatch_slurm.store import events
 from dispatch_slurm.errors import DispatchError
 
 E1, E2 = 1_000_000, 2_000_000
@@ -34,7 +36,7 @@ def complete(d):
 
 @pytest.fixture
 def ex(root):
-    d = root / "exec" / "att1"
+    d = root / "exec" / "c.1.1000000"
     d.mkdir(parents=True)
     return d
 
@@ -101,15 +103,15 @@ def test_incomplete_save_waits_for_trainer_state(root, ex, running, mode):
     w = running(*MODES[mode])
     early = hf_save(ex, 10, state=False)  # weights written, trainer_state.json not yet
     hf_save(ex, 20)
-    assert w.next() == "published step 20 exec/att1/checkpoint-20"
+    assert w.next() == "published step 20 exec/c.1.1000000/checkpoint-20"
     # the scan that published 20 saw 10 too, and left it: incomplete
     assert steps(root) == [20]
     (early / watch.HF_STATE).write_text('{"global_st')  # half-written: still incomplete
     hf_save(ex, 30)
-    assert w.next() == "published step 30 exec/att1/checkpoint-30"
+    assert w.next() == "published step 30 exec/c.1.1000000/checkpoint-30"
     assert steps(root) == [20, 30]
     complete(early)
-    assert w.next() == "published step 10 exec/att1/checkpoint-10"
+    assert w.next() == "published step 10 exec/c.1.1000000/checkpoint-10"
     assert [(e["type"], e["step"], e["by"]) for e in events.read(root)] == [
         ("published", 20, "watch"), ("published", 30, "watch"), ("published", 10, "watch")]
     pub = store.latest(root)
@@ -125,12 +127,12 @@ def test_once_publishes_in_step_order_and_skips_what_is_published(root, ex):
     assert listed != sorted(listed)  # the directory's own order is not the step order
     (ex / "notes.txt").write_text("not a save")
     (ex / "checkpoint-x").mkdir()
-    store.publish(root, ex / "checkpoint-20", 20, E1)  # an earlier watch, or the trainer
+    store.publish(ex / "checkpoint-20", 20, root=root, epoch=E1)  # an earlier watch, or the trainer
     out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"],
                          env=env_for(root, ex), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     want = sorted(s for s in order if s != 20)
-    assert out.stdout.splitlines() == [f"published step {s} exec/att1/checkpoint-{s}" for s in want]
+    assert out.stdout.splitlines() == [f"published step {s} exec/c.1.1000000/checkpoint-{s}" for s in want]
     assert steps(root) == sorted(order)
     again = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"],
                            env=env_for(root, ex), capture_output=True, text=True, timeout=60)
@@ -143,9 +145,9 @@ def test_marker_mode_with_folders_files_and_a_pattern(root, ex, running, mode):
     (ex / "step_5.pt").write_bytes(b"weights")  # a file save: complete with step_5.pt.COMPLETE
     (ex / "step_9.pt").write_bytes(b"weights")
     (ex / "step_9.pt.COMPLETE").touch()
-    assert w.next() == "published step 9 exec/att1/step_9.pt"
+    assert w.next() == "published step 9 exec/c.1.1000000/step_9.pt"
     (ex / "step_5.pt.COMPLETE").touch()
-    assert w.next() == "published step 5 exec/att1/step_5.pt"
+    assert w.next() == "published step 5 exec/c.1.1000000/step_5.pt"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -158,9 +160,9 @@ def test_marker_mode_folder_saves(root, ex, running, mode):
     hf_save(ex, 4)  # HF-complete, but no marker
     (ex / "checkpoint-6").mkdir()
     (ex / "checkpoint-6" / "DONE").touch()
-    assert w.next() == "published step 6 exec/att1/checkpoint-6"
+    assert w.next() == "published step 6 exec/c.1.1000000/checkpoint-6"
     (d / "DONE").touch()
-    assert w.next() == "published step 3 exec/att1/checkpoint-3"
+    assert w.next() == "published step 3 exec/c.1.1000000/checkpoint-3"
     assert steps(root) == [3, 6]
 
 
@@ -175,7 +177,7 @@ def test_until_pid_exits_after_a_final_scan(root, ex, tmp_path, mode):
     try:
         w = Watch(root, ex, "--until-pid", str(trainer.pid), *MODES[mode])
         hf_save(ex, 40)
-        assert w.next() == "published step 40 exec/att1/checkpoint-40"
+        assert w.next() == "published step 40 exec/c.1.1000000/checkpoint-40"
         w.proc.send_signal(signal.SIGTERM)  # Slurm signals the whole step: the watch stays
         trainer.communicate("go\n", timeout=30)  # the last save, then the trainer exits
         rc, err = w.exit()
@@ -244,7 +246,7 @@ def test_layout_and_vanished_saves(root, ex, monkeypatch):
     # a save rotated away between the listing and its publication is not an error
     w = watch.Watcher(str(ex), str(root), E1, hf)
     gone = hf_save(ex, 2)
-    real = watch.publish_save
+    real = store.publish
 
     def rotate_then_publish(save, *a, **k):
         if save == str(gone):
@@ -252,6 +254,6 @@ def test_layout_and_vanished_saves(root, ex, monkeypatch):
                 f.unlink()
             gone.rmdir()
         return real(save, *a, **k)
-    monkeypatch.setattr(watch, "publish_save", rotate_then_publish)
+    monkeypatch.setattr(store, "publish", rotate_then_publish)
     assert [p.step for p in w.scan()] == [1]
     assert steps(root) == [1]

@@ -46,7 +46,7 @@ def cluster(request):
         if os.environ.get("CI") or os.environ.get("DISPATCH_REQUIRE_CLUSTER") == "1":
             pytest.fail(problem)
         pytest.skip(problem)
-    from dispatch_slurm.dockerslurm import Cluster
+    from testbed.cluster import Cluster
     from support import host_torch
 
     c = Cluster(request.param, PROFILE, log=lambda s: print(s, flush=True), volumes=host_torch(request.param))

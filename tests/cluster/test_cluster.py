@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dispatch_slurm.dockerslurm import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster
 
 pytestmark = pytest.mark.cluster
 

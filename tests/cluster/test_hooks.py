@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from dispatch_slurm import env as envmod
-from dispatch_slurm.dockerslurm import CONTROLLER, Cluster
+from dispatch_slurm.contract import env as envmod
+from testbed.cluster import CONTROLLER, Cluster
 
 pytestmark = pytest.mark.cluster
 

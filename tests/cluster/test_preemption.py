@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
-from dispatch_slurm import events, store
-from dispatch_slurm.dockerslurm import Cluster
+from dispatch_slurm import store
+from dispatch_slurm.store import events
+from testbed.cluster import Cluster
 from support import HOST_SITE, REPO
 
 pytestmark = pytest.mark.cluster

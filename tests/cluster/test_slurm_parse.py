@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_slurm.slurm import CommandResult, Slurm, SlurmError
+from dispatch_slurm.slurm.client import CommandResult, Slurm, SlurmError
 
 DATA = Path(__file__).parent / "data"
 
@@ -152,7 +152,7 @@ def test_submit_refusal_raises_with_stderr():
 
 
 def test_local_runner_missing_binary_is_a_slurm_error():
-    from dispatch_slurm.slurm import local_runner
+    from dispatch_slurm.slurm.client import local_runner
 
     with pytest.raises(SlurmError, match="not found"):
         Slurm(lambda argv, **kw: local_runner(["/nonexistent/sbatch", *argv[1:]], **kw)).submit(["--wrap", "true"])

@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from dispatch_slurm.dockerslurm import CONTROLLER, Cluster
-from dispatch_slurm.supervisor import Record
+from testbed.cluster import CONTROLLER, Cluster
+from dispatch_slurm.supervisor.record import Record
 
 pytestmark = pytest.mark.cluster
+CRASH = "/src/dispatch-slurm/tests/testbed/crash.py"  # the test bed's copy in docker-slurm's image
 
 # fast profile: SlurmdTimeout=15 (node DOWN ~26 s after a partition), cred_expire=10
 # (a requeued job restarts ~11 s later), a healed node is back ~45 s later.
@@ -32,11 +33,13 @@ class Sup:
         self.c, self.cdir, self.hdir, self.root = c, cdir, hdir, root
         self.runs = 0
 
-    def start(self, verb: str, *args: str, env: dict | None = None) -> int:
-        """Start `dispatch-slurm VERB ROOT ARGS` in the background; its number (for rc/log)."""
+    def start(self, verb: str, *args: str, env: dict | None = None, crash: str | None = None) -> int:
+        """Start `dispatch-slurm VERB ROOT ARGS` in the background; its number (for rc/log).
+        ``crash``: SIGKILL it at that point of its first submission (testbed/crash.py)."""
         self.runs += 1
         k = self.runs
-        inner = f"dispatch-slurm {verb} {shlex.quote(self.root)} {shlex.join(args)}; echo $? > {self.cdir}/sup.{k}.rc"
+        cmd = f"python3 {CRASH} {crash}" if crash else "dispatch-slurm"
+        inner = f"{cmd} {verb} {shlex.quote(self.root)} {shlex.join(args)}; echo $? > {self.cdir}/sup.{k}.rc"
         prefix = " ".join(f"{key}={shlex.quote(v)}" for key, v in (env or {}).items())
         self.c.exec(CONTROLLER, f"cd {self.cdir} && {prefix} setsid nohup bash -c {shlex.quote(inner)} "
                                 f"> {self.cdir}/sup.{k}.log 2>&1 < /dev/null &", user="alice")
@@ -229,7 +232,7 @@ def test_resubmit_survives_cancel_node_failure_and_supervisor_kills(sup: Sup):
 
     # 1. the supervisor dies (SIGKILL) right after sbatch, before it records the job id
     k = sup.start("run", "--resubmit", "2", "--poll", "1", "--", f"{cdir}/job.sh",
-                  env={"DISPATCH_SUPERVISOR_FAULT": "after-sbatch"})
+                  crash="after-sbatch")
     assert sup.wait_rc(k, 30) == 137
     assert [f["type"] for f in sup.facts()][-1] == "intent" and not sup.facts("submitted")
     jobs = dispatch_jobs(c, root)

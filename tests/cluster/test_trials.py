@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from dispatch_slurm import trial
-from dispatch_slurm.dockerslurm import Cluster
+from testbed import trial
+from testbed.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -16,9 +16,9 @@ same values with no coordination, and the C plugin implements the same rules
 
 from collections.abc import Mapping
 
-from . import names
+from ..errors import DispatchError, EnvError
+from . import layout, names
 from .epoch import G_MAX, N_MAX, N_MIN, R_MAX, compose, parse_part
-from .errors import DispatchError, EnvError
 from .siteconf import GRACE_CAP, Site
 
 ORDER = ("DISPATCH_CHECKPOINT", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_RESTART",
@@ -102,7 +102,7 @@ def compute(environ: Mapping[str, str], site: Site | None = None) -> dict[str, s
         "DISPATCH_RESTART": str(r),
         "DISPATCH_EPOCH": str(epoch),
         "DISPATCH_ATTEMPT": attempt,
-        "DISPATCH_EXEC_DIR": f"{root}/{names.exec_relpath(attempt)}",
+        "DISPATCH_EXEC_DIR": f"{root}/{layout.exec_relpath(attempt)}",
         "DISPATCH_GRACE_S": str(i["grace"]),
     }
     if i["shared"]:

@@ -26,9 +26,11 @@ import sys
 import syslog
 import time
 
-from . import env as envmod
-from . import events, siteconf, store
-from .errors import DispatchError
+from .. import store
+from ..contract import env as envmod
+from ..contract import siteconf
+from ..errors import DispatchError
+from ..store import ceased, events
 
 RUN_DIR = "/run/dispatch-slurm"
 LOG = "/var/log/dispatch-slurm.log"
@@ -184,7 +186,7 @@ def _record_cessation(values: dict, node: str, stdout_path: str | None) -> dict:
     """As the job user: the cessation entry (O_EXCL, durable) and event lines."""
     os.environ.update(values)
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
-    store.record_cessation(root, attempt, node)
+    ceased.record(root, attempt, node)
     events.emit("cessation", root, attempt, node=node, source="epilog")
     sentinel = False
     if stdout_path:
@@ -255,7 +257,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     hooks = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}
     if len(argv) != 1 or argv[0] not in hooks:
-        sys.stderr.write(f"usage: python3 -m dispatch_slurm.hooks {'|'.join(hooks)}\n")
+        sys.stderr.write(f"usage: python3 -m dispatch_slurm.slurm.hooks {'|'.join(hooks)}\n")
         return 2
     return hooks[argv[0]](os.environ)
 

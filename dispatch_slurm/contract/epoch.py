@@ -7,7 +7,7 @@ refused, never clamped or wrapped: a wrapped R would silently reorder lineages."
 
 from typing import NamedTuple
 
-from .errors import EpochError
+from ..errors import EpochError
 
 G_MAX = 99_999_999  # so the epoch fits the 20 digits of a publication name
 N_MIN, N_MAX = 1, 999_999

@@ -12,9 +12,10 @@ REQUEUE in ``normal``), ``partition`` (the node's traffic is dropped with iptabl
 inside its network namespace: it keeps its address and its processes keep
 running, as with a cut cable) and ``heal``.
 
-``docker`` and ``testcontainers`` are imported only when a cluster starts: they are
-the optional extra ``dispatch-slurm[cluster]``. The image build lives in one place,
-the ``docker-slurm/build-images`` script of a source checkout; this module calls it.
+This is the test bed, not the package: it lives beside the tests in a source checkout
+(``tests/testbed/``), never in the wheel. ``docker`` and ``testcontainers`` come from
+the ``cluster`` extra. The image build lives in one place, the
+``docker-slurm/build-images`` script of this checkout; this module calls it.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
+from dispatch_slurm.errors import DispatchError
+from dispatch_slurm.slurm.client import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
+
 from . import wait
-from .errors import DispatchError, WaitTimeout
-from .slurm import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
+from .wait import WaitTimeout
 
 __all__ = [
     "CONTROLLER",
@@ -62,16 +65,8 @@ class ClusterError(DispatchError):
 
 
 def source_root() -> Path:
-    """The source checkout holding ``docker-slurm/`` (the image is built from the working
-    tree). ``DISPATCH_SLURM_SOURCE`` overrides where that is."""
-    env = os.environ.get("DISPATCH_SLURM_SOURCE")
-    root = Path(env) if env else Path(__file__).resolve().parent.parent
-    if not (root / "docker-slurm" / "build-images").is_file():
-        raise ClusterError(
-            f"no docker-slurm/build-images under {root}: the cluster image is built from a source "
-            "checkout of dispatch-slurm (set DISPATCH_SLURM_SOURCE to one)"
-        )
-    return root
+    """The source checkout this test bed belongs to (the image is built from its tree)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def build_image(suite: str, *, log: Optional[Callable[[str], None]] = None) -> str:

@@ -34,9 +34,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"dispatch_slurm.hf needs transformers: pip install 'dispatch-slurm[hf]' ({e})") from e
 
-from . import store
-from .errors import DispatchError
-from .watch import publish_save
+from .. import store
+from ..errors import DispatchError
 
 
 def output_dir() -> str:
@@ -91,4 +90,4 @@ class DispatchCallback(TrainerCallback):
         _barrier()
         if state.is_world_process_zero:
             save = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-            publish_save(save, state.global_step, self.root, self.epoch, by="hf", sync=self.sync)
+            store.publish(save, state.global_step, root=self.root, epoch=self.epoch, by="hf", sync=self.sync)

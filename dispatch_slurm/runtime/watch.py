@@ -30,17 +30,15 @@ import os
 import re
 import select
 import signal
-import stat
 import struct
 import sys
 import threading
 
-from . import events, names, store
-from .epoch import EPOCH_MAX, parse_part
-from .errors import AlreadyPublished, BadPath, DispatchError
+from .. import store
+from ..contract import names
+from ..errors import BadPath, DispatchError
 
 HF_STATE = "trainer_state.json"
-DEFAULT_PATTERN = r"checkpoint-([0-9]+)"
 IN_CREATE, IN_CLOSE_WRITE, IN_MOVED_TO = 0x100, 0x08, 0x80
 IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 _DIR_MASK = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE
@@ -50,64 +48,10 @@ class ScanTimeout(DispatchError):
     """A scan did not finish within the timeout (a hung filesystem, or a huge fsync)."""
 
 
-def step_of(path, pattern: str = DEFAULT_PATTERN) -> int:
-    """The step in a save's name (``checkpoint-<step>`` by default)."""
-    m = re.fullmatch(pattern, os.path.basename(os.path.normpath(os.fspath(path))))
-    if m is None:
-        raise BadPath(f"cannot tell the step of {path}: its name does not match {pattern!r}")
-    return int(m[1])
-
-
-def sync_save(path: str) -> None:
-    """fsync every file and folder of a save, then its parent (so its entry is durable)."""
-    st = os.lstat(path)
-    todo = [path]
-    if stat.S_ISDIR(st.st_mode):
-        for top, dirs, files in os.walk(path):
-            todo += [os.path.join(top, f) for f in files] + [os.path.join(top, d) for d in dirs]
-    for p in todo + [os.path.dirname(os.path.abspath(path))]:
-        mode = os.lstat(p).st_mode
-        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def publish_save(save: str, step: int, root: str | None = None, epoch: int | None = None,
-                 by: str = "dispatch", sync: bool = True) -> names.Publication | None:
-    """Publish a complete save of the running execution: fsync it, publish it at
-    ``epoch`` ($DISPATCH_EPOCH) under ``root`` ($DISPATCH_CHECKPOINT), emit ``published``.
-    Returns None if this exact publication already exists (e.g. a watch and the
-    trainer's callback both published it): publishing is idempotent here."""
-    root = root or os.environ.get("DISPATCH_CHECKPOINT")
-    if not root:
-        raise DispatchError("no checkpoint root: $DISPATCH_CHECKPOINT is not set")
-    if epoch is None:
-        text = os.environ.get("DISPATCH_EPOCH")
-        if not text:
-            raise DispatchError("no epoch: $DISPATCH_EPOCH is not set")
-        epoch = parse_part("DISPATCH_EPOCH", text, 0, EPOCH_MAX)
-    if sync:
-        try:
-            sync_save(save)
-        except FileNotFoundError:
-            raise BadPath(f"save {save} does not exist") from None
-    try:
-        pub = store.publish(root, save, step, epoch)
-    except AlreadyPublished:
-        return None
-    head, _, rest = pub.path.partition("/")
-    attempt = os.environ.get("DISPATCH_ATTEMPT") or (rest.split("/")[0] if head == names.EXEC else None)
-    events.record("published", root=root, attempt=attempt, step=step, path=pub.path, name=pub.name, by=by)
-    return pub
-
-
 class Layout:
     """Which entries of the exec folder are saves, their step, and when one is complete."""
 
-    def __init__(self, marker: str | None = None, pattern: str = DEFAULT_PATTERN):
+    def __init__(self, marker: str | None = None, pattern: str = names.STEP_PATTERN):
         try:
             self.regex = re.compile(pattern)
         except re.error as e:
@@ -174,15 +118,15 @@ class Watcher:
         for step, name in sorted(found):
             path = os.path.join(self.exec_dir, name)
             try:
-                pub = publish_save(path, step, self.root, self.epoch, by="watch", sync=self.sync)
+                res = store.publish(path, step, root=self.root, epoch=self.epoch, by="watch", sync=self.sync)
             except BadPath:
                 if os.path.lexists(path):
                     raise
-                pub = None  # rotated away before we got to it: never the latest, nothing to do
+                res = None  # rotated away before we got to it: never the latest, nothing to do
             self.done.add(name)
-            if pub is not None:
-                out.append(pub)
-                self.on_publish(pub)
+            if res is not None and not res.existed:
+                out.append(res.publication)
+                self.on_publish(res.publication)
         self.pending = pending
         return out
 

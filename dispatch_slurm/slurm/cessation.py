@@ -22,29 +22,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import epoch as epochmod
-from . import names, store
-from .errors import DispatchError
-from .slurm import JobInfo, Slurm, SlurmError
+from ..contract import epoch as epochmod
+from ..contract import layout, names
+from ..errors import DispatchError
+from ..store import ceased
+from .client import JobInfo, Slurm, SlurmError
 
 CEASED, NOT_CEASED, UNKNOWN = "ceased", "not_ceased", "unknown"
 EXIT = {CEASED: 0, NOT_CEASED: 1, UNKNOWN: 2}
-TERMINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                      "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
-
-
-def _from_record(root: str, job_id: int, restart: int) -> dict:
-    """What the supervisor's record says about execution (job, R): G, N, attempt, nodes, start."""
-    from .supervisor import Record
-    info: dict[str, Any] = {}
-    for f in Record(root).read():
-        if f.get("job") == job_id and f.get("r") == restart and f["type"] in ("started", "ended", "hold"):
-            for k in ("g", "n", "epoch", "attempt", "nodes", "start_time"):
-                if f.get(k) not in (None, []):
-                    info[k] = f[k]
-        if f["type"] == "supervisor" and f.get("cluster"):
-            info["cluster"] = f["cluster"]
-    return info
 
 
 def _slurm_says(j: Optional[JobInfo], restart: int) -> tuple[Optional[bool], str]:
@@ -58,7 +43,7 @@ def _slurm_says(j: Optional[JobInfo], restart: int) -> tuple[Optional[bool], str
         return False, f"Slurm says the job is still completing ({states})"
     if j.restart_count > restart:
         return True, f"Slurm requeued the job (now restart {j.restart_count}, {states}): R={restart} ended"
-    if j.state in TERMINAL:
+    if j.ended:
         return True, f"Slurm says the job ended ({states})"
     if j.state == "PENDING":
         return None, f"execution R={restart} has not started ({states})"
@@ -68,10 +53,12 @@ def _slurm_says(j: Optional[JobInfo], restart: int) -> tuple[Optional[bool], str
 def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = None,
           generation: Optional[int] = None, submission: Optional[int] = None,
           cluster: Optional[str] = None, nodes: Optional[list[str]] = None,
-          started: Optional[int] = None) -> dict:
-    """The answer and its evidence, as a JSON-able dict (see the module docstring)."""
+          started: Optional[int] = None, known: Optional[dict] = None) -> dict:
+    """The answer and its evidence, as a JSON-able dict (see the module docstring).
+    ``known``: what the supervisor's record says of the execution (g, n, epoch, attempt,
+    nodes, start_time, cluster); explicit arguments win over it."""
     out: dict[str, Any] = {"job": job_id, "restart": restart, "answer": UNKNOWN, "nodes": {}}
-    rec = _from_record(root, job_id, restart) if root else {}
+    rec = known or {}
     g = generation if generation is not None else rec.get("g")
     n = submission if submission is not None else rec.get("n")
     try:
@@ -105,9 +92,9 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
     recorded: set[str] = set()
     if root and attempt:
         try:
-            recorded = store.ceased_nodes(root, attempt)
+            recorded = ceased.nodes(root, attempt)
         except OSError as e:
-            out["ceased_dir_error"] = f"{root}/{names.CEASED}: {e.strerror or e}"
+            out["ceased_dir_error"] = f"{root}/{layout.CEASED}: {e.strerror or e}"
     try:
         known = {nd.name: nd for nd in slurm.nodes()} if set(ran_on) - recorded else {}
     except SlurmError as e:
@@ -130,7 +117,7 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
 def _node_evidence(name: str, recorded: set[str], node, start: Optional[int], root: Optional[str],
                    attempt: Optional[str]) -> dict:
     if name in recorded:
-        return {"ceased": True, "evidence": f"epilog recorded {names.CEASED}/{attempt}.{name}"}
+        return {"ceased": True, "evidence": f"epilog recorded {layout.CEASED}/{attempt}.{name}"}
     if node is None:
         return {"ceased": False, "evidence": "Slurm does not know this node"}
     state = "+".join(sorted(node.state))

@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .errors import DispatchError
+from ..errors import DispatchError
 
 DEFAULT_PATH = "/etc/dispatch-slurm/site.conf"
 GRACE_DEFAULT = 60

@@ -7,8 +7,11 @@ written last), rotates like ``save_total_limit``, resumes like
 grace window does. Every write, delete, publication and resume is a JSON line with a
 timestamp and the lineage id, so an overlap can be measured afterwards.
 
-    python -m dispatch_slurm.workload --mode naive --dir /ckpt/shared --log-dir /ckpt/logs
-    python -m dispatch_slurm.workload --mode dispatch --log-dir /ckpt/logs   (reads DISPATCH_*)
+    python3 tests/testbed/workload.py --mode naive --dir /ckpt/shared --log-dir /ckpt/logs
+    python3 tests/testbed/workload.py --mode dispatch --log-dir /ckpt/logs   (reads DISPATCH_*)
+
+A script, not a module of the test bed's package: jobs run it by path on the nodes,
+where only dispatch_slurm is installed.
 """
 
 import argparse
@@ -20,10 +23,11 @@ import signal
 import socket
 import time
 
-from . import store
+from dispatch_slurm import store
+from dispatch_slurm.contract.names import STEP_PATTERN
 
 STATE = "trainer_state.json"  # written last: a folder without it is incomplete
-_CKPT = re.compile(r"checkpoint-([0-9]+)")
+_CKPT = re.compile(STEP_PATTERN)
 
 
 def hf_last_checkpoint(folder: str) -> str | None:
@@ -121,7 +125,7 @@ def main(argv=None):
         step += a.steps
         path = save(folder, step, lineage, log)
         if root is not None:
-            pub = store.publish(root, path, step, epoch)
+            pub = store.publish(path, step, root=root, epoch=epoch, by="trial").publication
             log("publish", path=path, step=step, name=pub.name)
         rotate(folder, a.keep, log)
         saves += 1

@@ -1,4 +1,4 @@
-"""Bounded polling of real state: the one way this package, its trials and its tests wait.
+"""Bounded polling of real state: the one way the test bed, the trials and the tests wait.
 
 A sleep is never the synchronisation: the probe reads the real thing (Slurm, a file,
 a process) and the deadline turns a hang into an error naming what never happened."""
@@ -6,9 +6,13 @@ a process) and the deadline turns a hang into an error naming what never happene
 import time
 from typing import Callable, Optional, TypeVar
 
-from .errors import WaitTimeout
+from dispatch_slurm.errors import DispatchError
 
 T = TypeVar("T")
+
+
+class WaitTimeout(DispatchError, TimeoutError):
+    """A bounded wait for real state ran out; the message names what never happened."""
 
 
 def until(probe: Callable[[], Optional[T]], *, timeout: float, what: str, every: float = 0.25,

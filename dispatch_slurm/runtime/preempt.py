@@ -65,10 +65,11 @@ import sys
 import time
 import traceback
 
-from . import events
-from .errors import DispatchError
-from .siteconf import GRACE_CAP, GRACE_DEFAULT
-from .watch import publish_save, step_of  # imported now: an import inside the handler could deadlock
+from .. import store  # imported now: an import inside the handler could deadlock
+from ..contract.names import step_of
+from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
+from ..errors import DispatchError
+from ..store import events
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -160,7 +161,7 @@ def _run() -> None:
         result = _s.fn(time_remaining())
         if result is not None and is_publishing_rank(_s.publish):
             path, step = result if isinstance(result, tuple) else (result, step_of(result))
-            publish_save(os.fspath(path), step, by="preempt")
+            store.publish(os.fspath(path), step, by="preempt")
     except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
         trace = "".join(traceback.format_exception(e))
         _write(2, f"\n{trace}dispatch-slurm: preemption checkpoint failed: {type(e).__name__}: {e}\n")

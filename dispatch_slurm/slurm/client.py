@@ -27,10 +27,11 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
 
-from .errors import DispatchError
+from ..errors import DispatchError
 
 __all__ = [
     "BASE_JOB_STATES",
+    "ENDED",
     "CommandResult",
     "JobInfo",
     "NodeInfo",
@@ -111,6 +112,10 @@ BASE_JOB_STATES = frozenset(
         "OUT_OF_MEMORY",
     }
 )
+#: The base states of a job whose execution is over (Slurm's IS_JOB_FINISHED): every
+#: caller that asks "has it ended?" uses this one set.
+ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
 # 22.05 prints a set flag *instead of* the base state. These flags imply the base.
 _FLAG_IMPLIES_BASE = {
     "REQUEUED": "PENDING",
@@ -150,6 +155,11 @@ class JobInfo:
     user: str
     name: str
     raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def ended(self) -> bool:
+        """The current execution is over (the job may still be COMPLETING)."""
+        return self.state in ENDED
 
     @property
     def states(self) -> frozenset[str]:

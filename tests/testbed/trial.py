@@ -16,10 +16,16 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from dispatch_slurm.errors import DispatchError
 
 from . import wait
-from .errors import DispatchError
+
+#: the trial trainer, run by path (jobs on the nodes see only dispatch_slurm installed)
+WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workload.py")
+#: where docker-slurm's image has it (docker-slurm/Dockerfile copies the checkout to /src)
+IMAGE_WORKLOAD = "/src/dispatch-slurm/tests/testbed/workload.py"
 
 
 @dataclass
@@ -89,12 +95,13 @@ def _wait_saves(log: str, n: int, timeout: float = 60) -> None:
     wait.until(saved, timeout=timeout, what=f"{n} saves in {log}", every=0.02)
 
 
-def run_local(mode: str, base: str, interval: float = 0.2, overlap: float = 1.5,
-              warmup: float = 0.6) -> Result:
+def run_local(mode: str, base: str, interval: float = 0.2, warmup: float = 0.6,
+              overlap: float | None = None) -> Result:
     """Old execution saves; 'the scheduler' reports it ended and starts a replacement
     (which loads for `warmup` s after choosing its resume point) while the old one
     keeps saving for `overlap` seconds (its grace window); both stop; then a third
-    execution resumes."""
+    execution resumes. The overlap defaults to 7.5 save intervals."""
+    overlap = 7.5 * interval if overlap is None else overlap
     root, logs = os.path.join(base, "root"), os.path.join(base, "logs")
     os.makedirs(root)
     common = ["--mode", mode, "--log-dir", logs, "--interval", str(interval), "--keep", "2"]
@@ -104,12 +111,13 @@ def run_local(mode: str, base: str, interval: float = 0.2, overlap: float = 1.5,
     def start(job: str, n: int, max_saves: int = 0, wait: float = 0.0):
         env = {**os.environ, "SLURM_JOB_ID": job, "SLURM_CLUSTER_NAME": "local",
                "DISPATCH_CHECKPOINT": root, "DISPATCH_SUBMISSION": str(n)}
-        from . import env as envmod, store
+        from dispatch_slurm import store
+        from dispatch_slurm.contract import env as envmod
         env.update(envmod.compute(env))
         store.make_exec_dir(root, env["DISPATCH_ATTEMPT"])
         lineage = env["DISPATCH_ATTEMPT"] if mode == "dispatch" else f"{job}.0"
         extra = ["--max-saves", str(max_saves)] * bool(max_saves) + ["--warmup", str(wait)]
-        proc = subprocess.Popen([sys.executable, "-m", "dispatch_slurm.workload", *common, *extra], env=env)
+        proc = subprocess.Popen([sys.executable, WORKLOAD, *common, *extra], env=env)
         return proc, lineage
 
     old, old_id = start("101", 1)
@@ -129,19 +137,8 @@ def run_local(mode: str, base: str, interval: float = 0.2, overlap: float = 1.5,
     return analyze(read_logs(logs), old_id, new_id, third_id, ended_at, "local", mode)
 
 
-def demo_local() -> list[Result]:
-    import tempfile
-    results = []
-    for mode in ("naive", "dispatch"):
-        with tempfile.TemporaryDirectory(prefix=f"dispatch-demo-{mode}-") as base:
-            results.append(run_local(mode, base))
-    return results
-
-
 # ---- cluster trials: real Slurm executions overlap ---------------------------------------
 
-ENDED = frozenset({"CANCELLED", "PREEMPTED", "FAILED", "NODE_FAIL", "TIMEOUT", "COMPLETED", "BOOT_FAIL",
-                   "OUT_OF_MEMORY", "DEADLINE"})
 SCENARIOS = ("cancel", "preempt", "partition")
 DEADLINE = {"fast": 180.0, "site": 3600.0}  # site: SlurmdTimeout=300, requeue delay 121 s, slow re-registration
 
@@ -149,6 +146,8 @@ DEADLINE = {"fast": 180.0, "site": 3600.0}  # site: SlurmdTimeout=300, requeue d
 class DockerTarget:
     """The docker-slurm cluster: every fault is available, and the test user's jobs
     and files are reachable from this machine."""
+
+    workload = IMAGE_WORKLOAD
 
     def __init__(self, cluster, user: str = "alice"):
         self.c, self.user = cluster, user
@@ -190,6 +189,8 @@ class DockerTarget:
 class SlurmTarget:
     """Any cluster the user can sbatch to, through the local Slurm CLI: cancel and
     preempt (a high-priority partition must exist); a partition needs node access."""
+
+    workload = WORKLOAD  # this checkout's: it must be on a filesystem the nodes share
 
     def __init__(self, slurm, nodes: list[str], profile: str = "site", preempt_partition: str = "high"):
         self.slurm, self.nodes, self.profile = slurm, nodes, profile
@@ -258,7 +259,7 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
         d = dirs[mode]
         naive = f"--dir {d}/root/shared" if mode == "naive" else ""
         return (f"#!/bin/bash\n#SBATCH -o {d}/slurm-%j.out -e {d}/slurm-%j.err\n"
-                f"srun python3 -m dispatch_slurm.workload --mode {mode} --log-dir {d}/logs "
+                f"srun python3 {t.workload} --mode {mode} --log-dir {d}/logs "
                 f"--interval {interval} --keep 2 --warmup {warmup} {naive} {extra}\n")
 
     def args(mode: str, *more: str) -> list[str]:
@@ -287,7 +288,7 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
 
     def reported_ended(mode):
         j = t.slurm.job(old[mode])
-        done = j.restart_count >= 1 if scenario == "partition" else j.state in ENDED
+        done = j.restart_count >= 1 if scenario == "partition" else j.ended
         if done and mode not in ended_at:
             ended_at[mode] = time.time()
         return done
@@ -313,14 +314,14 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
     for mode in modes:
         t.cancel(new[mode])
     for mode in modes:
-        _poll(lambda: t.slurm.job(new[mode]).state in ENDED and "COMPLETING" not in t.slurm.job(new[mode]).flags,
+        _poll(lambda: t.slurm.job(new[mode]).ended and "COMPLETING" not in t.slurm.job(new[mode]).flags,
               limit, f"{mode}: the replacement to end")
     if preemptor:
         t.cancel(preemptor, user="bob")
     for mode in modes:
         third[mode] = t.submit(script(mode, "--max-saves 1"), args(mode))
     for mode in modes:
-        _poll(lambda: t.slurm.job(third[mode]).state in ENDED, limit, f"{mode}: the third execution")
+        _poll(lambda: t.slurm.job(third[mode]).ended, limit, f"{mode}: the third execution")
     results = []
     for mode in modes:
         r = recs(mode)
@@ -358,15 +359,21 @@ def summarize(results: list[Result]) -> str:
     return "\n".join(rows)
 
 
-def plot(results: list[Result], path: str) -> None:
-    """A timeline per trial: every write of the old, new and third execution, relative
-    to the moment Slurm reported the old execution ended (needs matplotlib)."""
+def pyplot():
+    """matplotlib's pyplot, or an error saying how to get it: asked before any trial runs."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise DispatchError("--plot needs matplotlib: pip install 'dispatch-slurm[plot]'") from None
+    return plt
+
+
+def plot(results: list[Result], path: str) -> None:
+    """A timeline per trial: every write of the old, new and third execution, relative
+    to the moment Slurm reported the old execution ended (needs matplotlib)."""
+    plt = pyplot()
     fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.5 * len(results) + 0.8), squeeze=False)
     for ax, r in zip(axes[:, 0], results):
         timeline = r.details["timeline"]
@@ -394,18 +401,18 @@ def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: 
         for _ in range(trials):
             for mode in modes:
                 with tempfile.TemporaryDirectory(prefix=f"dispatch-trial-{mode}-") as d:
-                    results.append(run_local(mode, d))
+                    results.append(run_local(mode, d, interval=interval, warmup=warmup))
         scenarios = [s for s in scenarios if s != "local"]
     if not scenarios:
         return results
     cluster = None
     if target == "docker-slurm":
-        from .dockerslurm import Cluster
+        from .cluster import Cluster
         cluster = Cluster(suite, profile, log=log).start()
         t, base = DockerTarget(cluster), "/checkpoints/trials"
         t.mkdir(base)
     else:
-        from .slurm import Slurm
+        from dispatch_slurm.slurm.client import Slurm
         if not base or not nodes:
             raise DispatchError("--target slurm needs --dir (a folder every node shares) and --nodes")
         t = SlurmTarget(Slurm(), nodes, profile)
@@ -418,9 +425,3 @@ def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: 
         if cluster is not None:
             cluster.stop()
     return results
-
-
-if __name__ == "__main__":
-    res = demo_local()
-    print(table(res))
-    print(json.dumps([asdict(r) for r in res], indent=1))

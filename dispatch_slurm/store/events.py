@@ -4,8 +4,9 @@ Layout: ``<root>/events/<attempt>.<host>.<pid>.jsonl``. Every process writes onl
 own file, so writers on different nodes (or ranks on one node) never share a file and
 nothing relies on O_APPEND being atomic across NFS clients; each line is still one
 ``write()`` on an O_APPEND descriptor. ``read(root)`` merges all files by time.
-Events are observability, not protocol: they are not fsynced, and no decision in
-the publication protocol ever reads them.
+Events are observability, not protocol: they are not fsynced (a handler in its grace
+window must not wait on a slow filesystem for them), and no decision in the
+publication protocol ever reads them.
 
 Schema version 1, one JSON object per line. Common fields:
     v        1                          t       Unix time, seconds (float)
@@ -18,7 +19,9 @@ Type-specific fields:
     checkpoint_complete  elapsed (s since the signal), time_remaining (s) from the handler;
                          or source "epilog" when the Epilog saw the sentinel in stdout
     published            step, path (relative to the root), name (the pub/ entry), by
-                         (who published: "watch", "hf", "preempt", "example", ...)
+                         (who published: "watch", "hf", "preempt", "publish", ...), existed
+                         (a retry that re-confirmed durability); adopted, adopted_from
+                         when the save was not this execution's own
     execution_ended      exit (exit code)
     cessation, hold, release   for the admin side (Epilog, recovery); fields theirs
 """
@@ -29,14 +32,14 @@ import re
 import socket
 import time
 
-from .durable import DirFds, ensure_dir, open_dir
-from .errors import DispatchError
+from ..contract.layout import EVENTS
+from ..errors import DispatchError
+from .durable import DirFds, append, ensure_dir, open_dir
 
-EVENTS, SCHEMA = "events", 1
+SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
                    "execution_ended", "cessation", "hold", "release"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def emit(type_: str, root: str | None = None, attempt: str | None = None, **fields) -> dict | None:
@@ -58,11 +61,7 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
     name = f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}.jsonl"
     with DirFds() as fds:
         ev_fd = fds.add(ensure_dir(EVENTS, fds.add(open_dir(root, follow=True)))[0])
-        fd = os.open(name, _FLAGS, 0o644, dir_fd=ev_fd)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        append(name, ev_fd, line, sync=False)
     return rec
 
 

@@ -14,11 +14,13 @@ from itertools import chain, repeat
 from operator import itemgetter, mod
 from typing import NamedTuple
 
+from ..errors import BadName, BadPath, DispatchError, EnvError
 from .epoch import EPOCH_MAX, Epoch, decompose
-from .errors import BadName, BadPath, EnvError
 
-PUB, SUB, EXEC, CEASED = "pub", "sub", "exec", "ceased"
 STEP_MAX = 10**20 - 1
+#: a save's name and its step: ``checkpoint-<step>``, the Hugging Face Trainer's, which
+#: watch, publish, the integrations and the trial trainer all use unless told otherwise
+STEP_PATTERN = r"checkpoint-([0-9]+)"
 _B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 # base32 -> the digits int(x, 32) reads, so decoding runs in C, not in a Python loop
 _TO_INT32 = str.maketrans(_B32, "0123456789abcdefghijklmnopqrstuv")
@@ -129,8 +131,27 @@ def attempt_token(cluster: str, job_id: str, epoch: int) -> str:
     return f"{_TOKEN_SAFE.sub('_', cluster)}.{job_id}.{epoch}"
 
 
-def exec_relpath(attempt: str) -> str:
-    return f"{EXEC}/{attempt}"
+def attempt_epoch(attempt: str) -> int | None:
+    """The epoch an attempt token carries (its last field), or None for a name that is
+    not a token. The store uses it to refuse a save published at another epoch than
+    the execution that wrote it."""
+    head, _, tail = attempt.rpartition(".")
+    if not head or _DEC.fullmatch(tail) is None or len(tail) > 20:
+        return None
+    try:
+        decompose(int(tail))
+    except DispatchError:
+        return None
+    return int(tail)
+
+
+def step_of(path, pattern: str = STEP_PATTERN) -> int:
+    """The step in a save's name (``checkpoint-<step>`` by default)."""
+    m = re.fullmatch(pattern, os.path.basename(os.path.normpath(os.fspath(path))))
+    if m is None or not m[1].isdigit():
+        raise BadPath(f"cannot tell the step of {os.fsdecode(path)!r}: its name does not match {pattern!r}; "
+                      "pass the step explicitly (--step)")
+    return int(m[1])
 
 
 def expand_root(root: str, task_id: str | None) -> str:

@@ -1,0 +1,52 @@
+"""`dispatch-slurm`: the command line. Thin: every rule lives in the modules.
+
+Exit codes: 0 success; 1 a negative answer (`latest`: nothing published, `ceased`:
+not ceased); 2 an error, printed as one line on stderr naming what was wrong and how
+to fix it, never a traceback (a traceback is a bug)."""
+
+import sys
+
+import click
+
+from ..errors import DispatchError
+from . import admin, job, protocol, supervise
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dispatch-slurm")
+def dispatch():
+    """Make overlapping executions of a Slurm job harmless: each execution writes its
+    own folder, and saves become visible only by append-only publication."""
+
+
+for _cmd in (*protocol.COMMANDS, *job.COMMANDS, *supervise.COMMANDS, *admin.COMMANDS):
+    dispatch.add_command(_cmd)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def main(argv=None) -> None:
+    """The `dispatch-slurm` entry point: one line on stderr and exit 2 for every refusal,
+    whether click (a bad option) or the toolkit (bad input, an unusable root) refuses."""
+    try:
+        code = dispatch.main(args=argv, prog_name="dispatch-slurm", standalone_mode=False)
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx else "dispatch-slurm"
+        sys.stderr.write(f"{where}: error: {_one_line(e.format_message())} (see {where} --help)\n")
+        sys.exit(2)
+    except click.ClickException as e:
+        sys.stderr.write(f"dispatch-slurm: error: {_one_line(e.format_message())}\n")
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.stderr.write("dispatch-slurm: aborted\n")
+        sys.exit(130)
+    except DispatchError as e:
+        sys.stderr.write(f"dispatch-slurm: error: {_one_line(e)}\n")
+        sys.exit(2)
+    except OSError as e:
+        name = f"{e.filename}: " if e.filename else ""
+        sys.stderr.write(f"dispatch-slurm: error: {name}{e.strerror or e}\n")
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

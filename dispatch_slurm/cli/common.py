@@ -1,0 +1,71 @@
+"""What every command shares: the root convention, the DISPATCH_* fallbacks, output.
+
+Root convention: a command about a root takes it as its first argument, ROOT (run,
+plan, supersede, release, stop, latest, ls, submit); a command about something inside
+a root takes ``--root`` (publish SAVE, watch, ceased JOBID). Either falls back to
+$DISPATCH_CHECKPOINT where it may be omitted. Every fallback to a DISPATCH_* variable
+is click's ``envvar=``, so ``--help`` names the variable."""
+
+import os
+import sys
+
+import click
+
+from ..contract import names
+from ..contract.epoch import EPOCH_MAX, parse_part
+from ..errors import DispatchError
+
+
+def root_argument(required: bool = True):
+    """ROOT, from $DISPATCH_CHECKPOINT when omitted."""
+    return click.argument("root", envvar="DISPATCH_CHECKPOINT", required=required, callback=_normalize_root)
+
+
+def root_option(help_: str = "checkpoint root"):
+    return click.option("--root", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help=help_)
+
+
+def _normalize_root(ctx, param, value):
+    return value if value is None else value.rstrip("/") or "/"
+
+
+class EpochType(click.ParamType):
+    """An epoch, read with the contract's own rule (digits only, bounds)."""
+
+    name = "EPOCH"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_part("epoch", str(value), 0, EPOCH_MAX)
+        except DispatchError as e:
+            self.fail(str(e), param, ctx)
+
+
+def epoch_option():
+    return click.option("--epoch", "epoch_", type=EpochType(), envvar="DISPATCH_EPOCH", show_envvar=True,
+                        help="this execution's epoch")
+
+
+def echo_path(path: str) -> None:
+    """Print a path exactly as the filesystem has it (a non-UTF-8 name is printed as its
+    bytes, not as an encoding error), for `$(dispatch-slurm latest --path)`."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        click.echo(path)
+        return
+    sys.stdout.flush()
+    out.write(os.fsencode(path) + b"\n")
+    out.flush()
+
+
+def text(value: str) -> str:
+    """A value that may hold undecodable bytes, printable on any terminal."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
+
+
+def publication_json(root: str, p: names.Publication) -> dict:
+    g, n, r = p.parts
+    return {"name": p.name, "epoch": p.epoch, "generation": g, "submission": n, "restart": r,
+            "step": p.step, "path": p.path, "abspath": os.path.join(root, p.path)}

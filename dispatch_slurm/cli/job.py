@@ -1,0 +1,117 @@
+"""Commands used around and inside a job: env, submit, watch."""
+
+import json
+import os
+import shlex
+import signal
+import sys
+
+import click
+
+from .. import store
+from ..contract import env as envmod
+from ..contract import epoch as epochmod
+from ..contract import names, siteconf
+from ..errors import DispatchError
+from . import common
+
+
+@click.command("env")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json", "dotenv"]), default="sh", show_default=True)
+@click.option("--no-mkdir", is_flag=True, help="compute only; do not create the exec folder")
+def env_(fmt, no_mkdir):
+    """Print this execution's DISPATCH_* variables and create its exec folder.
+
+    Use inside the sbatch script:  eval "$(dispatch-slurm env)"
+
+    When it fails in sh format with stdout not a terminal, it prints `exit 2` for the
+    eval as well as the error on stderr, so the job script stops there instead of
+    training without its exec folder (eval of an empty string succeeds)."""
+    try:
+        site = siteconf.load()
+        values = envmod.compute(os.environ, site)
+        if not no_mkdir:
+            store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"], site.exec_mode,
+                                create_root="%a" in os.environ["DISPATCH_CHECKPOINT"])
+    except (DispatchError, OSError):
+        if fmt == "sh" and not sys.stdout.isatty():
+            click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
+        raise
+    click.echo(envmod.render(values, fmt), nl=False)
+
+
+@click.command()
+@common.root_argument()
+@click.option("--generation", type=click.IntRange(0, epochmod.G_MAX), default=0, show_default=True,
+              help="G (supersessions)")
+@click.option("--grace", type=click.IntRange(0, siteconf.GRACE_CAP), help="seconds to checkpoint after SIGTERM")
+@click.option("--shared-checkpoint", is_flag=True, help="the job cannot isolate its writes")
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, required=True)
+def submit(root, generation, grace, shared_checkpoint, as_json, sbatch_args):
+    """Allocate the next submission number N under ROOT, then sbatch SBATCH_ARGS with
+    DISPATCH_CHECKPOINT/GENERATION/SUBMISSION exported to the job. Everything after
+    `--` goes to sbatch unchanged.
+
+        dispatch-slurm submit /scratch/me/run1 -- --nodes=2 train.sbatch"""
+    from ..slurm.client import Slurm
+    if any(a == "--export" or a.startswith("--export=") for a in sbatch_args):
+        raise click.UsageError("submit sets --export itself; put variables in your environment")
+    inputs = {"DISPATCH_CHECKPOINT": names.normalize_root(root), "DISPATCH_GENERATION": str(generation)}
+    if grace is not None:
+        inputs["DISPATCH_GRACE"] = str(grace)
+    if shared_checkpoint:
+        inputs["DISPATCH_SHARED_CHECKPOINT"] = "1"
+    # refuse bad input before a submission number is spent
+    envmod.check_inputs(inputs, siteconf.load(), need_submission=False)
+    n = store.allocate_submission(names.submission_dir(inputs["DISPATCH_CHECKPOINT"]))
+    inputs["DISPATCH_SUBMISSION"] = str(n)
+    export = "--export=ALL," + ",".join(inputs)  # names only: values come from the env
+    job_id = Slurm().submit([export, *sbatch_args], env={**os.environ, **inputs})
+    epoch_ = epochmod.compose(generation, n, 0)
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "submission": n, "generation": generation,
+                               "epoch": epoch_, "root": inputs["DISPATCH_CHECKPOINT"]}))
+    else:
+        click.echo(f"submitted job {job_id} as submission {n} (epoch {epoch_}): sbatch {shlex.join(sbatch_args)}")
+
+
+@click.command()
+@click.option("--exec-dir", envvar="DISPATCH_EXEC_DIR", show_envvar=True, required=True,
+              help="the folder the trainer saves into")
+@common.root_option()
+@common.epoch_option()
+@click.option("--marker", help="marker mode: a save is complete once <save>/MARKER exists "
+              "(a file save: <save>.MARKER)  [default: Hugging Face, <save>/trainer_state.json]")
+@click.option("--pattern", default=names.STEP_PATTERN, show_default=True,
+              help="regex a save's name must match in full; its one group is the step")
+@click.option("--once", is_flag=True, help="one scan, then exit")
+@click.option("--until-pid", type=click.IntRange(1), help="exit after a final scan once process PID has exited; "
+              "SIGTERM is then ignored, so the trainer's last save (in its grace window) is published")
+@click.option("--poll", is_flag=True, help="poll instead of inotify")
+@click.option("--interval", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
+              help="seconds between polls")
+@click.option("--timeout", type=click.FloatRange(min=0.01, max=86400), default=300.0, show_default=True,
+              help="a scan (listing, fsync, publication) taking longer is an error")
+@click.option("--no-sync", is_flag=True, help="do not fsync a save's files before publishing it")
+def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interval, timeout, no_sync):
+    """Publish each complete save in the exec folder, in step order, at this execution's
+    epoch; one line per publication on stdout. Stops at the first error (exit 2).
+
+    Run it beside a trainer that cannot publish itself:
+
+        dispatch-slurm watch --until-pid $TRAINER_PID &"""
+    from ..runtime import watch as watchmod
+    root, epoch_ = store.env_root(root), store.env_epoch(epoch_)
+    layout = watchmod.Layout(marker, pattern)
+
+    def said(pub):
+        click.echo(f"published step {pub.step} {common.text(pub.path)}")
+        sys.stdout.flush()
+    w = watchmod.Watcher(exec_dir, root, epoch_, layout, sync=not no_sync, on_publish=said)
+    if until_pid is not None:  # Slurm signals the watch too; it must outlive the trainer
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watchmod.run(w, poll=poll, interval=interval, once=once, until_pid=until_pid, timeout=timeout)
+
+
+COMMANDS = (env_, submit, watch)

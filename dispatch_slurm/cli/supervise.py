@@ -1,0 +1,137 @@
+"""The supervisor's commands: run, plan, supersede, release."""
+
+import json
+import signal
+import sys
+
+import click
+
+from .. import supervisor
+from . import common
+
+
+def _supervisor_options(fn):
+    """Options of run, plan and supersede. Left out, they come from the root's record (a
+    resumed or superseded job) or the defaults shown."""
+    opts = [
+        click.option("--resubmit", type=click.IntRange(0), help="resubmissions allowed after a failure, "
+                     "cancel, preemption or node failure  [default: 0]"),
+        click.option("--shared-checkpoint/--no-shared-checkpoint", "shared", default=None,
+                     help="the job cannot isolate its writes: every recovery becomes a hold for a person"),
+        click.option("--hold-for", help="how long a hold waits for an answer (90, 30m, 24h)  [default: 24h]"),
+        click.option("--cessation-interval", help="how often the cessation signal is asked during a hold  "
+                     "[default: 60s]"),
+        click.option("--cessation-cmd", help="the site's cessation signal: exit 0 ceased, 1 not ceased, "
+                     "else cannot tell; placeholders {job} {restart} {root} {generation} {submission} {epoch} "
+                     "{attempt} {cluster} {nodes} {started}  [default: " + supervisor.DEFAULT_CESSATION_CMD + "]"),
+        click.option("--via", type=click.Choice(["spank", "env"]), help="pass G and N by the SPANK plugin's "
+                     "options, or exported in the environment (the script runs `dispatch-slurm env`)  "
+                     "[default: spank]"),
+        click.option("--grace", type=click.IntRange(0, 300), help="seconds to checkpoint after SIGTERM"),
+        click.option("--poll", type=click.FloatRange(min=0.1, max=3600), default=supervisor.DEFAULT_POLL,
+                     show_default=True, help="seconds between two looks at the job"),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace) -> dict:
+    dur = supervisor.parse_duration
+    return {"resubmit": resubmit, "shared": shared, "via": via, "grace": grace, "cessation_cmd": cessation_cmd,
+            "hold_for": None if hold_for is None else dur(hold_for, "--hold-for"),
+            "cessation_interval": None if cessation_interval is None else dur(cessation_interval,
+                                                                              "--cessation-interval")}
+
+
+def _supervise(fn, *args):
+    """Run a supervisor to its end: its message on stderr, its outcome as the exit code
+    (0 done or superseded, 1 failed, 3 held after the hold expired)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        result = fn(*args)
+    except KeyboardInterrupt:
+        click.echo("dispatch-slurm: supervisor stopped by a signal; the job is left as it is: "
+                   f"`dispatch-slurm run {args[0]}` resumes from the record", err=True)
+        sys.exit(130)
+    click.echo(f"dispatch-slurm: {result.message}", err=True)
+    sys.exit(result.code)
+
+
+@click.command()
+@common.root_argument()
+@_supervisor_options
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, poll, sbatch_args):
+    """Submit a job and supervise it: follow it through Slurm and, when an execution ends,
+    apply the rules (`dispatch-slurm plan` shows them). Every fact goes to ROOT/record.jsonl;
+    run again with only ROOT to resume after a crash (nothing is submitted twice).
+
+        dispatch-slurm run /scratch/me/run1 --resubmit 3 -- --nodes=2 train.sbatch
+
+    Exit 0 done, 1 failed, 2 error, 3 held (a hold expired unanswered)."""
+    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace)
+    _supervise(supervisor.run, root, opts, list(sbatch_args), poll)
+
+
+@click.command()
+@common.root_argument()
+@_supervisor_options
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+def plan(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, poll, as_json,
+         sbatch_args):
+    """Show what each rule will do for this job, before it starts: the sbatch command,
+    and for a shared checkpoint the holds that stand in for recovery. With a record
+    under ROOT and no arguments: the plan from where the job stands."""
+    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace)
+    root = supervisor.normalize(root)
+    state = supervisor.load_state(root)
+    if state.g is not None and not sbatch_args:
+        supervisor.check_resume(opts, [], state.defn)
+        p = supervisor.plan(state.defn, root, state)
+    else:
+        p = supervisor.plan({"g": 0, **supervisor.make_defn(opts, list(sbatch_args))}, root)
+    click.echo(json.dumps(p, indent=2) if as_json else supervisor.render_plan(p), nl=as_json)
+
+
+@click.command()
+@common.root_argument()
+@_supervisor_options
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+def supersede(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, poll,
+              sbatch_args):
+    """Start generation G+1 of ROOT's job: record the supersession, cancel generation G's
+    job (its supervisor stops), and carry on as the supervisor of G+1. Options and sbatch
+    arguments left out are generation G's. Its saves outrank every save of G (the epoch's
+    G part), and it can resume from them."""
+    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace)
+    _supervise(supervisor.supersede, root, opts, list(sbatch_args), poll)
+
+
+@click.command()
+@common.root_argument()
+@click.option("--message", "-m", help="why it is safe (kept in the record)")
+@click.option("--json", "as_json", is_flag=True)
+def release(root, message, as_json):
+    """Answer the hold standing on ROOT: the old execution is known to have stopped, so
+    the rule the hold replaced may apply. The supervisor picks it up at its next poll
+    (or when `dispatch-slurm run ROOT` resumes). Exit 1 if no hold stands."""
+    try:
+        res = supervisor.release(root, message)
+    except supervisor.NoHold as e:
+        click.echo(f"dispatch-slurm: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"released hold #{res['hold']} (job {res['job']} execution R={res['r']}): "
+               f"{res['replaces']} applies next")
+    if not res["supervisor_running"]:
+        click.echo(f"no supervisor is running for {root}: `dispatch-slurm run {root}` applies it", err=True)
+
+
+COMMANDS = (run, plan, supersede, release)
+

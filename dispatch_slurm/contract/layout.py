@@ -1,0 +1,41 @@
+"""Every entry under a checkpoint root, named once.
+
+The protocol's readers and writers (store, supervisor, hooks, gc) take their names
+from here, and the README's on-disk contract table is checked against ``ENTRIES``
+(tests/test_docs.py), so the layout cannot drift from its documentation."""
+
+EXEC = "exec"          # exec/<attempt>/: one execution's saves
+PUB = "pub"            # pub/<name>: publications
+SUB = "sub"            # sub/<NNNNNN>: submission numbers
+EVENTS = "events"      # events/<attempt>.<host>.<pid>.jsonl
+CEASED = "ceased"      # ceased/<attempt>.<node>: the Epilog's cessation evidence
+RECORD = "record.jsonl"  # the supervisor's facts
+CLAIMS = "supervisor"  # supervisor/<NNNNNN>: who writes the record
+REQUESTS = "requests"  # requests/release.<k>, requests/supersede.<G>, requests/stop.<G>
+
+#: (entry, who writes it, what it is): the on-disk contract, in README order.
+ENTRIES = (
+    ("exec/<attempt>/...", "the execution", "one execution's saves; nothing else writes there"),
+    ("pub/<epoch>-<step>-<b32>", "publish", "publications: empty, never renamed, rewritten or appended to"),
+    ("sub/<NNNNNN>", "submit, the plugin, the supervisor", "submission numbers, O_EXCL-allocated"),
+    ("events/<attempt>.<host>.<pid>.jsonl", "every process", "events (JSON lines), one file per process"),
+    ("ceased/<attempt>.<node>", "the Epilog, as the job user", "cessation evidence: the execution's processes "
+                                                               "on that node are gone"),
+    ("record.jsonl", "the supervisor", "the supervisor's facts, one JSON object per line, fsynced"),
+    ("supervisor/<NNNNNN>[.exited]", "the supervisor", "claims: who writes the record; .exited when one stops"),
+    ("requests/<verb>.<k>", "a person (release, supersede, stop)", "requests the supervisor picks up"),
+)
+
+#: entries a save may never be: publishing or adopting one of them is refused
+PROTOCOL = frozenset({PUB, SUB, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS})
+
+
+def exec_relpath(attempt: str) -> str:
+    return f"{EXEC}/{attempt}"
+
+
+def table() -> str:
+    """The on-disk contract as the README shows it (a Markdown table)."""
+    rows = ["| entry | written by | what |", "|---|---|---|"]
+    rows += [f"| `<root>/{e}` | {who} | {what} |" for e, who, what in ENTRIES]
+    return "\n".join(rows)

@@ -1,0 +1,180 @@
+"""fsync discipline in one place (after python-atomicwrites).
+
+A new directory entry is durable only once its *directory* is fsynced; a new
+directory only once its parent is. Every write under a checkpoint root goes through
+these helpers: they work on directory file descriptors opened with O_NOFOLLOW, so a
+symlink planted inside the root is never followed and the names created land exactly
+where they were checked. One create-new (``create_new``), one append-and-sync
+(``append``), one save sync (``sync_tree``), all ending in ``_sync_directory``."""
+
+import errno
+import os
+import stat
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _sync_directory(fd: int) -> None:
+    """Make the directory's entries durable: the one fsync of a directory."""
+    os.fsync(fd)
+
+
+def open_dir(path: str, dir_fd: int | None = None, follow: bool = False) -> int:
+    """Open a directory for *at() calls and fsync. ``follow=False`` refuses a symlink."""
+    flags = _DIR_FLAGS | (0 if follow else os.O_NOFOLLOW)
+    return os.open(path, flags, dir_fd=dir_fd)
+
+
+def ensure_dir(name: str, parent_fd: int, mode: int = 0o777) -> tuple[int, bool]:
+    """Open ``name`` under ``parent_fd``, creating it if missing; (fd, created).
+
+    A creation is made durable (parent fsynced) before the fd is returned, so a
+    crash cannot lose a directory something was already written into."""
+    created = False
+    try:
+        fd = open_dir(name, dir_fd=parent_fd)  # the common case: it exists
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, mode, dir_fd=parent_fd)
+            created = True
+        except FileExistsError:  # a concurrent creator won; fine
+            pass
+        fd = _open_existing_dir(name, parent_fd)
+    except OSError as e:
+        raise _not_a_dir(e, name) from None
+    if created:
+        _sync_directory(parent_fd)
+    return fd, created
+
+
+def _open_existing_dir(name: str, parent_fd: int) -> int:
+    try:
+        return open_dir(name, dir_fd=parent_fd)
+    except OSError as e:
+        raise _not_a_dir(e, name) from None
+
+
+def _not_a_dir(e: OSError, name: str) -> OSError:
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return NotADirectoryError(e.errno, f"{name} is a symlink or not a directory")
+    return e
+
+
+def create_new(name: str, dir_fd: int, data: bytes = b"", mode: int = 0o444, sync: bool = True) -> None:
+    """Create a file that must not exist yet (O_CREAT|O_EXCL|O_NOFOLLOW), with ``data``.
+
+    Two writers cannot both succeed (FileExistsError for the loser). The content is
+    fsynced before the entry, and the directory after it: once this returns, the
+    file and its entry survive a crash (the caller fsyncs the parents it created)."""
+    fd = os.open(name, _NEW_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        _write_all(fd, data)
+        if data and sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if sync:
+        _sync_directory(dir_fd)
+
+
+def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0o644) -> None:
+    """Append ``data`` to ``name`` in one write (O_APPEND, never through a symlink),
+    then fsync it (and its directory when the file was new)."""
+    fd = os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        new = os.fstat(fd).st_size == 0
+        _write_all(fd, data)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if sync and new:
+        _sync_directory(dir_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def sync_tree(name: str, parent_fd: int) -> None:
+    """fsync every file and folder of a save (never following a symlink), then the
+    folder holding it, so a publication can never outlive its save's data in a crash.
+
+    Raises FileNotFoundError if the save itself is gone; a file removed while the tree
+    is walked (a trainer's rotation racing us) is skipped: it is not part of the save
+    any more, and the caller decides whether the save still exists."""
+    _sync_entry(name, parent_fd)
+    _sync_directory(parent_fd)
+
+
+def _sync_entry(name: str, dir_fd: int) -> None:
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        fd = open_dir(name, dir_fd=dir_fd)
+        try:
+            for entry in os.listdir(fd):
+                try:
+                    _sync_entry(entry, fd)
+                except FileNotFoundError:
+                    continue  # removed while we walked: no longer part of the save
+            _sync_directory(fd)
+        finally:
+            os.close(fd)
+    elif stat.S_ISREG(st.st_mode):
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def walk_to(rel: str, root_fd: int) -> int:
+    """Open the folder holding ``rel`` (a canonical path under the root) without
+    following any symlink; the caller closes the returned fd (``root_fd`` itself is
+    returned, not a copy, when ``rel`` has one component)."""
+    fd = root_fd
+    try:
+        for part in rel.split("/")[:-1]:
+            nfd = open_dir(part, dir_fd=fd)
+            if fd != root_fd:
+                os.close(fd)
+            fd = nfd
+    except BaseException:
+        if fd != root_fd:
+            os.close(fd)
+        raise
+    return fd
+
+
+def truncate(name: str, dir_fd: int, length: int) -> None:
+    """Cut ``name`` to ``length`` bytes (never through a symlink) and fsync it: how a
+    writer drops a torn, never-acknowledged tail before appending again."""
+    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.ftruncate(fd, length)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DirFds:
+    """Close a set of directory fds on exit, whatever happened."""
+
+    def __init__(self):
+        self.fds: list[int] = []
+
+    def add(self, fd: int) -> int:
+        self.fds.append(fd)
+        return fd
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for fd in reversed(self.fds):
+            os.close(fd)
+

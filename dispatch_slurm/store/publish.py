@@ -1,0 +1,102 @@
+"""The one publish path: CLI ``publish``, ``watch``, the preemption handler and every
+integration call ``publish()``; nothing else creates a publication.
+
+One guarantee, whoever calls: when ``publish`` returns, the save's files, its
+publication entry, ``pub/`` and the root are fsynced, and a ``published`` event is
+written. A retry of a publication that already exists fsyncs everything again and
+returns ``existed=True``: after a failed fsync (EIO), the retry is how durability is
+finally confirmed, never a silent success.
+
+Whose save: a save under ``exec/<attempt>/`` belongs to that execution, and its
+attempt token carries its epoch (``<cluster>.<job>.<epoch>``). Publishing it at any
+other epoch, or from another execution, would let an old execution's save outrank
+its replacement, so it is refused unless the caller adopts it explicitly
+(``adopt=True``, recorded in the event). Protocol entries (pub/, sub/, ...) are never
+saves."""
+
+import os
+from typing import NamedTuple
+
+from ..contract import layout, names
+from ..contract.epoch import EPOCH_MAX, decompose, parse_part
+from ..contract.names import Publication
+from ..errors import BadPath, DispatchError
+from . import events
+from .durable import DirFds, sync_tree, walk_to
+from .posix import check_name_fits, create_publication, open_root, save_relpath
+
+
+class Published(NamedTuple):
+    publication: Publication
+    existed: bool  # the entry was already there: this call (re)confirmed its durability
+    adopted: bool  # the save is not this execution's own (adopt=True)
+
+
+def env_root(root: str | None = None) -> str:
+    root = root or os.environ.get("DISPATCH_CHECKPOINT")
+    if not root:
+        raise DispatchError("no checkpoint root: pass ROOT (or --root) or set DISPATCH_CHECKPOINT")
+    return root
+
+
+def env_epoch(epoch: int | None = None) -> int:
+    if epoch is not None:
+        return epoch
+    text = os.environ.get("DISPATCH_EPOCH")
+    if not text:
+        raise DispatchError("no epoch: pass --epoch or set DISPATCH_EPOCH (run `eval \"$(dispatch-slurm env)\"`)")
+    return parse_part("DISPATCH_EPOCH", text, 0, EPOCH_MAX)
+
+
+def owner(rel: str, epoch: int, attempt: str | None) -> str | None:
+    """Why ``rel`` is not a save of the execution (epoch, attempt), or None if it is."""
+    parts = rel.split("/")
+    if parts[0] in layout.PROTOCOL:
+        return f"{parts[0]} is part of the protocol, not a save"
+    if parts[0] != layout.EXEC or len(parts) < 3:
+        return f"it is not inside an execution's folder ({layout.EXEC}/<attempt>/...)"
+    writer = parts[1]
+    their = names.attempt_epoch(writer)
+    if their is None:
+        return f"{layout.EXEC}/{writer} is not an execution's folder (not an attempt token <cluster>.<job>.<epoch>)"
+    if their != epoch:
+        return f"it was written by execution {writer} (epoch {their}), not at epoch {epoch}"
+    if attempt and attempt != writer:
+        return f"it was written by execution {writer}, not by this one ({attempt})"
+    return None
+
+
+def publish(save: str, step: int | None = None, *, root: str | None = None, epoch: int | None = None,
+            by: str = "publish", sync: bool = True, adopt: bool = False,
+            pattern: str = names.STEP_PATTERN) -> Published:
+    """Publish ``save`` (a folder or file inside the root) at (epoch, step); durable on
+    return. Defaults: root $DISPATCH_CHECKPOINT, epoch $DISPATCH_EPOCH, step from the
+    save's name (``checkpoint-<step>``). See the module doc for whose save may be
+    published and what a retry does."""
+    root, epoch = env_root(root), env_epoch(epoch)
+    decompose(epoch)  # an epoch no (G, N, R) composes is refused before anything else
+    step = names.step_of(save, pattern) if step is None else step
+    attempt = os.environ.get("DISPATCH_ATTEMPT") or None
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        rel = save_relpath(root, root_fd, save)
+        why = owner(rel, epoch, attempt)
+        if why and (not adopt or rel.split("/")[0] in layout.PROTOCOL):
+            hint = "" if rel.split("/")[0] in layout.PROTOCOL else \
+                "; to publish it deliberately as this execution's save, pass --adopt (adopt=True)"
+            raise BadPath(f"refusing to publish {save} at epoch {epoch}: {why}{hint}")
+        name = names.encode(epoch, step, rel)
+        check_name_fits(root_fd, name, rel)
+        if sync:
+            parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
+            try:
+                sync_tree(rel.rsplit("/", 1)[-1], parent)
+            except FileNotFoundError:
+                raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
+        created = create_publication(root, root_fd, name)
+    pub = Publication(epoch, step, rel, name)
+    parts = rel.split("/")
+    writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None
+    events.record("published", root=root, attempt=attempt or writer, step=step, path=rel, name=name, by=by,
+                  existed=not created, **({"adopted": True, "adopted_from": writer or rel} if why else {}))
+    return Published(pub, not created, bool(why))

@@ -1,0 +1,139 @@
+"""The supervisor: follow a job through Slurm and apply the recovery rules.
+
+`dispatch-slurm run ROOT -- SBATCH_ARGS` submits the job (allocating N under
+``<root>/sub/``), follows it with the Slurm client (CLI JSON), and when an execution
+ends applies a rule:
+
+    COMPLETED                        done
+    FAILED, TIMEOUT, OUT_OF_MEMORY,  resubmit while budget (--resubmit) is left,
+    BOOT_FAIL, DEADLINE, CANCELLED,  else fail
+    PREEMPTED, NODE_FAIL
+    requeued by Slurm (R+1)          nothing to do: Slurm restarts it (no budget used)
+
+For a shared checkpoint (``--shared-checkpoint``: the job cannot isolate its writes)
+every recovery rule is replaced by a *hold* for a person: a new execution must not
+start while the old one may still write into the one folder. While a hold stands the
+cessation signal (a site command) is asked every ``--cessation-interval``; "ceased"
+lifts the hold and the replaced rule applies; so does ``dispatch-slurm release ROOT``.
+A hold that expires unanswered leaves the job held (exit 3).
+
+Everything the supervisor learns or decides is a *fact* appended to
+``<root>/record.jsonl`` (record.py), and its state is a pure replay of those facts
+(state.py), so a restarted supervisor continues exactly where the record stops. One
+writer at a time: supervisors claim the root (claim.py). People talk to it through
+request entries (requests.py). The rules (rules.py) are applied by the loop (loop.py).
+
+Submission is crash-safe: the intent (G, N and a tag) is recorded before sbatch runs
+and the job carries the tag as ``--comment``; a restarted supervisor that finds an
+intent without a job id asks Slurm for a job with that tag before submitting again.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ..contract import epoch as epochmod
+from ..contract import names
+from ..errors import DispatchError
+from ..slurm.client import Slurm
+from . import requests
+from .claim import DEFAULT_POLL, Claim
+from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
+from .record import Record
+from .render import render_plan
+from .rules import DEFAULT_CESSATION_CMD, DEFAULTS, check_resume, make_defn, parse_duration, plan
+from .state import State
+
+
+class NoHold(DispatchError):
+    """`release` found no hold to answer (exit 1: a negative answer, not an error)."""
+
+
+def normalize(root: str) -> str:
+    root = names.normalize_root(root)
+    if "%a" in root:
+        raise DispatchError(f"checkpoint root {root!r}: array roots (%a) are not supervised; "
+                            "run one supervisor per task root")
+    if not os.path.isdir(root):
+        raise DispatchError(f"checkpoint root {root} does not exist (create it first)")
+    return root
+
+
+def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None) -> Finished:
+    root = normalize(root)
+    sup = Supervisor(root, slurm, poll=poll)
+    try:
+        st = sup.open("run")
+        if st.facts:
+            check_resume(options, args, st.defn)
+            defn = None
+            if st.defn.get("cwd") and os.path.isdir(st.defn["cwd"]):
+                os.chdir(st.defn["cwd"])
+        else:
+            defn = {"g": 0, **make_defn(options, args)}
+        sup.start(defn)
+        return sup.run()
+    except Finished as f:
+        return f
+    finally:
+        sup.close()
+
+
+def supersede(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None) -> Finished:
+    root = normalize(root)
+    facts = Record(root).read()
+    st = State.replay(facts)
+    if st.g is None:
+        raise DispatchError(f"{root} has no record of a job to supersede: start one with `dispatch-slurm run`")
+    new_g = st.g + 1
+    if new_g > epochmod.G_MAX:
+        raise DispatchError(f"generation {new_g} is over the maximum {epochmod.G_MAX:,}")
+    defn = make_defn(options, args, base=st.defn)
+    try:
+        requests.make(root, f"supersede.{new_g}", {**requests.who(), "args": args})
+    except FileExistsError:
+        raise DispatchError(f"generation {new_g} of {root} was already requested "
+                            f"({requests.path(root, f'supersede.{new_g}')})") from None
+    sup = Supervisor(root, slurm, poll=poll)
+    try:
+        st = sup.open("supersede", takeover=True)
+        if st.g + 1 != new_g:
+            raise DispatchError(f"the record moved to generation {st.g} meanwhile; not superseding")
+        sup.start(None)
+        sup.supersede(defn)
+        return sup.run()
+    except Finished as f:
+        return f
+    finally:
+        sup.close()
+
+
+def release(root: str, message: Optional[str] = None) -> dict:
+    """A person's answer to the standing hold: an O_EXCL entry the supervisor picks up."""
+    root = normalize(root)
+    st = State.replay(Record(root).read())
+    if st.hold is None:
+        raise NoHold(f"no hold stands on {root} ({st.summary()})")
+    h = st.hold
+    body = {**requests.who(), "message": message or ""}
+    path_of = lambda h: requests.path(root, f"release.{h['hold']}")  # noqa: E731
+    try:
+        path = requests.make(root, f"release.{h['hold']}", body)
+    except FileExistsError:
+        raise DispatchError(f"hold #{h['hold']} of {root} is already released ({path_of(h)}); "
+                            "the supervisor applies it at its next poll") from None
+    claim = Claim(root, DEFAULT_POLL, "release")
+    claims, exited = claim.entries()
+    running = bool(claims) and claim.holder_alive(claims[-1], exited, wait=False)
+    return {"hold": h["hold"], "job": h["job"], "r": h["r"], "replaces": h["replaces"], "entry": path,
+            "supervisor_running": running}
+
+
+def load_state(root: str) -> State:
+    return State.replay(Record(normalize(root)).read())
+
+
+__all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
+           "release", "NoHold", "load_state", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS",
+           "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

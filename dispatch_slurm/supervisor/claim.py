@@ -1,0 +1,138 @@
+"""Who writes the record: one supervisor at a time, without a lock.
+
+``<root>/supervisor/<NNNNNN>`` entries are O_EXCL-created in increasing order, each
+holding the claimant's host, pid and poll interval; the highest one is the writer.
+The writer touches its entry (mtime) every poll as a heartbeat and checks before every
+append that no higher entry exists; when one appears it stops writing, creates
+``<NNNNNN>.exited`` and exits. A new supervisor takes over only from a claimant that
+exited, whose pid is gone (same host), or whose heartbeat stood still for three of its
+polls (another host; compared on the file server's clock only). No lock: locks are
+unreliable on the parallel filesystems a root lives on."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from typing import Optional
+
+from ..contract.layout import CLAIMS
+from ..errors import DispatchError
+from ..store.durable import create_new
+from ..store.posix import folder, read_entry
+
+DEFAULT_POLL = 10.0
+_CLAIM = re.compile(r"[0-9]{6}")
+_EXITED = re.compile(r"([0-9]{6})\.exited")
+
+
+def _pid_is_supervisor(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return b"dispatch" in cmd
+
+
+class Claim:
+    """One supervisor's claim on ``root`` (see the module doc)."""
+
+    def __init__(self, root: str, poll: float, purpose: str, *, sleep=time.sleep, clock=time.monotonic):
+        self.root = root
+        self.poll, self.purpose = poll, purpose
+        self.seq: Optional[int] = None
+        self._sleep, self._clock = sleep, clock
+
+    def entries(self) -> tuple[list[int], set[int]]:
+        """(claims in order, the claims that said they exited)."""
+        with folder(self.root, CLAIMS) as fd:
+            items = os.listdir(fd) if fd is not None else []
+        claims = sorted(int(e) for e in items if _CLAIM.fullmatch(e))
+        exited = {int(m[1]) for e in items if (m := _EXITED.fullmatch(e))}
+        return claims, exited
+
+    def _info(self, seq: int) -> dict:
+        try:
+            info = json.loads(read_entry(self.root, CLAIMS, f"{seq:06d}") or b"{}")
+        except ValueError:
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    def _mtime(self, seq: int) -> Optional[float]:
+        with folder(self.root, CLAIMS) as fd:
+            try:
+                return os.stat(f"{seq:06d}", dir_fd=fd, follow_symlinks=False).st_mtime if fd is not None else None
+            except FileNotFoundError:
+                return None
+
+    def holder_alive(self, seq: int, exited: set[int], wait: bool = True) -> bool:
+        """Is claimant ``seq`` still (possibly) writing?"""
+        if seq in exited:
+            return False
+        info = self._info(seq)
+        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+            return _pid_is_supervisor(info["pid"])
+        if not wait:
+            return True
+        window = 3 * float(info.get("poll") or DEFAULT_POLL) + 5
+        before, t0 = self._mtime(seq), self._clock()
+        while self._clock() - t0 < window:
+            self._sleep(min(1.0, window))
+            if seq in self.entries()[1] or self._mtime(seq) != before:
+                return seq not in self.entries()[1]
+        return False
+
+    def acquire(self, takeover: bool = False) -> int:
+        """Become the writer. ``takeover`` (supersede): claim first, then wait until the
+        previous writer has noticed and stopped; otherwise refuse while it is alive."""
+        claims, exited = self.entries()
+        prev = claims[-1] if claims else None
+        if prev is not None and not takeover and self.holder_alive(prev, exited):
+            info = self._info(prev)
+            raise DispatchError(
+                f"a supervisor is already running for {self.root} "
+                f"(claim {prev:06d}: host {info.get('host', '?')}, pid {info.get('pid', '?')}, "
+                f"{info.get('purpose', '?')}); stop it first (`dispatch-slurm stop {self.root}`), "
+                "or use `dispatch-slurm supersede`")
+        seq = (prev or 0) + 1
+        body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "poll": self.poll,
+                           "purpose": self.purpose, "t": time.time()}).encode()
+        with folder(self.root, CLAIMS, create=True) as fd:
+            try:
+                create_new(f"{seq:06d}", fd, body, mode=0o644)
+            except FileExistsError:
+                raise DispatchError(f"another supervisor is claiming {self.root} right now "
+                                    f"(claim {seq:06d} exists); try again") from None
+        self.seq = seq
+        if takeover and prev is not None:
+            # the previous writer sees our higher claim at its next poll and exits; on
+            # another host, a heartbeat that stands still for three polls also ends the wait
+            while self.holder_alive(prev, self.entries()[1], wait=True):
+                self._sleep(0.5)
+        return seq
+
+    def mine(self) -> bool:
+        claims, _ = self.entries()
+        return self.seq is not None and bool(claims) and claims[-1] == self.seq
+
+    def heartbeat(self) -> None:
+        if self.seq is not None:
+            try:
+                with folder(self.root, CLAIMS) as fd:
+                    os.utime(f"{self.seq:06d}", dir_fd=fd, follow_symlinks=False)
+            except (OSError, DispatchError):
+                pass  # a missed heartbeat only makes a successor wait longer
+
+    def exit(self) -> None:
+        """Say this claimant stopped, so a successor need not wait for a stale heartbeat."""
+        if self.seq is None:
+            return
+        try:
+            with folder(self.root, CLAIMS, create=True) as fd:
+                create_new(f"{self.seq:06d}.exited", fd, mode=0o644)
+        except (OSError, DispatchError):
+            pass  # already said, or the root is gone: a successor falls back to the heartbeat
+        self.seq = None

@@ -1,0 +1,402 @@
+"""The supervisor's loop: follow a job through Slurm and apply the rules.
+
+``step()`` does at most one thing (records a fact and acts on Slurm) and returns how
+long to wait before the next; ``run()`` loops. Every decision is a fact in the record
+*before* it is acted on, so a crash at any point is resumed by replaying the record."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from .. import store
+from ..contract import epoch as epochmod
+from ..contract import names
+from ..errors import DispatchError
+from ..slurm.client import Slurm, SlurmError
+from ..store import events
+from . import requests
+from .claim import DEFAULT_POLL, Claim
+from .record import Record
+from .render import describe, fmt_duration
+from .rules import CAUSES, SUBMIT_TRIES, sbatch_argv, submission_tag
+from .state import State
+
+# Exit codes of `run` / `supersede`.
+EXIT_DONE, EXIT_FAILED, EXIT_ERROR, EXIT_HELD = 0, 1, 2, 3
+
+
+class Finished(Exception):
+    """The supervisor stops: ``code`` is the process exit code, ``message`` says why."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _say(msg: str) -> None:
+    print(f"dispatch-slurm: {msg}", file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    """One supervisor of one root. ``step()`` does at most one thing (records facts and
+    acts on Slurm) and returns how long to wait before the next; ``run()`` loops.
+    ``slurm``, ``clock``, ``sleep`` and ``ask`` are injectable for tests."""
+
+    def __init__(self, root: str, slurm: Optional[Slurm] = None, *, poll: float = DEFAULT_POLL,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 ask: Optional[Callable[[dict], dict]] = None, say: Callable[[str], None] = _say):
+        self.root = root
+        self.slurm = slurm or Slurm()
+        self.poll = poll
+        self.clock, self.sleep, self.say = clock, sleep, say
+        self.ask = ask or self.ask_command
+        self.record = Record(root, clock)
+        self.state = State()
+        self.claim: Optional[Claim] = None
+        self._asked_this_run = False
+        self._slurm_warned = False
+
+    # -- record ---------------------------------------------------------------------------
+
+    def open(self, purpose: str, takeover: bool = False) -> State:
+        """Claim the root and replay its record."""
+        self.claim = Claim(self.root, self.poll, purpose)
+        self.claim.acquire(takeover=takeover)
+        facts = self.record.open_for_append()
+        self.state = State.replay(facts)
+        return self.state
+
+    def fact(self, type_: str, **fields) -> dict:
+        if self.claim is not None and not self.claim.mine():
+            self._lost_claim()
+        f = self.record.append({"type": type_, **fields})
+        self.state.apply(f)
+        self.say(describe(f))
+        return f
+
+    def _lost_claim(self):
+        me = self.claim
+        superseded = self.state.g is not None and os.path.exists(
+            requests.path(self.root, f"supersede.{self.state.g + 1}"))
+        if me is not None:
+            me.exit()
+        if superseded:
+            raise Finished(EXIT_DONE, f"superseded by generation {self.state.g + 1}; that supervisor "
+                                      "cancels this generation's job and carries on")
+        raise Finished(EXIT_ERROR, "another supervisor took over this root; stopping without writing")
+
+    def close(self) -> None:
+        if self.claim is not None:
+            self.claim.exit()
+
+    # -- start ----------------------------------------------------------------------------
+
+    def start(self, defn: Optional[dict]) -> None:
+        """After open(): record who we are; for a new root, the job's definition."""
+        try:
+            cluster = self.slurm.cluster_name()
+        except SlurmError as e:
+            cluster = self.state.cluster
+            if cluster is None:
+                raise DispatchError(f"cannot ask Slurm for the cluster name: {e}") from None
+        resumed = self.state.facts > 0
+        self.fact("supervisor", incarnation=self.claim.seq if self.claim else None, host=socket.gethostname(),
+                  pid=os.getpid(), cluster=cluster, resumed=resumed, poll=self.poll)
+        if not resumed:
+            if defn is None:
+                raise DispatchError(f"{self.root} has no record yet: give the sbatch arguments after `--`")
+            self.fact("job", **defn)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> Finished:
+        while True:
+            if self.claim is not None:
+                if not self.claim.mine():
+                    self._lost_claim()
+                self.claim.heartbeat()
+            wait = self.step()
+            if wait:
+                self.sleep(wait)
+
+    def step(self) -> float:
+        """Do the next thing the state calls for; the seconds to wait before the next step."""
+        st = self.state
+        if st.finished and st.finished["outcome"] != "held":
+            raise self._outcome(st.finished)
+        if st.hold_needed:
+            self._open_hold(st.hold_needed)
+            return 0
+        if st.hold:
+            return self._hold_step()
+        if st.pending_decision:
+            self._decide(st.pending_decision)
+            return 0
+        if st.pending_apply:
+            self._apply_released(st.pending_apply)
+            return 0
+        if st.intent_open:
+            return self._recover_intent()
+        if st.need_submit:
+            return self._submit()
+        if st.job is not None:
+            return self._follow()
+        raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
+
+    @staticmethod
+    def _outcome(f: dict) -> Finished:
+        code = {"done": EXIT_DONE, "superseded": EXIT_DONE, "failed": EXIT_FAILED, "held": EXIT_HELD}
+        return Finished(code.get(f["outcome"], EXIT_ERROR), f.get("message") or f["outcome"])
+
+    def finish(self, outcome: str, message: str) -> None:
+        f = self.fact("finished", g=self.state.g, outcome=outcome, message=message)
+        raise self._outcome(f)
+
+    # -- submission -----------------------------------------------------------------------
+
+    def _submit(self) -> float:
+        st, defn = self.state, self.state.defn
+        if st.submit_failures >= (1 if st.submitted_in_g == 0 else SUBMIT_TRIES):
+            self.finish("failed", f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}")
+        n = store.allocate_submission(names.submission_dir(self.root))
+        tag = submission_tag(self.root, st.g, n)
+        self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0))
+        argv, env = sbatch_argv(defn, self.root, st.g, n, tag)
+        try:
+            job = self.slurm.submit(argv, env or None)
+        except SlurmError as e:
+            self.fact("submit_failed", g=st.g, n=n, error=str(e)[-1000:])
+            return self._recover_intent()
+        self.fact("submitted", g=st.g, n=n, job=job, tag=tag)
+        return 0
+
+    def _recover_intent(self) -> float:
+        """An intent without a job id: sbatch may or may not have queued the job. Slurm
+        knows (the tag is the job's comment): record the job, or that the intent was lost
+        (then a fresh N is allocated: reusing N for a job that may have run would give two
+        executions one epoch)."""
+        st = self.state
+        try:
+            found = sorted(self.slurm.jobs_with_comment(st.tag), key=lambda j: j.job_id)
+        except SlurmError as e:
+            self._slurm_trouble(e)
+            return self.poll
+        if found:
+            self.fact("submitted", g=st.g, n=st.n, job=found[0].job_id, tag=st.tag, recovered=True)
+            for extra in found[1:]:  # cannot happen with one sbatch per intent; say so if it does
+                self.fact("note", text=f"job {extra.job_id} also carries tag {st.tag}; following "
+                                       f"{found[0].job_id} only")
+            return 0
+        self.fact("intent_lost", g=st.g, n=st.n, tag=st.tag)
+        return self.poll if st.submit_failures else 0
+
+    # -- following the job ----------------------------------------------------------------
+
+    def _slurm_trouble(self, e: Exception) -> None:
+        if not self._slurm_warned:
+            self.say(f"warning: Slurm did not answer ({e}); retrying every {self.poll:g} s")
+            self._slurm_warned = True
+
+    def _exec_fields(self, r: int, nodes: list[str], start_time: Optional[int]) -> dict:
+        st = self.state
+        e = epochmod.compose(st.g, st.n, r)
+        attempt = names.attempt_token(st.cluster, str(st.job), e) if st.cluster else None
+        return {"g": st.g, "n": st.n, "job": st.job, "r": r, "epoch": e, "attempt": attempt,
+                "nodes": nodes, "start_time": start_time}
+
+    def _follow(self) -> float:
+        st = self.state
+        try:
+            j = self.slurm.find_job(st.job)
+        except SlurmError as e:
+            self._slurm_trouble(e)
+            return self.poll
+        self._slurm_warned = False
+        if j is None:
+            r = st.started["r"] if st.started else 0
+            if r not in st.ended:
+                fields = self._exec_fields(r, (st.started or {}).get("nodes", []),
+                                           (st.started or {}).get("start_time"))
+                self.fact("ended", **fields, state="UNKNOWN",
+                          reason="no longer known to slurmctld (purged after MinJobAge)")
+                return 0
+            return self.poll
+        r = j.restart_count
+        if st.started and r > st.started["r"] and st.started["r"] not in st.ended:
+            s = st.started
+            self.fact("ended", **self._exec_fields(s["r"], s["nodes"], s.get("start_time")),
+                      state="REQUEUED", requeued=True, reason=j.reason, flags=sorted(j.flags),
+                      now=f"{j.state} restart_count={r}")
+            return 0
+        if r not in st.ended and (st.started is None or r > st.started["r"]):
+            ran = j.ended and j.start_time and j.nodes  # ended between two polls
+            if j.state in ("RUNNING", "SUSPENDED") or ran:
+                self.fact("started", **self._exec_fields(r, j.nodes, j.start_time),
+                          late=j.state not in ("RUNNING", "SUSPENDED"))
+                return 0
+        if j.ended and r not in st.ended:
+            self.fact("ended", **self._exec_fields(r, j.nodes, j.start_time), state=j.state,
+                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags))
+            return 0
+        return self.poll
+
+    # -- rules ----------------------------------------------------------------------------
+
+    def _decide(self, ended: dict) -> None:
+        st, defn = self.state, self.state.defn
+        ref = {k: ended[k] for k in ("job", "r")}
+        if ended.get("requeued"):
+            if not defn["shared"]:
+                self.fact("rule", rule="requeue", cause="requeue", **ref)
+                return
+            try:  # Slurm requeued a shared-checkpoint job anyway: keep it from starting
+                self.slurm.hold(ended["job"])
+                self.fact("rule", rule="requeue", cause="requeue", held=True, slurm_held=True, **ref)
+            except SlurmError as e:
+                self.fact("rule", rule="requeue", cause="requeue", held=False, **ref,
+                          warning=f"Slurm requeued this shared-checkpoint job and it could not be held "
+                                  f"({e}); its executions may overlap")
+            return
+        if ended["state"] == "COMPLETED":
+            self.fact("rule", rule="done", cause="completed", **ref)
+            self.finish("done", f"job {ended['job']} completed")
+        if ended["state"] == "UNKNOWN":
+            self.fact("rule", rule="fail", cause="unknown", **ref)
+            self.finish("failed", f"job {ended['job']} is no longer known to slurmctld, so how it ended "
+                                  "cannot be told; not resubmitting blindly (check sacct, then supersede)")
+        cause = CAUSES.get(ended["state"], "failure")
+        left = defn["resubmit"] - st.used
+        if left > 0:
+            self.fact("rule", rule="resubmit", cause=cause, budget_left=left - 1, held=defn["shared"], **ref)
+        else:
+            self.fact("rule", rule="fail", cause=cause, budget_left=0, **ref)
+            self.finish("failed", f"job {ended['job']} ended {ended['state']} and no resubmission is left "
+                                  f"(--resubmit {defn['resubmit']})")
+
+    def _apply_released(self, hold: dict) -> None:
+        rule, ref = hold["replaces"], {"job": hold["job"], "r": hold["r"]}
+        if rule == "resubmit":
+            self.fact("rule", rule="resubmit", after_hold=hold["hold"],
+                      budget_left=self.state.defn["resubmit"] - self.state.used - 1, **ref)
+        elif rule == "requeue":
+            if hold.get("slurm_held"):
+                try:
+                    self.slurm.release(hold["job"])
+                except SlurmError as e:
+                    self.fact("note", text=f"scontrol release {hold['job']} failed: {e}")
+            self.fact("rule", rule="requeue", after_hold=hold["hold"], **ref)
+        else:
+            self.fact("rule", rule=rule, after_hold=hold["hold"], **ref)
+
+    # -- holds ----------------------------------------------------------------------------
+
+    def _open_hold(self, rule: dict) -> None:
+        st = self.state
+        ex = st.ended.get(rule["r"]) if rule.get("job") == st.job else None
+        ex = ex or rule.get("execution") or {}
+        h = self.fact("hold", hold=st.holds + 1, replaces=rule["rule"], cause=rule.get("cause"),
+                      job=rule["job"], r=rule["r"], g=ex.get("g"), n=ex.get("n"), epoch=ex.get("epoch"),
+                      attempt=ex.get("attempt"), nodes=ex.get("nodes", []), start_time=ex.get("start_time"),
+                      slurm_held=bool(rule.get("slurm_held")), until=round(self.clock() + st.defn["hold_for"], 3),
+                      cessation_cmd=st.defn["cessation_cmd"], interval=st.defn["cessation_interval"])
+        events.record("hold", root=self.root, attempt=h.get("attempt") or "supervisor",
+                      hold=h["hold"], replaces=h["replaces"], job=h["job"], until=h["until"])
+        self.say(f"HOLD #{h['hold']}: the checkpoint is shared, so {h['replaces']} waits until execution "
+                 f"R={h['r']} of job {h['job']} has ceased (asked every "
+                 f"{fmt_duration(h['interval'])}) or a person runs `dispatch-slurm release {self.root}`")
+
+    def _hold_step(self) -> float:
+        st = self.state
+        h = st.hold
+        rel = requests.read(self.root, f"release.{h['hold']}")
+        if rel is not None:
+            who = {k: rel[k] for k in ("user", "uid", "host", "message", "entry") if k in rel}
+            self.fact("release", hold=h["hold"], by="person", requested_t=rel.get("t"), **who)
+            events.record("release", root=self.root, attempt=h.get("attempt") or "supervisor",
+                          hold=h["hold"], by="person")
+            return 0
+        now = self.clock()
+        due = st.last_answer_t is None or now - st.last_answer_t >= h["interval"]
+        expired = now >= h["until"]
+        if due or (expired and not self._asked_this_run):
+            ans = self.ask(h)
+            self._asked_this_run = True
+            self.fact("cessation", hold=h["hold"], job=h["job"], r=h["r"], **ans)
+            events.record("cessation", root=self.root, attempt=h.get("attempt") or "supervisor",
+                          hold=h["hold"], answer=ans["answer"], source="supervisor")
+            if ans["answer"] == "ceased":
+                self.fact("release", hold=h["hold"], by="cessation signal")
+                events.record("release", root=self.root, attempt=h.get("attempt") or "supervisor",
+                              hold=h["hold"], by="cessation signal")
+                return 0
+            now = self.clock()
+        if expired:
+            self.fact("hold_expired", hold=h["hold"], until=h["until"])
+            self.finish("held", f"hold #{h['hold']} expired after {fmt_duration(st.defn['hold_for'])} with "
+                                f"no answer: job {h['job']} stays held ({h['replaces']} not applied). When "
+                                f"it is safe: `dispatch-slurm release {self.root}`, then "
+                                f"`dispatch-slurm run {self.root}` to continue")
+        next_ask = (st.last_answer_t or now) + h["interval"]
+        return max(0.05, min(self.poll, next_ask - now, h["until"] - now))
+
+    def ask_command(self, h: dict) -> dict:
+        """Run the site's cessation command for the held execution: exit 0 ceased, 1 not
+        ceased, anything else (or no answer in time) cannot tell."""
+        values = {"job": h["job"], "restart": h["r"], "root": self.root, "generation": h.get("g"),
+                  "submission": h.get("n"), "epoch": h.get("epoch"), "attempt": h.get("attempt"),
+                  "cluster": self.state.cluster, "nodes": ",".join(h.get("nodes") or []),
+                  "started": h.get("start_time")}
+        values = {k: "" if v is None else str(v) for k, v in values.items()}
+        argv = [part.format(**values) for part in shlex.split(h["cessation_cmd"])]
+        if argv[0] == "dispatch-slurm" and shutil.which("dispatch-slurm") is None:
+            argv[:1] = [sys.executable, "-m", "dispatch_slurm"]  # e.g. run from a venv not on PATH
+        timeout = max(30.0, h["interval"])
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except FileNotFoundError as e:
+            return {"answer": "unknown", "exit": None, "error": f"{argv[0]}: not found ({e})"}
+        except subprocess.TimeoutExpired:
+            return {"answer": "unknown", "exit": None, "error": f"no answer within {timeout:g} s"}
+        answer = {0: "ceased", 1: "not_ceased"}.get(p.returncode, "unknown")
+        out: dict[str, Any] = {"answer": answer, "exit": p.returncode}
+        try:
+            out["evidence"] = json.loads(p.stdout)
+        except ValueError:
+            out["output"] = p.stdout.strip()[-1000:]
+        if p.stderr.strip():
+            out["stderr"] = p.stderr.strip()[-500:]
+        return out
+
+    # -- supersession ---------------------------------------------------------------------
+
+    def supersede(self, defn: dict) -> None:
+        """After open(takeover=True) and start(None): end generation G, begin G+1."""
+        st = self.state
+        old_g, old_job, started = st.g, st.job, st.started
+        old_shared = st.defn.get("shared", False)
+        cancelled, state = False, None
+        if old_job is not None:
+            try:
+                j = self.slurm.find_job(old_job)
+            except SlurmError as e:
+                raise DispatchError(f"cannot ask Slurm about job {old_job}: {e}") from None
+            state = j.state if j else "UNKNOWN"
+            if j is not None and not j.ended:
+                self.slurm.cancel(old_job)
+                cancelled = True
+        self.fact("superseded", from_g=old_g, to_g=old_g + 1, job=old_job, state=state, cancelled=cancelled)
+        self.fact("job", **{**defn, "g": old_g + 1})
+        if (old_shared or defn["shared"]) and started is not None and state is not None:
+            # the old execution may still write into the shared folder: the new
+            # generation's first submission is a recovery like any other
+            self.fact("rule", rule="supersede", cause="supersession", held=True, job=old_job,
+                      r=started["r"], execution={k: started.get(k) for k in
+                                                 ("g", "n", "epoch", "attempt", "nodes", "start_time")})

@@ -1,0 +1,66 @@
+"""What people read: one line per fact on the supervisor's stderr, and the plan."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+
+def fmt_duration(s: float) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n and s % n == 0 and not (unit == "d" and s < 3 * 86400):
+            return f"{int(s // n)}{unit}"
+    return f"{s:g}s"
+
+
+def describe(f: dict) -> str:
+    """One line per fact, for the supervisor's stderr."""
+    t = f["type"]
+    if t == "job":
+        return (f"generation {f['g']}: {'shared checkpoint, ' if f['shared'] else ''}resubmit budget "
+                f"{f['resubmit']}, via {f['via']}: sbatch {shlex.join(f['args'])}")
+    if t == "intent":
+        return f"submitting G={f['g']} N={f['n']} (tag {f['tag']})"
+    if t == "submitted":
+        return f"submitted job {f['job']} (G={f['g']} N={f['n']}){' [found after a restart]' if f.get('recovered') else ''}"
+    if t == "started":
+        return f"job {f['job']} execution R={f['r']} started on {','.join(f['nodes'])} (epoch {f['epoch']})"
+    if t == "ended":
+        return f"job {f['job']} execution R={f['r']} ended: {f['state']} ({f.get('reason') or '-'})"
+    if t == "rule":
+        extra = " -> HOLD" if f.get("held") else ""
+        left = f" ({f['budget_left']} left)" if "budget_left" in f else ""
+        return f"rule: {f['rule']}{left}{extra}"
+    if t == "hold":
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["until"]))
+        return (f"hold #{f['hold']} on job {f['job']} R={f['r']} (instead of {f['replaces']}), "
+                f"until {until}")
+    if t == "cessation":
+        return f"cessation signal for hold #{f['hold']}: {f['answer']}"
+    if t == "release":
+        return f"hold #{f['hold']} released by {f['by']}"
+    if t == "finished":
+        return f"finished: {f['outcome']}: {f.get('message', '')}"
+    if t == "supervisor":
+        return f"supervisor {'resumed' if f.get('resumed') else 'started'} (pid {f['pid']} on {f['host']})"
+    rest = {k: v for k, v in f.items() if k not in ("v", "seq", "t", "type")}
+    return f"{t}: {json.dumps(rest)}"
+
+
+def render_plan(p: dict) -> str:
+    out = [f"root: {p['root']}  generation: {p['generation']}  ({p['state']})",
+           f"shared checkpoint: {'yes' if p['shared_checkpoint'] else 'no'}  "
+           f"resubmit budget: {p['resubmit_budget']} ({p['budget_left']} left)  via: {p['via']}",
+           "submits: " + shlex.join(p["sbatch"])]
+    if p["env"]:
+        out.append("with: " + " ".join(f"{k}={v}" for k, v in p["env"].items()))
+    out.append("when an execution ends:")
+    width = max(len(r["when"]) for r in p["rules"])
+    for r in p["rules"]:
+        sub = f" instead of {r['replaces']}" if r.get("replaces") else ""
+        out.append(f"  {r['when']:<{width}}  {r['rule']}{sub}: {r['then']}")
+    if p["hold"]:
+        out.append(f"HOLD: {p['hold']['text']}")
+    out += [f"note: {n}" for n in p["notes"]]
+    return "\n".join(out) + "\n"

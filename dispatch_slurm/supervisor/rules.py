@@ -1,0 +1,168 @@
+"""The rules: what the supervisor submits and what it does when an execution ends.
+
+Pure functions of a job definition (the ``job`` fact) and the state: the plan a person
+reads (``plan``) and the supervisor's loop (supervisor/loop.py) apply the same rules."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Optional
+
+from ..errors import DispatchError
+from .render import fmt_duration
+from .state import State
+
+DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
+DEFAULTS = {"resubmit": 0, "shared": False, "via": "spank", "hold_for": 24 * 3600.0,
+            "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None}
+SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given up
+# Slurm's end state -> the cause a rule is chosen for.
+CAUSES = {"FAILED": "failure", "TIMEOUT": "failure", "OUT_OF_MEMORY": "failure", "BOOT_FAIL": "failure",
+          "DEADLINE": "failure", "CANCELLED": "cancel", "PREEMPTED": "preemption",
+          "NODE_FAIL": "node_failure"}
+PLACEHOLDERS = ("job", "restart", "root", "generation", "submission", "epoch", "attempt", "cluster",
+                "nodes", "started")
+
+
+def parse_duration(text: str, what: str) -> float:
+    """'90' (seconds), '30s', '15m', '24h', '2d' -> seconds; anything else is refused."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", str(text))
+    if not m:
+        raise DispatchError(f"{what} {text!r} is not a duration (e.g. 90, 30s, 15m, 24h, 2d)")
+    value = float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
+    if value <= 0:
+        raise DispatchError(f"{what} must be more than 0 seconds, got {text!r}")
+    return value
+
+
+def make_defn(options: dict, args: list[str], base: Optional[dict] = None) -> dict:
+    """A job definition from CLI options (None = not given: from ``base``, else the default)."""
+    base = base or {}
+    d = {k: (options[k] if options.get(k) is not None else base.get(k, DEFAULTS[k])) for k in DEFAULTS}
+    if d["resubmit"] < 0:
+        raise DispatchError(f"--resubmit must be 0 or more, got {d['resubmit']}")
+    if d["via"] not in ("spank", "env"):
+        raise DispatchError(f"--via must be spank or env, got {d['via']!r}")
+    try:
+        parts = shlex.split(d["cessation_cmd"])
+        for p in parts:
+            p.format(**{k: "" for k in PLACEHOLDERS})
+    except (ValueError, KeyError, IndexError) as e:
+        raise DispatchError(f"--cessation-cmd {d['cessation_cmd']!r}: {e!r} (placeholders: "
+                            f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})") from None
+    if not parts:
+        raise DispatchError("--cessation-cmd is empty")
+    d["args"] = list(args) or list(base.get("args", []))
+    check_sbatch_args(d["args"], d)
+    d["cwd"] = os.getcwd()
+    return d
+
+
+def check_resume(options: dict, args: list[str], defn: dict) -> None:
+    """On resume the record's definition stands: a different value given now is refused."""
+    for k, v in options.items():
+        if v is not None and k in DEFAULTS and v != defn.get(k):
+            raise DispatchError(f"the record of this root has {k.replace('_', '-')}={defn.get(k)!r} for "
+                                f"generation {defn['g']}, not {v!r}: omit it to resume (or supersede the job)")
+    if args and list(args) != defn["args"]:
+        raise DispatchError(f"the record of this root submits `{shlex.join(defn['args'])}`, not "
+                            f"`{shlex.join(args)}`: omit the sbatch arguments to resume (or supersede the job)")
+
+
+
+def check_sbatch_args(args: list[str], defn: dict) -> None:
+    """Refuse what the supervisor sets itself or cannot supervise, naming the argument."""
+    if not args:
+        raise DispatchError("no sbatch arguments: put the batch script (and sbatch options) after `--`")
+    for a in args:
+        opt = a.split("=", 1)[0]
+        if opt == "--comment":
+            raise DispatchError(f"sbatch argument {a!r}: the supervisor sets --comment itself "
+                                "(it tags each submission to find it again after a crash)")
+        if opt.startswith("--dispatch-"):
+            raise DispatchError(f"sbatch argument {a!r}: the supervisor sets the --dispatch-* options "
+                                "itself (use run's own options: --shared-checkpoint, --grace)")
+        if opt in ("--array", "-a") or (a.startswith("-a") and len(a) > 2 and not a.startswith("--")):
+            raise DispatchError(f"sbatch argument {a!r}: array jobs are not supervised; every task is "
+                                "its own job (run one supervisor per task root)")
+        if defn["via"] == "env" and opt == "--export":
+            raise DispatchError(f"sbatch argument {a!r}: --via env sets --export itself")
+        if defn["shared"] and opt == "--requeue":
+            raise DispatchError(f"sbatch argument {a!r}: a shared-checkpoint job is submitted with "
+                                "--no-requeue, so that Slurm cannot restart it behind the hold")
+
+
+def sbatch_argv(defn: dict, root: str, g: int, n: int, tag: str) -> tuple[list[str], dict[str, str]]:
+    """The sbatch arguments and the environment additions of one submission."""
+    argv = [f"--comment={tag}"]
+    env: dict[str, str] = {}
+    if defn["shared"]:
+        # Slurm's own requeue (node failure with JobRequeue=1, PreemptMode=REQUEUE,
+        # `scontrol requeue`) would start a new execution with no decision of ours: the
+        # very recovery the hold must stand in for. --no-requeue makes those end the job,
+        # so the supervisor sees the end and holds.
+        argv.append("--no-requeue")
+    if defn["via"] == "spank":
+        argv += [f"--dispatch-checkpoint={root}", f"--dispatch-generation={g}", f"--dispatch-submission={n}"]
+        if defn["shared"]:
+            argv.append("--dispatch-shared-checkpoint")
+        if defn.get("grace") is not None:
+            argv.append(f"--dispatch-grace={defn['grace']}")
+    else:
+        env = {"DISPATCH_CHECKPOINT": root, "DISPATCH_GENERATION": str(g), "DISPATCH_SUBMISSION": str(n)}
+        if defn["shared"]:
+            env["DISPATCH_SHARED_CHECKPOINT"] = "1"
+        if defn.get("grace") is not None:
+            env["DISPATCH_GRACE"] = str(defn["grace"])
+        argv.append("--export=ALL," + ",".join(env))
+    return argv + list(defn["args"]), env
+
+
+def submission_tag(root: str, g: int, n: int) -> str:
+    return f"dispatch-slurm:{root}:g{g}:n{n}"
+
+
+def plan(defn: dict, root: str, state: Optional[State] = None) -> dict:
+    """What each rule will do for this job, before it starts (or from where it stands)."""
+    shared, left = defn["shared"], defn["resubmit"] - (state.used if state else 0)
+    rows = [{"when": "COMPLETED", "rule": "done", "then": "exit 0"}]
+    for cause, states in (("failure", "FAILED TIMEOUT OUT_OF_MEMORY BOOT_FAIL DEADLINE"),
+                          ("cancel", "CANCELLED"), ("preemption", "PREEMPTED"), ("node_failure", "NODE_FAIL")):
+        if left <= 0:
+            rows.append({"when": states, "cause": cause, "rule": "fail", "then": "no resubmission left: exit 1"})
+        elif shared:
+            rows.append({"when": states, "cause": cause, "rule": "hold", "replaces": "resubmit",
+                         "then": f"HOLD; when lifted, resubmit with a new N ({left} left)"})
+        else:
+            rows.append({"when": states, "cause": cause, "rule": "resubmit",
+                         "then": f"resubmit with a new N ({left} left, then fail)"})
+    if shared:
+        rows.append({"when": "requeued by Slurm", "rule": "hold", "replaces": "requeue",
+                     "then": "cannot happen: submitted with --no-requeue, so Slurm ends the job and the "
+                             "rules above apply; should Slurm requeue it anyway, `scontrol hold` and HOLD"})
+    else:
+        rows.append({"when": "requeued by Slurm", "rule": "requeue",
+                     "then": "Slurm restarts the job itself (same N, R+1): recorded, no budget used"})
+    hold = None
+    if shared:
+        hold = {"hold_for": defn["hold_for"], "cessation_interval": defn["cessation_interval"],
+                "cessation_cmd": defn["cessation_cmd"],
+                "text": f"the checkpoint is shared, so a new execution must not start while the old one may "
+                        f"still write: each recovery waits up to {fmt_duration(defn['hold_for'])} for "
+                        f"`dispatch-slurm release {root}` or a 'ceased' answer of the cessation signal, asked "
+                        f"every {fmt_duration(defn['cessation_interval'])}: {defn['cessation_cmd']}; "
+                        f"unanswered, the job stays held and the supervisor exits 3"}
+    argv, env = sbatch_argv(defn, root, defn["g"], 1, submission_tag(root, defn["g"], 1))
+    shown = ["sbatch", "--parsable", *(a.replace("=1", "=<N>") if a.startswith("--dispatch-submission")
+                                       else a.replace(":n1", ":n<N>") for a in argv)]
+    env = {k: ("<N>" if k == "DISPATCH_SUBMISSION" else v) for k, v in env.items()}
+    notes = []
+    if defn["via"] == "env" and shared:
+        notes.append("--via env: the Epilog sees only the plugin's options, so it records no cessation "
+                     "evidence; holds lift by a person, or when every node rebooted")
+    return {"root": root, "generation": defn["g"], "shared_checkpoint": shared,
+            "resubmit_budget": defn["resubmit"], "budget_left": left, "via": defn["via"],
+            "sbatch": shown, "env": env, "rules": rows, "hold": hold, "notes": notes,
+            "state": state.summary() if state else "not started"}

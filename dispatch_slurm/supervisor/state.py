@@ -1,0 +1,119 @@
+"""The supervisor's state: a pure replay of the record's facts.
+
+``State.apply`` is the only way it changes, for replayed facts and new ones alike, so
+a restarted supervisor is in exactly the state its predecessor left."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class State:
+    """What the facts so far say. ``apply`` is the only way it changes, for replayed
+    facts and new ones alike, so a restarted supervisor is in the state its predecessor
+    left."""
+
+    defs: dict[int, dict] = field(default_factory=dict)
+    g: Optional[int] = None
+    n: Optional[int] = None
+    tag: Optional[str] = None
+    job: Optional[int] = None
+    intent_open: bool = False
+    need_submit: bool = False
+    submitted_in_g: int = 0
+    submit_failures: int = 0
+    last_submit_error: str = ""
+    started: Optional[dict] = None
+    ended: dict[int, dict] = field(default_factory=dict)
+    pending_decision: Optional[dict] = None
+    hold_needed: Optional[dict] = None
+    hold: Optional[dict] = None
+    holds: int = 0
+    last_answer_t: Optional[float] = None
+    pending_apply: Optional[dict] = None
+    used: int = 0
+    finished: Optional[dict] = None
+    cluster: Optional[str] = None
+    facts: int = 0
+
+    @property
+    def defn(self) -> dict:
+        return self.defs[self.g] if self.g is not None else {}
+
+    def apply(self, f: dict) -> None:
+        self.facts += 1
+        t = f["type"]
+        if t == "supervisor":
+            self.cluster = f.get("cluster") or self.cluster
+        elif t == "job":
+            self.g = f["g"]
+            self.defs[self.g] = f
+            self.n = self.tag = self.job = self.started = None
+            self.ended = {}
+            self.intent_open = False
+            self.need_submit = True
+            self.submitted_in_g = self.used = self.submit_failures = 0
+            self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
+            self.finished = None
+        elif t == "intent":
+            self.n, self.tag = f["n"], f["tag"]
+            self.intent_open, self.need_submit = True, False
+        elif t == "submit_failed":
+            self.submit_failures += 1
+            self.last_submit_error = f.get("error", "")
+        elif t == "intent_lost":
+            self.intent_open, self.need_submit = False, True
+        elif t == "submitted":
+            self.job, self.intent_open = f["job"], False
+            self.started, self.ended = None, {}
+            self.submitted_in_g += 1
+            self.submit_failures = 0
+        elif t == "started":
+            self.started = f
+        elif t == "ended":
+            self.ended[f["r"]] = f
+            self.pending_decision = f
+        elif t == "rule":
+            self.pending_decision = self.pending_apply = None
+            if f.get("held"):
+                self.hold_needed = f
+            elif f["rule"] == "resubmit":
+                self.used += 1
+                self.need_submit = True
+            elif f["rule"] == "supersede":
+                self.need_submit = True
+        elif t == "hold":
+            self.hold, self.hold_needed = f, None
+            self.holds = max(self.holds, f["hold"])
+            self.last_answer_t = None
+        elif t == "cessation":
+            self.last_answer_t = f["t"]
+        elif t == "release":
+            if self.hold is not None:
+                self.pending_apply = self.hold
+            self.hold = None
+        elif t == "finished":
+            self.finished = f
+        # superseded, hold_expired, note, torn_tail_dropped: facts for people, no state
+
+    @classmethod
+    def replay(cls, facts: list[dict]) -> "State":
+        st = cls()
+        for f in facts:
+            st.apply(f)
+        return st
+
+    def summary(self) -> str:
+        if self.g is None:
+            return "nothing submitted yet"
+        where = f"generation {self.g}"
+        if self.job is not None:
+            where += f", job {self.job} (N={self.n})"
+        if self.finished and self.finished["outcome"] != "held":
+            return f"{where}: finished, {self.finished['outcome']}"
+        if self.hold:
+            return f"{where}: HELD (hold #{self.hold['hold']}, replaces {self.hold['replaces']})"
+        return f"{where}: running"
+

@@ -1,0 +1,95 @@
+"""The layout shows the architecture, and stays that way (issue 11).
+
+* Each subpackage depends only on the layers below it: contract <- store <- runtime /
+  integrations; slurm and supervisor on top of the store; the CLI on everything. The
+  core (contract, store, runtime) imports nothing Slurm-, Docker- or test-bed-related.
+* The wheel users install holds the package and nothing of the test bed.
+* Every module keeps radon's maintainability index at A."""
+
+import ast
+import pathlib
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+PKG = pathlib.Path(__file__).resolve().parent.parent / "dispatch_slurm"
+# subpackage -> the subpackages (of dispatch_slurm) it may import
+ALLOWED = {
+    "errors": set(),
+    "contract": {"errors"},
+    "store": {"errors", "contract"},
+    "runtime": {"errors", "contract", "store"},
+    "integrations": {"errors", "contract", "store", "runtime"},
+    "slurm": {"errors", "contract", "store"},
+    "supervisor": {"errors", "contract", "store", "slurm"},
+    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "supervisor"},
+    "__init__": {"errors", "contract", "store", "runtime"},
+    "__main__": {"cli"},
+}
+FOREIGN = ("docker", "testcontainers", "testbed", "pytest", "hypothesis")
+
+
+def _modules():
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).with_suffix("")
+        yield ".".join(("dispatch_slurm", *rel.parts)), path
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """Absolute names of every module ``name`` imports (relative imports resolved)."""
+    pkg = name.rpartition(".")[0]  # a module's package (an __init__ module's: its own)
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+            mod = ".".join([*base, node.module] if node.module else base)
+            out |= {mod} | {f"{mod}.{a.name}" for a in node.names}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    """subpackage -> the dispatch_slurm subpackages it imports (what the note shows)."""
+    g: dict[str, set[str]] = {}
+    for name, path in _modules():
+        layer = name.split(".")[1] if "." in name else name
+        deps = {m.split(".")[1] for m in _imports(name, path) if m.startswith("dispatch_slurm.")}
+        g.setdefault(layer, set()).update(deps - {layer})
+    return g
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    g = graph()
+    assert set(g) <= set(ALLOWED), f"a new subpackage needs a place in ALLOWED: {set(g) - set(ALLOWED)}"
+    wrong = {layer: deps - ALLOWED[layer] for layer, deps in g.items() if deps - ALLOWED[layer]}
+    assert not wrong, f"imports against the layering: {wrong}"
+
+
+def test_the_package_imports_nothing_of_docker_or_the_test_bed():
+    for name, path in _modules():
+        bad = {m for m in _imports(name, path) if m.split(".")[0] in FOREIGN}
+        assert not bad, f"{name} imports {bad}"
+
+
+def test_the_wheel_holds_the_package_and_no_test_bed(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(PKG, src / "dispatch_slurm", ignore=shutil.ignore_patterns("__pycache__"))
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(PKG.parent / f, src / f)
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"),
+                    str(src)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    files = {n for n in zipfile.ZipFile(wheel).namelist() if not n.startswith("dispatch_slurm-")}
+    want = {f"dispatch_slurm/{p.relative_to(PKG)}" for p in PKG.rglob("*.py")}
+    assert files == want
+    assert not {f for f in files if any(x in f for x in ("dockerslurm", "trial", "workload", "wait", "testbed"))}
+
+
+def test_every_module_is_maintainable():
+    radon = pytest.importorskip("radon.metrics")
+    ranks = {name: radon.mi_visit(path.read_text(), multi=True) for name, path in _modules()}
+    assert min(ranks.values()) >= 20, {n: round(v, 1) for n, v in ranks.items() if v < 20}  # radon's A
