@@ -2,7 +2,10 @@
 
 import io
 import os
+import pathlib
+import shutil
 import stat
+import tempfile
 
 import pytest
 
@@ -60,3 +63,87 @@ def test_as_job_user_really_drops_privileges(tmp_path):
     res = hooks.as_job_user(env, lambda: open(folder / "x", "w"))
     assert "user_error" in res and "Permission denied" in res["user_error"]
     assert not (folder / "x").exists()
+
+
+# ---- issue 11: nothing a user controls makes a hook fail, hang or exhaust the node ---------
+
+NOBODY = {"SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "nobody"}
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
+
+
+@pytest.fixture
+def shared(tmp_path):
+    """A folder the job user (nobody) can reach: pytest's own tmp tree is root's, 0700."""
+    d = tempfile.mkdtemp(prefix="dispatch-hooks-")
+    os.chmod(d, 0o755)
+    yield pathlib.Path(d)
+    shutil.rmtree(d)
+
+
+@needs_root
+def test_a_child_answer_over_a_pipe_buffer_does_not_deadlock(monkeypatch):
+    monkeypatch.setattr(hooks, "CHILD_TIMEOUT", 20)  # a deadlock would end in "timed out"
+    big = "x" * (300 << 10)  # 300 KiB: over the 64 KiB a pipe holds
+    assert hooks.as_job_user(NOBODY, lambda: big) == {"ok": big}
+
+
+def test_the_sentinel_is_read_from_a_bounded_tail_of_regular_files_only(tmp_path):
+    big = tmp_path / "big.log"
+    with open(big, "wb") as f:  # 3 GiB, sparse: reading all of it would take the node's memory
+        f.truncate(3 << 30)
+        f.seek(0, 2)
+        f.write(b"\n" + hooks.SENTINEL + b"\n")
+    assert hooks.SENTINEL in hooks.stdout_tail(str(big))
+    assert hooks.stdout_tail("/dev/zero") == b""
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)  # no writer: a blocking open would hang the Epilog
+    assert hooks.stdout_tail(str(fifo)) == b""
+    assert hooks.stdout_tail(str(tmp_path / "missing")) == b""
+
+
+@needs_root
+@pytest.mark.parametrize("leaf", [b"a\nb", b"caf\xe9", b"\xff\xfe"], ids=["newline", "latin1", "non-utf8"])
+def test_prolog_and_epilog_exit_0_and_record_for_any_root(tmp_path, shared, monkeypatch, leaf):
+    """A root with a newline or a non-UTF-8 byte: the Prolog writes its files, the Epilog
+    reads them back and records cessation; neither raises nor exits non-zero."""
+    monkeypatch.setattr(hooks, "RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))
+    base = shared / "ck"
+    base.mkdir()
+    root = os.fsencode(base) + b"/" + leaf
+    os.mkdir(root)
+    os.chown(root, 65534, 65534)
+    os.chown(base, 65534, 65534)
+    env = {**NOBODY, "SLURM_JOB_ID": "77", "SLURM_CLUSTER_NAME": "linux", "SLURMD_NODENAME": "n1",
+           OPT + "checkpoint": os.fsdecode(root), OPT + "submission": "1"}
+    assert hooks.prolog(env) == 0
+    values = hooks.recorded_execution("77")
+    assert values is not None and os.fsencode(values["DISPATCH_CHECKPOINT"]) == root
+    assert os.path.isdir(os.fsencode(values["DISPATCH_EXEC_DIR"]))
+    assert hooks.epilog(env) == 0
+    assert os.listdir(root + b"/ceased") == [b"linux.77.1000000.n1"]
+    assert hooks.recorded_execution("77") is None  # cleaned up
+    assert hooks.epilog(env) == 0  # a second Epilog run (TERMINATE_JOB retry): nothing changes
+    os.rmdir(os.path.join(root, b"exec", b"linux.77.1000000"))
+
+
+@needs_root
+def test_a_missing_root_with_a_non_utf8_byte_is_logged_not_raised(tmp_path, shared, monkeypatch):
+    monkeypatch.setattr(hooks, "RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))
+    env = {**NOBODY, "SLURM_JOB_ID": "78", "SLURM_CLUSTER_NAME": "linux",
+           OPT + "checkpoint": os.fsdecode(os.fsencode(str(shared)) + b"/gone\xff"), OPT + "submission": "1"}
+    assert hooks.prolog(env) == 0
+    logged = (tmp_path / "hooks.log").read_text()
+    assert "does not exist" in logged and "\\udcff" in logged
+
+
+def test_the_task_prolog_reads_the_admins_site_conf_not_the_jobs(root, tmp_path):
+    mine = tmp_path / "mine.conf"
+    mine.write_text("grace = 299\n")
+    admins = tmp_path / "site.conf"
+    admins.write_text("grace = 45\n")
+    out = io.StringIO()
+    env = job_env(root, DISPATCH_SITE_CONF=str(mine))
+    assert hooks.task_prolog(env, out, io.StringIO(), site_conf=str(admins)) == 0
+    assert "export DISPATCH_GRACE_S=45" in out.getvalue().splitlines()

@@ -39,10 +39,11 @@ class Site:
         return min(self.account_grace.get(account or "", self.grace), GRACE_CAP)
 
 
-def load(path: str | None = None) -> Site:
-    """The site config at `path` (default: $DISPATCH_SITE_CONF or DEFAULT_PATH);
-    a missing default file means built-in defaults, a missing explicit file is an error."""
-    explicit = path or os.environ.get("DISPATCH_SITE_CONF")
+def load(path: str | None = None, *, env: bool = True) -> Site:
+    """The site config at `path` (default: $DISPATCH_SITE_CONF if ``env``, else DEFAULT_PATH);
+    a missing default file means built-in defaults, a missing explicit file is an error.
+    The hooks pass ``env=False``: a job's environment must not choose the site's settings."""
+    explicit = path or (os.environ.get("DISPATCH_SITE_CONF") if env else None)
     path = explicit or DEFAULT_PATH
     try:
         with open(path, encoding="utf-8") as f:

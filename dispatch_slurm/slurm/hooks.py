@@ -13,18 +13,30 @@ Rules every hook keeps:
   checks as the job user. Non-zero is kept for a broken node (its own /run
   unwritable, no Python).
 
+* Nothing a user controls can make a hook exit non-zero or hang: values with any
+  byte (a newline, a non-UTF-8 byte) are written and logged verbatim-but-escaped, the
+  child's answer is read while it runs (no pipe deadlock), the job's stdout is read as
+  a bounded tail of a regular file only (never /dev/zero, a fifo or a multi-GB log in
+  full), and any unexpected error is logged as a bug and the hook exits 0.
+* The site's settings come from the admin's file (``--site-conf``, else
+  /etc/dispatch-slurm/site.conf), never from the job's environment.
+
 Inputs: the plugin's options reach the Prolog and Epilog as
 SPANK__SLURM_SPANK_OPTION_dispatch_env_dispatch_<option>; the TaskProlog sees the
 task's own environment (DISPATCH_* from the plugin or from `dispatch-slurm submit`).
 """
 
+import argparse
 import json
 import os
 import pwd
+import select
 import signal
+import stat
 import sys
 import syslog
 import time
+import traceback
 
 from .. import store
 from ..contract import env as envmod
@@ -38,13 +50,23 @@ SPANK_OPT = "SPANK__SLURM_SPANK_OPTION_dispatch_env_dispatch_"
 SENTINEL = b"dispatch-checkpoint-complete"
 CHILD_TIMEOUT = 60  # a hung filesystem must not hang the hook forever
 CESSATION_WAIT = 30  # how long the Epilog waits for the execution's processes to go
+ANSWER_MAX = 1 << 20  # the child's answer: more is cut (it is one JSON object)
+TAIL = 64 << 10  # how much of the job's stdout the Epilog reads for the sentinel
+
+
+def printable(text: str) -> str:
+    """Any string (undecodable bytes arrive as surrogates) as one printable line."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\n", "\\n")
 
 
 def log(msg: str) -> None:
     """slurmd discards hook output: keep a line in syslog and in our own log."""
-    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURM_SCRIPT_CONTEXT', 'hook')} " \
-           f"job {os.environ.get('SLURM_JOB_ID', '?')}: {msg}"
-    syslog.syslog(syslog.LOG_NOTICE, line)
+    line = printable(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURM_SCRIPT_CONTEXT', 'hook')} "
+                     f"job {os.environ.get('SLURM_JOB_ID', '?')}: {msg}")
+    try:
+        syslog.syslog(syslog.LOG_NOTICE, line)
+    except (OSError, ValueError):
+        pass
     try:
         with open(LOG, "a") as f:
             f.write(line + "\n")
@@ -89,23 +111,49 @@ def as_job_user(environ, fn, *args):
             result = {"user_error": f"{e.filename or ''}: {e.strerror}"}
         except BaseException as e:  # a bug: report, never crash the node's hook
             result = {"bug": f"{type(e).__name__}: {e}"}
-        os.write(wfd, json.dumps(result).encode())
-        os._exit(0)
+        try:
+            data = json.dumps(result).encode()  # ASCII: any byte of a path is escaped
+            while data:
+                data = data[os.write(wfd, data):]
+        finally:
+            os._exit(0)
     os.close(wfd)
-    deadline = time.monotonic() + CHILD_TIMEOUT
+    try:
+        data = _read_answer(rfd, pid, time.monotonic() + CHILD_TIMEOUT)
+    finally:
+        os.close(rfd)
+    if data is None:
+        return {"user_error": f"timed out after {CHILD_TIMEOUT}s (hung filesystem?)"}
+    try:
+        return json.loads(data) if data else {"bug": "child died without an answer"}
+    except ValueError:
+        return {"bug": f"child's answer is not JSON ({len(data)} bytes)"}
+
+
+def _read_answer(rfd: int, pid: int, deadline: float) -> bytes | None:
+    """The child's answer, read while it runs (a child blocked on a full pipe would
+    otherwise never exit), then its exit reaped; None (child killed) at the deadline."""
+    chunks, size = [], 0
     while True:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
+        left = deadline - time.monotonic()
+        ready = select.select([rfd], [], [], max(0.0, left))[0] if left > 0 else []
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        data = os.read(rfd, 65536)
+        if not data:
             break
+        if size < ANSWER_MAX:
+            chunks.append(data[:ANSWER_MAX - size])
+        size += len(data)
+    while not os.waitpid(pid, os.WNOHANG)[0]:  # it wrote and closed: exiting now
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            os.close(rfd)
-            return {"user_error": f"timed out after {CHILD_TIMEOUT}s (hung filesystem?)"}
+            break
         time.sleep(0.01)
-    data = b"".join(iter(lambda: os.read(rfd, 65536), b""))
-    os.close(rfd)
-    return json.loads(data) if data else {"bug": "child died without an answer"}
+    return b"".join(chunks)
 
 
 def _prepare(values: dict, mode: int) -> str:
@@ -114,10 +162,25 @@ def _prepare(values: dict, mode: int) -> str:
 
 
 def env_file(job_id: str) -> str:
+    """For job scripts to source: `export K='v'` lines (any byte quoted by the shell rules)."""
     return f"{RUN_DIR}/{job_id}.env"
 
 
-def prolog(environ) -> int:
+def record_file(job_id: str) -> str:
+    """The Epilog's record of the execution the Prolog started: one JSON object."""
+    return f"{RUN_DIR}/{job_id}.json"
+
+
+def _write_root_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
+def prolog(environ, site_conf: str | None = None) -> int:
     inputs = spank_inputs(environ)
     if inputs is None:
         return 0
@@ -126,7 +189,7 @@ def prolog(environ) -> int:
         # is unknown here; the plugin's user_init / the TaskProlog create it per task.
         return 0
     try:
-        site = siteconf.load()
+        site = siteconf.load(site_conf, env=False)
         values = envmod.compute(inputs, site)
     except DispatchError as e:
         log(f"user error, job will fail in its tasks: {e}")
@@ -135,35 +198,39 @@ def prolog(environ) -> int:
     if "ok" not in result:
         log(f"{'BUG' if 'bug' in result else 'user error'}: {result.get('bug') or result['user_error']}")
         return 0
-    try:  # root's own file, in root's own folder
+    try:  # root's own files, in root's own folder; bytes as the filesystem has them
         os.makedirs(RUN_DIR, mode=0o755, exist_ok=True)
-        fd = os.open(env_file(environ["SLURM_JOB_ID"]),
-                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(envmod.render(values, "sh"))
+        _write_root_file(env_file(environ["SLURM_JOB_ID"]), os.fsencode(envmod.render(values, "sh")))
+        _write_root_file(record_file(environ["SLURM_JOB_ID"]), json.dumps(values).encode())
     except OSError as e:
         log(f"broken node: cannot write {RUN_DIR}: {e}")
         return 1
     return 0
 
 
-def task_prolog(environ, out=sys.stdout, err=sys.stderr) -> int:
+def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None = None) -> int:
     """Runs as the job user for every task: print `export K=V` lines (Slurm takes the
     value verbatim, so no shell quoting). An error fails the task with the message
     in the job's stderr."""
     if not environ.get("DISPATCH_CHECKPOINT"):
         return 0
     try:
-        site = siteconf.load()
+        site = siteconf.load(site_conf, env=False)
         values = envmod.compute(environ, site)
         if any("\n" in v for v in values.values()):
             raise DispatchError("a DISPATCH_* value contains a newline")
         store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"], site.exec_mode,
                             create_root="%a" in environ["DISPATCH_CHECKPOINT"])
     except (DispatchError, OSError) as e:
-        err.write(f"dispatch-slurm: error: {e}\n")
+        err.write(printable(f"dispatch-slurm: error: {e}") + "\n")
         return 1
-    out.write("".join(f"export {k}={v}\n" for k, v in values.items()))
+    lines = "".join(f"export {k}={v}\n" for k, v in values.items())
+    if hasattr(out, "buffer"):  # the bytes of a path as the filesystem has them
+        out.flush()
+        out.buffer.write(os.fsencode(lines))
+        out.buffer.flush()
+    else:
+        out.write(lines)
     return 0
 
 
@@ -183,21 +250,36 @@ def _processes_with(attempt: str) -> list[int]:
 
 
 def _record_cessation(values: dict, node: str, stdout_path: str | None) -> dict:
-    """As the job user: the cessation entry (O_EXCL, durable) and event lines."""
+    """As the job user: the cessation entry (O_EXCL, durable) and its events, once.
+
+    Slurm may run the Epilog twice for one execution (TERMINATE_JOB retries, before
+    26.05): the second run finds the entry and changes nothing."""
     os.environ.update(values)
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
-    ceased.record(root, attempt, node)
-    events.emit("cessation", root, attempt, node=node, source="epilog")
-    sentinel = False
-    if stdout_path:
-        try:
-            with open(stdout_path, "rb") as f:
-                sentinel = SENTINEL in f.read()
-        except OSError:
-            pass
+    if not ceased.record(root, attempt, node):
+        return {"recorded": False}
+    events.record("cessation", root=root, attempt=attempt, node=node, source="epilog")
+    sentinel = bool(stdout_path) and SENTINEL in stdout_tail(stdout_path)
     if sentinel:
-        events.emit("checkpoint_complete", root, attempt, source="epilog")
-    return {"sentinel": sentinel}
+        events.record("checkpoint_complete", root=root, attempt=attempt, source="epilog")
+    return {"recorded": True, "sentinel": sentinel}
+
+
+def stdout_tail(path: str, size: int = TAIL) -> bytes:
+    """The last ``size`` bytes of the job's stdout, if it is a regular file: never all
+    of it (a multi-GB log), never a device (--output=/dev/zero) or a fifo (opened
+    without blocking, then refused). The sentinel is the last line the handler prints."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return b""
+        return os.pread(fd, size, max(0, st.st_size - size))
+    finally:
+        os.close(fd)
 
 
 def recorded_execution(job_id: str) -> dict | None:
@@ -206,22 +288,22 @@ def recorded_execution(job_id: str) -> dict | None:
     The Epilog cannot recompute it: after a requeue, Slurm hands the old execution's
     Epilog the job's *new* restart count (seen on 22.05 and 24.11), which names the
     next execution; cessation evidence for that one would be a lie."""
-    import shlex
     try:
-        fd = os.open(env_file(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(record_file(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
-    with os.fdopen(fd) as f:
+    with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if st.st_uid != 0 or st.st_mode & 0o022:
             return None  # not ours: never trust it
-        values = {}
-        for line in f:
-            words = shlex.split(line)
-            if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-                k, v = words[1].split("=", 1)
-                values[k] = v
-    return values if {"DISPATCH_CHECKPOINT", "DISPATCH_ATTEMPT"} <= values.keys() else None
+        try:
+            values = json.loads(f.read(ANSWER_MAX))
+        except ValueError:
+            return None
+    if not isinstance(values, dict) or not all(isinstance(values.get(k), str)
+                                               for k in ("DISPATCH_CHECKPOINT", "DISPATCH_ATTEMPT")):
+        return None
+    return values
 
 
 def epilog(environ) -> int:
@@ -230,7 +312,8 @@ def epilog(environ) -> int:
     inputs = spank_inputs(environ)
     if inputs is None or "%a" in inputs["DISPATCH_CHECKPOINT"]:
         return 0
-    values = recorded_execution(environ["SLURM_JOB_ID"])
+    job = environ["SLURM_JOB_ID"]
+    values = recorded_execution(job)
     if values is None:
         log("no record of the execution the Prolog started here; no cessation recorded")
         return 0
@@ -245,21 +328,33 @@ def epilog(environ) -> int:
     result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"))
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
-    try:  # a later execution of the job on this node has written its own by now? keep it
-        if recorded_execution(environ["SLURM_JOB_ID"]) == values:
-            os.unlink(env_file(environ["SLURM_JOB_ID"]))
-    except OSError:
-        pass
+    if recorded_execution(job) == values:  # a later execution's own files (requeued here) stay
+        for path in (env_file(job), record_file(job)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     return 0
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    hooks = {"prolog": prolog, "task-prolog": task_prolog, "epilog": epilog}
-    if len(argv) != 1 or argv[0] not in hooks:
-        sys.stderr.write(f"usage: python3 -m dispatch_slurm.slurm.hooks {'|'.join(hooks)}\n")
-        return 2
-    return hooks[argv[0]](os.environ)
+    """Run one hook. Exit 0 unless the node itself is broken: a user's input, even one
+    that trips a bug here, must never make Slurm drain the node (a TaskProlog's
+    non-zero fails only the task)."""
+    ap = argparse.ArgumentParser(prog="python3 -m dispatch_slurm.slurm.hooks")
+    ap.add_argument("hook", choices=["prolog", "task-prolog", "epilog"])
+    ap.add_argument("--site-conf", help=f"the site's settings [default: {siteconf.DEFAULT_PATH}]; "
+                    "never taken from the job's environment")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if a.hook == "task-prolog":
+            return task_prolog(os.environ, site_conf=a.site_conf)
+        if a.hook == "prolog":
+            return prolog(os.environ, site_conf=a.site_conf)
+        return epilog(os.environ)
+    except Exception as e:  # noqa: BLE001 -- a bug must not drain the node
+        log(f"BUG in the {a.hook}: {type(e).__name__}: {e}: {traceback.format_exc(limit=5)}")
+        return 1 if a.hook == "task-prolog" else 0
 
 
 if __name__ == "__main__":

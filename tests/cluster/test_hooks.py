@@ -6,6 +6,8 @@ a node or touching anything outside the user's own tree."""
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import re
 
 import pytest
@@ -216,3 +218,91 @@ def test_bad_input_matrix(slurm_cluster: Cluster, workdir):
     assert _snapshot(c, hdir) == before, "something outside the user's tree changed"
     reasons = c.exec(CONTROLLER, ["sinfo", "-R", "-h"]).stdout.strip()
     assert reasons == "", f"a node was drained: {reasons}"
+
+
+# ---- issue 11: no user input makes a hook exit non-zero, hang, or read a node dry ------------
+
+SENTINEL = "dispatch-checkpoint-complete"
+
+
+def _ended(c: Cluster, job: int) -> bool:
+    j = c.slurm.find_job(job)
+    return j is None or (j.ended and "COMPLETING" not in j.flags)
+
+
+def _ceased(root, job: int) -> list[str]:
+    d = root / "ceased"
+    return [e for e in (os.listdir(d) if d.is_dir() else []) if f".{job}." in e]
+
+
+def test_no_user_input_makes_a_hook_fail_hang_or_drain(slurm_cluster: Cluster, workdir):
+    """The bad-input probe's cases, through sbatch as alice: a root with a newline, one
+    with a non-UTF-8 byte, a root removed (non-UTF-8) before the job starts, stdout on
+    /dev/zero, a 3 GiB log holding the sentinel at its end. Every Prolog and Epilog exits
+    0 (no node drained, no BUG logged), and the Epilog records cessation (and the
+    sentinel) for every job that had an execution folder."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    make_root(c, f"{cdir}/plain")
+    roots = {"newline": b"a\nb", "bytes": b"r\xff\xfe"}
+    for leaf in roots.values():
+        os.mkdir(os.fsencode(hdir) + b"/" + leaf, 0o700)
+        os.chown(os.fsencode(hdir) + b"/" + leaf, 2001, 2001)
+    big = f"{cdir}/big.log"
+    c.exec("c1", f"truncate -s 3G {big}", user="alice")  # sparse: no disk, but 3 GiB to read
+
+    def sbatch(leaf: bytes, *args: str) -> int:
+        """sbatch as alice with the root's bytes spelled $'\\xNN' (docker exec takes text only)."""
+        spelled = "".join(chr(b) if 0x20 < b < 0x7F and chr(b) not in "'\\" else f"\\x{b:02x}" for b in leaf)
+        out = c.exec(CONTROLLER, f"sbatch --parsable --dispatch-checkpoint=$'{cdir}/{spelled}' "
+                                 + " ".join(args), user="alice").stdout
+        return int(out.strip().split(";")[0])
+
+    jobs = {name: sbatch(leaf, "-o /dev/null --wrap true") for name, leaf in roots.items()}
+    jobs["dev-zero"] = sbatch(b"plain", "-o /dev/zero --wrap true")
+    jobs["big-log"] = sbatch(b"plain", f"-o {big} --open-mode=append --wrap 'echo {SENTINEL}'")
+    gone = os.fsencode(hdir) + b"/gone\xff"
+    os.mkdir(gone, 0o700)
+    os.chown(gone, 2001, 2001)
+    jobs["removed"] = sbatch(b"gone\xff", f"-H -o {cdir}/removed.out -e {cdir}/removed.err --wrap true")
+    os.rmdir(gone)
+    c.exec(CONTROLLER, ["scontrol", "release", str(jobs["removed"])], user="alice")
+    c.wait_until(lambda: all(_ended(c, j) for j in jobs.values()), timeout=180, what="every probe job to end")
+    for name, leaf in roots.items():
+        root = pathlib.Path(os.fsdecode(os.fsencode(hdir) + b"/" + leaf))
+        c.wait_until(lambda: _ceased(root, jobs[name]), timeout=60, what=f"{name}: the Epilog's cessation record")
+    for name in ("dev-zero", "big-log"):
+        c.wait_until(lambda: _ceased(hdir / "plain", jobs[name]), timeout=60,
+                     what=f"{name}: the Epilog's cessation record")
+    ev = [json.loads(line) for p in (hdir / "plain" / "events").glob("*.jsonl") for line in p.read_text().splitlines()]
+    big_attempt = f".{jobs['big-log']}."
+    assert any(e["type"] == "checkpoint_complete" and e.get("source") == "epilog" and big_attempt in e["attempt"]
+               for e in ev), "the Epilog did not find the sentinel at the end of the 3 GiB log"
+    assert "does not exist" in (hdir / "removed.err").read_text()
+    logs = "".join(c.exec(n, "cat /var/log/dispatch-slurm.log 2>/dev/null || true").stdout for n in c.node_names)
+    assert "BUG" not in logs and "not recorded" not in logs and "timed out" not in logs, logs[-2000:]
+    assert "\\udcff" in logs  # the removed root's byte, logged escaped (syslog refused it raw)
+    reasons = c.exec(CONTROLLER, ["sinfo", "-R", "-h"]).stdout.strip()
+    assert reasons == "", f"a node was drained: {reasons}"
+
+
+def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Cluster, workdir):
+    """The TaskProlog runs in the task's environment: DISPATCH_SITE_CONF there is the
+    user's, so the site's settings come only from the admin's file."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    c.exec("c1", f"printf 'grace = 299\\n' > {cdir}/mine.conf", user="alice")
+    hosts = [CONTROLLER, *c.node_names]
+    for h in hosts:
+        c.exec(h, "mkdir -p /etc/dispatch-slurm && printf 'grace = 45\\n' > /etc/dispatch-slurm/site.conf")
+    try:
+        env = {"DISPATCH_CHECKPOINT": root, "DISPATCH_SUBMISSION": "1", "DISPATCH_SITE_CONF": f"{cdir}/mine.conf"}
+        c.submit("alice", args=["--export=ALL," + ",".join(env), "-o", "/dev/null",
+                                "--wrap", f"srun bash -c '{ENV_DUMP} > {cdir}/task'"], env=env)
+        c.wait_until(lambda: (hdir / "task").exists() and (hdir / "task").read_text(), timeout=90,
+                     what="the task's DISPATCH_* dump")
+    finally:
+        for h in hosts:
+            c.exec(h, "rm -f /etc/dispatch-slurm/site.conf")
+    assert "DISPATCH_GRACE_S=45" in (hdir / "task").read_text().splitlines()
