@@ -9,6 +9,14 @@
 
 #include "dispatch.h"
 
+/* Configuration first (a bad site.conf must not break jobs that never use the plugin),
+ * then the options: they reach sbatch and salloc only if registered here. */
+int dsp_alloc_init(spank_t sp, int ac, char **av)
+{
+	dsp_config_load(ac, av, 0);
+	return dsp_opts_register(sp);
+}
+
 /* Make N look exactly like a --dispatch-submission option: the job env carries it to
  * every step (even with --export=NONE, Slurm keeps option variables), and the job
  * control env carries it to the Prolog and Epilog as SPANK_<name>. */
@@ -16,37 +24,40 @@ static int pass_submission(spank_t sp, unsigned long long n)
 {
 	char val[24];
 	snprintf(val, sizeof(val), "%llu", n);
-	snprintf(dsp_opts.submission, sizeof(dsp_opts.submission), "%s", val);
-	if (setenv(DSP_OPTVAR("submission"), val, 1) ||
+	if (dsp_opt_set_submission(val) || setenv(DSP_OPTVAR("submission"), val, 1) ||
 	    spank_job_control_setenv(sp, DSP_OPTVAR("submission"), val, 1) != ESPANK_SUCCESS) {
-		slurm_error("dispatch_env: cannot pass the submission number to the job");
+		slurm_error("%s: cannot pass the submission number to the job", DSP_PLUGIN);
 		return -1;
 	}
 	return 0;
 }
 
-int dsp_local_post_opt(spank_t sp)
+int dsp_alloc_post_opt(spank_t sp)
 {
 	char err[DSP_ERR], root[DSP_PATH], subdir[DSP_PATH];
+	const char *checkpoint = dsp_opt_checkpoint();
 	unsigned long long n;
 	struct dsp_in in;
-	dsp_opts_in(&in);
-	if (!dsp_opts.checkpoint[0]) {
-		if (dsp_opts.any) {
-			slurm_error("--dispatch-* options need --dispatch-checkpoint=DIR");
-			return -1;
-		}
+	if (!dsp_opt_any())
 		return 0;	/* not a dispatch job: nothing to do */
+	if (dsp_config_usable(err, sizeof(err))) {
+		slurm_error("%s", err);
+		return -1;
 	}
-	if (dsp_check_inputs(&in, &dsp_site, 0, root, sizeof(root), err, sizeof(err))) {
+	if (!checkpoint) {
+		slurm_error("--dispatch-* options need --dispatch-checkpoint=DIR");
+		return -1;
+	}
+	dsp_opts_in(&in);
+	if (dsp_check_inputs(&in, dsp_config_site(), 0, root, sizeof(root), err, sizeof(err))) {
 		slurm_error("%s", err);
 		return -1;
 	}
 	if (dsp_submission_dir(root, subdir, sizeof(subdir)) || dsp_check_root(subdir, err, sizeof(err))) {
-		slurm_error("--dispatch-checkpoint=%s: %s", dsp_opts.checkpoint, err);
+		slurm_error("--dispatch-checkpoint=%s: %s", checkpoint, err);
 		return -1;
 	}
-	if (dsp_opts.submission[0])
+	if (dsp_opt_submission())
 		return 0;
 	if (getenv("SLURM_JOB_ID")) {
 		/* srun inside an allocation: N belongs to the submission, never allocated again */
@@ -55,7 +66,7 @@ int dsp_local_post_opt(spank_t sp)
 		return -1;
 	}
 	if (dsp_allocate_submission(subdir, &n, err, sizeof(err))) {
-		slurm_error("--dispatch-checkpoint=%s: %s", dsp_opts.checkpoint, err);
+		slurm_error("--dispatch-checkpoint=%s: %s", checkpoint, err);
 		return -1;
 	}
 	slurm_info("dispatch-slurm: submission %llu under %s", n, subdir);

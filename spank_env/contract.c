@@ -1,11 +1,9 @@
 #include "contract.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 int dsp_fail(char *err, size_t errsz, const char *fmt, ...)
@@ -34,94 +32,6 @@ static const char *grouped(unsigned long long v, char *buf, size_t sz)
 	}
 	buf[j] = '\0';
 	return buf;
-}
-
-void dsp_site_defaults(struct dsp_site *site)
-{
-	memset(site, 0, sizeof(*site));
-	site->grace = 60;
-	site->exec_mode = 0700;
-}
-
-int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, char *err, size_t errsz)
-{
-	const char *p = text;
-	int lineno = 0;
-	dsp_site_defaults(site);
-	while (*p) {
-		char line[512], key[128], value[64];
-		const char *nl = strchr(p, '\n');
-		size_t len = nl ? (size_t)(nl - p) : strlen(p);
-		char *hash, *s, *e;
-		lineno++;
-		if (len >= sizeof(line))
-			return dsp_fail(err, errsz, "%s:%d: line too long", path, lineno);
-		memcpy(line, p, len);
-		line[len] = '\0';
-		p += len + (nl ? 1 : 0);
-		if ((hash = strchr(line, '#')))
-			*hash = '\0';
-		for (s = line; isspace((unsigned char)*s); s++)
-			;
-		for (e = s + strlen(s); e > s && isspace((unsigned char)e[-1]); e--)
-			;
-		*e = '\0';
-		if (!*s)
-			continue;
-		if (sscanf(s, "%127[A-Za-z0-9_.-] = %63[0-9]", key, value) != 2 &&
-		    sscanf(s, "%127[A-Za-z0-9_.-]=%63[0-9]", key, value) != 2)
-			goto bad;
-		{	/* the whole line must be `key = digits` */
-			char check[512];
-			snprintf(check, sizeof(check), "%s", s);
-			char *eq = strchr(check, '=');
-			char *v = eq + 1;
-			while (isspace((unsigned char)*v))
-				v++;
-			if (strcmp(v, value))
-				goto bad;
-		}
-		if (!strcmp(key, "exec_mode")) {
-			const char *v = value;
-			while (*v == '0' && strlen(v) > 3)
-				v++;
-			if (strcmp(v, "700") && strcmp(v, "710") && strcmp(v, "750"))
-				return dsp_fail(err, errsz, "%s:%d: exec_mode %s must be 0700, 0710 or 0750 "
-					    "(owner rwx; group at most r-x; never world)", path, lineno, value);
-			site->exec_mode = (unsigned int)strtoul(v, NULL, 8);
-		} else if (!strcmp(key, "grace")) {
-			site->grace = strtoull(value, NULL, 10);
-		} else if (!strncmp(key, "grace.", 6) && key[6]) {
-			if (site->naccounts == DSP_MAX_ACCOUNTS || strlen(key + 6) >= 64)
-				return dsp_fail(err, errsz, "%s:%d: too many or too long account names", path, lineno);
-			strcpy(site->account[site->naccounts], key + 6);
-			site->account_grace[site->naccounts++] = strtoull(value, NULL, 10);
-		} else {
-			goto bad;
-		}
-		continue;
-bad:
-		return dsp_fail(err, errsz, "%s:%d: cannot parse '%s' (expected grace = S, grace.<account> = S "
-			    "or exec_mode = 0NNN)", path, lineno, s);
-	}
-	return 0;
-}
-
-int dsp_site_load(struct dsp_site *site, const char *path, int must_exist, char *err, size_t errsz)
-{
-	char buf[16384];
-	size_t n;
-	FILE *f = fopen(path, "r");
-	dsp_site_defaults(site);
-	if (!f) {
-		if (errno == ENOENT && !must_exist)
-			return 0;
-		return dsp_fail(err, errsz, "site config %s: %s", path, strerror(errno));
-	}
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	return dsp_site_parse(site, buf, path, err, errsz);
 }
 
 int dsp_parse_part(const char *label, const char *what, const char *text, unsigned long long lo,
@@ -307,15 +217,6 @@ int dsp_pub_name(const char *epoch, const char *step, const char *path, char *ou
 			step, b32) >= (int)outsz ? -1 : 0;
 }
 
-static unsigned long long site_grace(const struct dsp_site *site, const char *account)
-{
-	unsigned long long g = site->grace;
-	for (int i = 0; account && i < site->naccounts; i++)
-		if (!strcmp(site->account[i], account))
-			g = site->account_grace[i];
-	return g > DSP_GRACE_CAP ? DSP_GRACE_CAP : g;
-}
-
 int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int need_submission,
 		     char *root, size_t rootsz, char *err, size_t errsz)
 {
@@ -379,7 +280,7 @@ int dsp_compute(const struct dsp_in *in, const struct dsp_site *site, struct dsp
 	if (set(&in->grace))
 		dsp_parse_part(in->grace.label, "", in->grace.value, 0, DSP_GRACE_CAP, &grace, err, errsz);
 	else
-		grace = site_grace(site, set(&in->account) ? in->account.value : NULL);
+		grace = dsp_site_grace(site, set(&in->account) ? in->account.value : NULL);
 	snprintf(out->generation, sizeof(out->generation), "%llu", g);
 	snprintf(out->submission, sizeof(out->submission), "%llu", n);
 	snprintf(out->restart, sizeof(out->restart), "%llu", r);

@@ -8,21 +8,13 @@
 
 #include <stddef.h>
 
+#include "siteconf.h"
+
 #define DSP_G_MAX 99999999ULL
 #define DSP_N_MAX 999999ULL
 #define DSP_R_MAX 999999ULL
-#define DSP_GRACE_CAP 300ULL
 #define DSP_PATH 4096
-#define DSP_ERR 512
-#define DSP_MAX_ACCOUNTS 64
-
-struct dsp_site {
-	unsigned long long grace;		/* site default grace, seconds */
-	int naccounts;
-	char account[DSP_MAX_ACCOUNTS][64];	/* per-project (account) defaults */
-	unsigned long long account_grace[DSP_MAX_ACCOUNTS];
-	unsigned int exec_mode;			/* 0700, 0710 or 0750 */
-};
+#define DSP_ERR (DSP_PATH + 512)	/* a message may quote a whole path */
 
 /* One input: its value (NULL when absent) and the name to blame in messages. */
 struct dsp_arg {
@@ -46,10 +38,6 @@ struct dsp_out {
 
 /* Format a message into err; returns -1, so `return dsp_fail(...)` reports an error. */
 int dsp_fail(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void dsp_site_defaults(struct dsp_site *site);
-/* Parse site.conf text; returns 0 or -1 with err naming the line. */
-int dsp_site_parse(struct dsp_site *site, const char *text, const char *path, char *err, size_t errsz);
-int dsp_site_load(struct dsp_site *site, const char *path, int must_exist, char *err, size_t errsz);
 
 /* Decimal digits only (no sign, no space), at most 20 digits, then lo..hi. */
 int dsp_parse_part(const char *label, const char *what, const char *text, unsigned long long lo,

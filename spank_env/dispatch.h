@@ -1,4 +1,9 @@
-/* State shared by the plugin's context files (pyxis-style: one file per context). */
+/*
+ * The plugin's internal interface (pyxis style): plugin.c only dispatches on
+ * spank_context(); each context file keeps its own static state; options.c owns the
+ * option table and values, config.c the site config. State is reached through these
+ * functions only: no shared mutable globals.
+ */
 #ifndef DISPATCH_H
 #define DISPATCH_H
 
@@ -6,30 +11,41 @@
 
 #include "contract.h"
 
+#ifndef DSP_VERSION
+#error "DSP_VERSION is unset: build with spank_env/Makefile"
+#endif
+
 #define DSP_PLUGIN "dispatch_env"
 /* Slurm's name for an option's value in the job env (and, prefixed SPANK_, in the
  * Prolog's): _SLURM_SPANK_OPTION_<plugin>_<option, non-alnum -> _>. */
 #define DSP_OPTVAR(opt) "_SLURM_SPANK_OPTION_" DSP_PLUGIN "_dispatch_" opt
 
-enum { OPT_CHECKPOINT = 1, OPT_GENERATION, OPT_SUBMISSION, OPT_SHARED, OPT_GRACE };
+/* options.c: --dispatch-* (each value NULL when not given) */
+int dsp_opts_register(spank_t sp);
+const char *dsp_opt_checkpoint(void);
+const char *dsp_opt_submission(void);
+int dsp_opt_any(void);	/* some --dispatch-* option was given */
+int dsp_opt_set_submission(const char *n);
+void dsp_opts_in(struct dsp_in *in);	/* as contract inputs, named by option in messages */
+void dsp_opts_free(void);
 
-struct dsp_opts {
-	char checkpoint[DSP_PATH];
-	char generation[24], submission[24], grace[24];
-	int shared;
-	int any;	/* some --dispatch-* option was given */
-};
+/* config.c: plugstack.conf arguments and site.conf, read once per process; a problem is
+ * logged as an error in slurmd/slurmstepd (daemon), verbosely in the user's commands */
+void dsp_config_load(int ac, char **av, int daemon);
+const struct dsp_site *dsp_config_site(void);
+int dsp_config_usable(char *err, size_t errsz);	/* 0, or -1 with the message for the user */
+void dsp_config_free(void);
 
-extern struct dsp_opts dsp_opts;
-extern struct dsp_site dsp_site;
-
-/* plugin.c: the options as contract inputs (named by option in messages) */
-void dsp_opts_in(struct dsp_in *in);
 /* alloc.c: sbatch / salloc / srun */
-int dsp_local_post_opt(spank_t sp);
+int dsp_alloc_init(spank_t sp, int ac, char **av);
+int dsp_alloc_post_opt(spank_t sp);
 /* remote.c: slurmstepd */
+int dsp_remote_init(spank_t sp, int ac, char **av);
 int dsp_remote_user_init(spank_t sp);
 int dsp_remote_task_init(spank_t sp);
+/* slurmd.c: slurmd */
+int dsp_slurmd_init(spank_t sp, int ac, char **av);
+
 /* fsops.c: as the user, never following a symlink inside the root */
 int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, size_t errsz);
 int dsp_check_root(const char *dir, char *err, size_t errsz);

@@ -7,24 +7,40 @@
  * slurmstepd cannot launch the batch step and slurmctld drains the node and
  * requeues the job. So user_init only remembers the error, and task_init (in each
  * task's own process, after fork) reports it on the task's stderr and fails the
- * task: the job ends FAILED, the node stays in service.
+ * task: the job ends FAILED, the node stays in service. A site.conf this node cannot
+ * use is such an error too, for dispatch jobs only (config.c).
  */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dispatch.h"
 
-struct envbuf {
-	char job_id[32], cluster[128], restart[32], array_task[32], account[128], attempt[160];
-};
-
-static const char *get(spank_t sp, const char *name, char *buf, size_t sz)
+/* A job env variable of any length, NULL when unset; the caller frees it. */
+static char *job_env(spank_t sp, const char *name)
 {
-	return spank_getenv(sp, name, buf, (int)sz) == ESPANK_SUCCESS ? buf : NULL;
+	for (size_t sz = 256; sz < INT_MAX; sz *= 2) {
+		char *buf = malloc(sz);
+		spank_err_t rc = buf ? spank_getenv(sp, name, buf, (int)sz) : ESPANK_ERROR;
+		if (rc == ESPANK_SUCCESS)
+			return buf;
+		free(buf);
+		if (rc != ESPANK_NOSPACE)
+			break;
+	}
+	return NULL;
 }
 
-static char user_error[DSP_ERR];
+static char user_error[DSP_ERR];	/* this step's reason to fail its tasks; "" when none */
+
+int dsp_remote_init(spank_t sp, int ac, char **av)
+{
+	slurm_debug("%s %s: slurmstepd", DSP_PLUGIN, DSP_VERSION);
+	dsp_config_load(ac, av, 1);
+	return dsp_opts_register(sp);
+}
 
 int dsp_remote_task_init(spank_t sp)
 {
@@ -35,35 +51,54 @@ int dsp_remote_task_init(spank_t sp)
 	return -1;
 }
 
-int dsp_remote_user_init(spank_t sp)
+/* The execution's values, from the options and the job env, in out; a user's mistake goes
+ * to user_error. -1 only for a broken node (Slurm cannot say the job id). */
+static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *site, struct dsp_out *out)
 {
-	char err[DSP_ERR];
-	struct envbuf b;
-	struct dsp_out out;
-	uint32_t job_id;
-	if (!dsp_opts.checkpoint[0])
-		return 0;	/* not a dispatch job */
-	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
-		slurm_error("dispatch_env: no job id");
+	static const char *const names[] = { "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID",
+					     "SLURM_JOB_ACCOUNT", "DISPATCH_ATTEMPT" };
+	char *env[sizeof(names) / sizeof(names[0])], job_id[16], err[DSP_ERR];
+	uint32_t id;
+	struct dsp_in in;
+	int rc;
+	if (spank_get_item(sp, S_JOB_ID, &id) != ESPANK_SUCCESS) {
+		slurm_error("%s: no job id", DSP_PLUGIN);
 		return -1;
 	}
-	snprintf(b.job_id, sizeof(b.job_id), "%u", job_id);
+	snprintf(job_id, sizeof(job_id), "%u", id);
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		env[i] = job_env(sp, names[i]);
 	/* S_SLURM_RESTART_COUNT is unreliable (always 0): read the job's own env */
-	struct dsp_in in;
 	dsp_opts_in(&in);
-	in.job_id = (struct dsp_arg){ b.job_id, "SLURM_JOB_ID" };
-	in.cluster = (struct dsp_arg){ get(sp, "SLURM_CLUSTER_NAME", b.cluster, sizeof(b.cluster)), "SLURM_CLUSTER_NAME" };
-	in.restart = (struct dsp_arg){ get(sp, "SLURM_RESTART_COUNT", b.restart, sizeof(b.restart)), "SLURM_RESTART_COUNT" };
-	in.array_task = (struct dsp_arg){ get(sp, "SLURM_ARRAY_TASK_ID", b.array_task, sizeof(b.array_task)),
-					  "SLURM_ARRAY_TASK_ID" };
-	in.account = (struct dsp_arg){ get(sp, "SLURM_JOB_ACCOUNT", b.account, sizeof(b.account)), "SLURM_JOB_ACCOUNT" };
-	in.attempt = (struct dsp_arg){ get(sp, "DISPATCH_ATTEMPT", b.attempt, sizeof(b.attempt)), "DISPATCH_ATTEMPT" };
-	if (dsp_compute(&in, &dsp_site, &out, err, sizeof(err)) ||
-	    dsp_make_exec_dir(out.checkpoint, out.attempt, dsp_site.exec_mode,
-			      strstr(dsp_opts.checkpoint, "%a") != NULL, err, sizeof(err))) {
+	in.job_id = (struct dsp_arg){ job_id, "SLURM_JOB_ID" };
+	in.cluster = (struct dsp_arg){ env[0], names[0] };
+	in.restart = (struct dsp_arg){ env[1], names[1] };
+	in.array_task = (struct dsp_arg){ env[2], names[2] };
+	in.account = (struct dsp_arg){ env[3], names[3] };
+	in.attempt = (struct dsp_arg){ env[4], names[4] };
+	rc = dsp_compute(&in, site, out, err, sizeof(err)) ||
+	     dsp_make_exec_dir(out->checkpoint, out->attempt, site->exec_mode, strstr(checkpoint, "%a") != NULL,
+			       err, sizeof(err));
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		free(env[i]);
+	if (rc)
 		snprintf(user_error, sizeof(user_error), "%s", err);
-		return 0;	/* reported by task_init: see the top of this file */
-	}
+	return 0;
+}
+
+int dsp_remote_user_init(spank_t sp)
+{
+	const char *checkpoint = dsp_opt_checkpoint();
+	struct dsp_out out;
+	if (!checkpoint)
+		return 0;	/* not a dispatch job */
+	/* a user's mistake or an unusable site.conf: reported by task_init (see the top) */
+	if (dsp_config_usable(user_error, sizeof(user_error)))
+		return 0;
+	if (compute(sp, checkpoint, dsp_config_site(), &out))
+		return -1;
+	if (user_error[0])
+		return 0;
 	const char *vars[][2] = {
 		{ "DISPATCH_CHECKPOINT", out.checkpoint }, { "DISPATCH_GENERATION", out.generation },
 		{ "DISPATCH_SUBMISSION", out.submission }, { "DISPATCH_RESTART", out.restart },
@@ -72,7 +107,7 @@ int dsp_remote_user_init(spank_t sp)
 	};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
 		if (spank_setenv(sp, vars[i][0], vars[i][1], 1) != ESPANK_SUCCESS) {
-			slurm_error("dispatch_env: cannot set %s", vars[i][0]);
+			slurm_error("%s: cannot set %s", DSP_PLUGIN, vars[i][0]);
 			return -1;
 		}
 	if (out.shared && spank_setenv(sp, "DISPATCH_SHARED_CHECKPOINT", "1", 1) != ESPANK_SUCCESS)

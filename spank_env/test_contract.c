@@ -5,7 +5,9 @@
  *   name  <epoch> <step> <path>   -> the publication name
  *   token <cluster> <job> <epoch> -> DISPATCH_ATTEMPT
  *   env   K=V ...                 -> K=V lines of every DISPATCH_* value, then "end"
- *         (site.grace=S and site.account.<A>=S set the site config)
+ *         (site.grace=S and site.account.<A>=S become site.conf lines)
+ *   site  <path> <must_exist>     -> dsp_site_load's answer: grace=S, exec_mode=0NNN,
+ *                                    account=<A>=S ... (file order), then "end"
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,19 +61,38 @@ int main(void)
 				printf("error: %s\n", err);
 			else
 				printf("%s\n", out);
+		} else if (!strcmp(f[0], "site") && nf == 3) {
+			struct dsp_site site;
+			if (dsp_site_load(&site, f[1], atoi(f[2]), err, sizeof(err))) {
+				printf("error: %s\n", err);
+			} else {
+				printf("grace=%llu\nexec_mode=%04o\n", site.grace, site.exec_mode);
+				for (size_t i = 0; i < site.naccounts; i++)
+					printf("account=%s=%llu\n", site.accounts[i].name, site.accounts[i].grace);
+			}
+			dsp_site_free(&site);
+			printf("end\n");
 		} else if (!strcmp(f[0], "env")) {
 			struct dsp_site site;
 			struct dsp_out o;
-			dsp_site_defaults(&site);
+			char *conf = NULL;
+			size_t conflen = 0;
+			FILE *text = open_memstream(&conf, &conflen);
 			for (int i = 1; i < nf; i++) {
 				if (!strncmp(f[i], "site.grace=", 11))
-					site.grace = strtoull(f[i] + 11, NULL, 10);
-				else if (!strncmp(f[i], "site.account.", 13)) {
-					char *eq = strchr(f[i], '=');
-					snprintf(site.account[site.naccounts], 64, "%.*s", (int)(eq - f[i] - 13), f[i] + 13);
-					site.account_grace[site.naccounts++] = strtoull(eq + 1, NULL, 10);
-				}
+					fprintf(text, "grace = %s\n", f[i] + 11);
+				else if (!strncmp(f[i], "site.account.", 13))
+					fprintf(text, "grace.%s\n", f[i] + 13);
 			}
+			fclose(text);
+			dsp_site_init(&site);
+			if (dsp_site_parse(&site, conf, conflen, "<env request>", err, sizeof(err))) {
+				printf("error: %s\nend\n", err);
+				free(conf);
+				fflush(stdout);
+				continue;
+			}
+			free(conf);
 #define ARG(v) { field(f, nf, v), v }
 			struct dsp_in in = {
 				ARG("DISPATCH_CHECKPOINT"), ARG("DISPATCH_GENERATION"), ARG("DISPATCH_SUBMISSION"),
@@ -90,6 +111,7 @@ int main(void)
 					printf("DISPATCH_SHARED_CHECKPOINT=1\n");
 				printf("end\n");
 			}
+			dsp_site_free(&site);
 		} else {
 			printf("error: bad request '%s'\n", f[0]);
 		}

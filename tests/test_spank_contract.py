@@ -1,12 +1,17 @@
-"""The SPANK plugin's contract code (spank_env/contract.c) against the shared vectors:
-the C side must give byte-identical values to the Python side for every case."""
+"""The SPANK plugin's contract code (spank_env/contract.c, siteconf.c) against the shared
+vectors: the C side must give byte-identical values to the Python side for every case,
+and both site.conf parsers must read every tests/vectors/siteconf.json case alike."""
 
+import base64
+import re
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 
-from support import REPO, vectors
+from dispatch_slurm.contract import siteconf
+from support import REPO, cli, vectors
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
                                 reason="no C compiler")
@@ -18,7 +23,7 @@ def contract(tmp_path_factory):
     out = tmp_path_factory.mktemp("spank") / "test_contract"
     src = REPO / "spank_env"
     subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-o", str(out),
-                    str(src / "test_contract.c"), str(src / "contract.c")], check=True)
+                    *(str(src / f) for f in ("test_contract.c", "contract.c", "siteconf.c"))], check=True)
     proc = subprocess.Popen([str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(*fields, multiline=False):
@@ -77,3 +82,92 @@ def test_env(contract, case):
 def test_env_errors(contract, case):
     lines = contract("env", *_env_request(case), multiline=True)
     assert len(lines) == 1 and lines[0].startswith("error: ") and case["error"] in lines[0], lines
+
+
+# ---- site.conf: one language, two parsers ------------------------------------------
+
+SITECONF = vectors("siteconf.json")
+
+
+def _bytes(segments) -> bytes:
+    return b"".join((base64.b64decode(s["base64"]) if "base64" in s else s["text"].encode())
+                    * s.get("times", 1) for s in segments)
+
+
+def _python(path: str) -> dict | str:
+    """siteconf.load's answer in the vectors' terms: the parsed result or the message."""
+    try:
+        site = siteconf.load(path)
+    except siteconf.SiteConfError as e:
+        return str(e)
+    return {"grace": site.grace, "exec_mode": f"{site.exec_mode:04o}", "accounts": site.account_grace}
+
+
+def _c(contract, path: str, must_exist: bool = True) -> dict | str:
+    """dsp_site_load's answer (what the plugin reads), in the same terms."""
+    lines = contract("site", path, int(must_exist), multiline=True)
+    if lines[0].startswith("error: "):
+        assert len(lines) == 1, lines
+        return lines[0][len("error: "):]
+    got = {"accounts": {}}
+    for line in lines:
+        key, value = line.split("=", 1)
+        if key == "account":
+            name, grace = value.rsplit("=", 1)
+            got["accounts"][name] = int(grace)
+        else:
+            got[key] = int(value) if key == "grace" else value
+    return got
+
+
+@pytest.mark.parametrize("impl", ["python", "c"])
+@pytest.mark.parametrize("case", SITECONF["valid"] + SITECONF["errors"], ids=lambda c: c["name"])
+def test_siteconf_vectors(contract, tmp_path, case, impl):
+    path = tmp_path / "site.conf"
+    path.write_bytes(_bytes(case["input"]))
+    got = _python(str(path)) if impl == "python" else _c(contract, str(path))
+    want = case["expect"] if "expect" in case else case["error"].replace("{path}", str(path))
+    assert got == want
+
+
+def test_siteconf_files_both_parsers(contract, tmp_path, monkeypatch):
+    """What is not in a file's bytes: a missing file (an error only when named), a directory."""
+    monkeypatch.delenv("DISPATCH_SITE_CONF", raising=False)
+    missing, directory = str(tmp_path / "nope.conf"), str(tmp_path)
+    monkeypatch.setattr(siteconf, "DEFAULT_PATH", missing)
+    defaults = {"grace": 60, "exec_mode": "0700", "accounts": {}}
+    assert _c(contract, missing, must_exist=False) == defaults
+    site = siteconf.load()
+    assert (site.grace, site.exec_mode, site.account_grace) == (60, 0o700, {})
+    for impl in (_python, _c):
+        args = (contract,) if impl is _c else ()
+        assert impl(*args, missing) == f"site config {missing} does not exist"
+        assert impl(*args, directory) == f"site config {directory}: Is a directory"
+
+
+def test_plugin_version_is_the_package_version():
+    """The plugin logs and embeds spank_env/Makefile's VERSION: the release it ships with."""
+    makefile = (REPO / "spank_env" / "Makefile").read_text()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert f"\nVERSION = {project['version']}\n" in makefile
+
+
+def test_check_site_report(tmp_path, monkeypatch):
+    """The report `dispatch-slurm check-site` prints: the settings as read, or the error."""
+    monkeypatch.delenv("DISPATCH_SITE_CONF", raising=False)
+    conf = tmp_path / "site.conf"
+    conf.write_text("grace = 1000\ngrace.ml = 90\r\nexec_mode = 750  # group\n")
+    assert siteconf.check(str(conf)).splitlines() == [
+        f"{conf}: OK", "grace = 300  (site default, seconds; values above 300 read as 300)", "grace.ml = 90",
+        "exec_mode = 0750"]
+    monkeypatch.setattr(siteconf, "DEFAULT_PATH", str(tmp_path / "absent.conf"))
+    assert siteconf.check().splitlines()[:2] == [f"{tmp_path / 'absent.conf'}: not present, built-in defaults",
+                                                  "grace = 60  (site default, seconds; values above 300 read as 300)"]
+    conf.write_text("grace = 1\ngrace = 2\n")
+    with pytest.raises(siteconf.SiteConfError, match=re.escape(f"{conf}:2: grace is already set on line 1")):
+        siteconf.check(str(conf))
+    monkeypatch.setenv("DISPATCH_SITE_CONF", str(conf))  # a user's variable: not what the hooks read
+    assert siteconf.check().startswith(f"{tmp_path / 'absent.conf'}: not present")
+    bad = cli("check-site", conf)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"{conf}:2: grace is already set" in bad.stderr
+    assert cli("check-site", conf.with_name("absent.conf")).returncode == 2

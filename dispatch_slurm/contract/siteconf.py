@@ -8,9 +8,22 @@
         exec_mode = 0700           # mode of exec/<attempt>/ (e.g. 0750 for a group)
 
 The Prolog, the TaskProlog, `dispatch-slurm env` and the SPANK plugin (its
-`conf=` argument) read this same file, so all three ways in compute identical
-values. A malformed line is an error naming the file and line: a silently
-ignored setting would make the paths disagree."""
+`conf=` argument; spank_env/siteconf.c) read this same file, so all three ways in
+compute identical values. Both parsers implement one language, checked by
+tests/vectors/siteconf.json, on bytes whatever their encoding:
+
+- lines end at LF; one CR right before it (or at the end of the file) is dropped;
+- `#` starts a comment wherever it is, up to the end of the line (any bytes);
+- spaces and tabs around a line and around `=` are ignored; empty lines are skipped;
+- every other line is `KEY = DIGITS`, KEY one of `grace`, `grace.<account>` (account:
+  `[A-Za-z0-9_.-]+`) or `exec_mode`; any other byte (non-ASCII, NUL, lone CR) is an error;
+- each setting may appear once; grace values above GRACE_CAP are read as GRACE_CAP;
+  exec_mode is 0700, 0710 or 0750 (leading zeros ignored);
+- no limit on line length or on the accounts; the file is at most SIZE_MAX bytes.
+
+A malformed line is an error naming the file and line: a silently ignored setting
+would make the paths disagree. The plugin does not fail on it (that would fail every
+srun on the site): it refuses only the jobs that use --dispatch-* options."""
 
 import os
 import re
@@ -21,7 +34,10 @@ from ..errors import DispatchError
 DEFAULT_PATH = "/etc/dispatch-slurm/site.conf"
 GRACE_DEFAULT = 60
 GRACE_CAP = 300  # a stuck checkpoint must not pin a node indefinitely
-_LINE = re.compile(r"(grace|grace\.[A-Za-z0-9_.-]+|exec_mode)\s*=\s*([0-9]+)")
+SIZE_MAX = 1 << 20  # the one fixed limit, DSP_SITE_MAX in C: slurmstepd reads the file per step
+_LINE = re.compile(rb"([A-Za-z0-9_.-]+)[ \t]*=[ \t]*([0-9]+)")
+_EXPECTED = "(expected grace = S, grace.<account> = S or exec_mode = 0NNN)"
+_SHOW_MAX = 60
 
 
 class SiteConfError(DispatchError):
@@ -39,40 +55,89 @@ class Site:
         return min(self.account_grace.get(account or "", self.grace), GRACE_CAP)
 
 
+def _where(path: str | None, env: bool = True) -> tuple[str, bool]:
+    """The file to read and whether it must exist (named by the caller or the env)."""
+    explicit = path or (os.environ.get("DISPATCH_SITE_CONF") if env else None)
+    return explicit or DEFAULT_PATH, bool(explicit)
+
+
+def _read(path: str, must_exist: bool) -> bytes | None:
+    """The file's bytes (one more than SIZE_MAX at most), or None for a missing default file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(SIZE_MAX + 1)
+    except FileNotFoundError:
+        if must_exist:
+            raise SiteConfError(f"site config {path} does not exist") from None
+        return None
+    except OSError as e:
+        raise SiteConfError(f"site config {path}: {e.strerror}") from None
+
+
 def load(path: str | None = None, *, env: bool = True) -> Site:
     """The site config at `path` (default: $DISPATCH_SITE_CONF if ``env``, else DEFAULT_PATH);
     a missing default file means built-in defaults, a missing explicit file is an error.
     The hooks pass ``env=False``: a job's environment must not choose the site's settings."""
-    explicit = path or (os.environ.get("DISPATCH_SITE_CONF") if env else None)
-    path = explicit or DEFAULT_PATH
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        if explicit:
-            raise SiteConfError(f"site config {path} does not exist") from None
-        return Site()
-    return parse(text, path)
+    path, must_exist = _where(path, env)
+    data = _read(path, must_exist)
+    return Site() if data is None else parse(data, path)
 
 
-def parse(text: str, path: str = "<site.conf>") -> Site:
+def _shown(b: bytes) -> str:
+    """User bytes quoted in a message, as siteconf.c's shown(): at most _SHOW_MAX bytes,
+    printable ASCII as is, tab as \\t, any other byte as \\xNN, "..." when cut."""
+    out = "".join(chr(c) if 0x20 <= c < 0x7F else "\\t" if c == 9 else f"\\x{c:02x}" for c in b[:_SHOW_MAX])
+    return out + "..." if len(b) > _SHOW_MAX else out
+
+
+def _seconds(digits: bytes) -> int:
+    """Any number of digits, capped (int() refuses strings over 4300 digits)."""
+    significant = digits.lstrip(b"0")
+    return GRACE_CAP if len(significant) > 3 else min(int(significant or b"0"), GRACE_CAP)
+
+
+def parse(text: str | bytes, path: str = "<site.conf>") -> Site:
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    if len(data) > SIZE_MAX:
+        raise SiteConfError(f"site config {path} is larger than {SIZE_MAX} bytes")
     grace, accounts, mode = GRACE_DEFAULT, {}, 0o700
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
+    first: dict[bytes, int] = {}  # key -> the line that set it
+    for no, raw in enumerate(data.split(b"\n"), 1):
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        line = line.split(b"#", 1)[0].strip(b" \t")
         if not line:
             continue
         m = _LINE.fullmatch(line)
-        if m is None:
-            raise SiteConfError(f"{path}:{no}: cannot parse {raw.strip()!r} "
-                                "(expected grace = S, grace.<account> = S or exec_mode = 0NNN)")
-        key, value = m[1], m[2]
-        if key == "exec_mode":
-            if value.lstrip("0") not in ("700", "710", "750"):
-                raise SiteConfError(f"{path}:{no}: exec_mode {value} must be 0700, 0710 or 0750 "
+        key = m[1] if m else b""
+        if key != b"grace" and key != b"exec_mode" and not (key.startswith(b"grace.") and len(key) > 6):
+            raise SiteConfError(f"{path}:{no}: cannot parse '{_shown(line)}' {_EXPECTED}")
+        if key in first:
+            raise SiteConfError(f"{path}:{no}: {_shown(key)} is already set on line {first[key]} "
+                                "(each setting may appear only once)")
+        first[key] = no
+        value = m[2]
+        if key == b"exec_mode":
+            if value.lstrip(b"0") not in (b"700", b"710", b"750"):
+                raise SiteConfError(f"{path}:{no}: exec_mode {_shown(value)} must be 0700, 0710 or 0750 "
                                     "(owner rwx; group at most r-x; never world)")
-            mode = int(value, 8)
-        elif key == "grace":
-            grace = int(value)
+            mode = int(value.lstrip(b"0"), 8)
+        elif key == b"grace":
+            grace = _seconds(value)
         else:
-            accounts[key[len("grace."):]] = int(value)
+            accounts[key[len(b"grace."):].decode("ascii")] = _seconds(value)
     return Site(grace, accounts, mode)
+
+
+def check(path: str | None = None) -> str:
+    """What `dispatch-slurm check-site [PATH]` prints: the settings exactly as the hooks
+    (their --site-conf, else DEFAULT_PATH) and the SPANK plugin (its conf= argument,
+    default DEFAULT_PATH) read them. A bad file raises SiteConfError naming file:line:
+    the plugin then refuses every job that uses --dispatch-* options."""
+    path, must_exist = _where(path, env=False)
+    data = _read(path, must_exist)
+    site = Site() if data is None else parse(data, path)
+    head = f"{path}: not present, built-in defaults" if data is None else f"{path}: OK"
+    lines = [head, f"grace = {site.grace}  (site default, seconds; values above {GRACE_CAP} read as {GRACE_CAP})"]
+    lines += [f"grace.{a} = {g}" for a, g in site.account_grace.items()]
+    lines.append(f"exec_mode = {site.exec_mode:04o}")
+    return "\n".join(lines) + "\n"
