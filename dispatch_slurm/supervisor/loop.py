@@ -6,26 +6,21 @@ long to wait before the next; ``run()`` loops. Every decision is a fact in the r
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
-from ..store import events
-from . import requests
+from . import holds, requests
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
-from .render import describe, fmt_duration
+from .render import describe
 from .rules import CAUSES, SUBMIT_TRIES, sbatch_argv, submission_tag
 from .state import State
 
@@ -57,11 +52,11 @@ class Supervisor:
         self.slurm = slurm or Slurm()
         self.poll = poll
         self.clock, self.sleep, self.say = clock, sleep, say
-        self.ask = ask or self.ask_command
+        self.ask = ask or (lambda h: holds.ask_command(h, self.root, self.state.cluster))
         self.record = Record(root, clock)
         self.state = State()
         self.claim: Optional[Claim] = None
-        self._asked_this_run = False
+        self.asked_this_run = False
         self._slurm_warned = False
 
     # -- record ---------------------------------------------------------------------------
@@ -133,15 +128,15 @@ class Supervisor:
         if st.finished and st.finished["outcome"] != "held":
             raise self._outcome(st.finished)
         if st.hold_needed:
-            self._open_hold(st.hold_needed)
+            holds.open_hold(self, st.hold_needed)
             return 0
         if st.hold:
-            return self._hold_step()
+            return holds.step(self)
         if st.pending_decision:
             self._decide(st.pending_decision)
             return 0
         if st.pending_apply:
-            self._apply_released(st.pending_apply)
+            holds.apply_released(self, st.pending_apply)
             return 0
         if st.intent_open:
             return self._recover_intent()
@@ -280,100 +275,6 @@ class Supervisor:
             self.fact("rule", rule="fail", cause=cause, budget_left=0, **ref)
             self.finish("failed", f"job {ended['job']} ended {ended['state']} and no resubmission is left "
                                   f"(--resubmit {defn['resubmit']})")
-
-    def _apply_released(self, hold: dict) -> None:
-        rule, ref = hold["replaces"], {"job": hold["job"], "r": hold["r"]}
-        if rule == "resubmit":
-            self.fact("rule", rule="resubmit", after_hold=hold["hold"],
-                      budget_left=self.state.defn["resubmit"] - self.state.used - 1, **ref)
-        elif rule == "requeue":
-            if hold.get("slurm_held"):
-                try:
-                    self.slurm.release(hold["job"])
-                except SlurmError as e:
-                    self.fact("note", text=f"scontrol release {hold['job']} failed: {e}")
-            self.fact("rule", rule="requeue", after_hold=hold["hold"], **ref)
-        else:
-            self.fact("rule", rule=rule, after_hold=hold["hold"], **ref)
-
-    # -- holds ----------------------------------------------------------------------------
-
-    def _open_hold(self, rule: dict) -> None:
-        st = self.state
-        ex = st.ended.get(rule["r"]) if rule.get("job") == st.job else None
-        ex = ex or rule.get("execution") or {}
-        h = self.fact("hold", hold=st.holds + 1, replaces=rule["rule"], cause=rule.get("cause"),
-                      job=rule["job"], r=rule["r"], g=ex.get("g"), n=ex.get("n"), epoch=ex.get("epoch"),
-                      attempt=ex.get("attempt"), nodes=ex.get("nodes", []), start_time=ex.get("start_time"),
-                      slurm_held=bool(rule.get("slurm_held")), until=round(self.clock() + st.defn["hold_for"], 3),
-                      cessation_cmd=st.defn["cessation_cmd"], interval=st.defn["cessation_interval"])
-        events.record("hold", root=self.root, attempt=h.get("attempt") or "supervisor",
-                      hold=h["hold"], replaces=h["replaces"], job=h["job"], until=h["until"])
-        self.say(f"HOLD #{h['hold']}: the checkpoint is shared, so {h['replaces']} waits until execution "
-                 f"R={h['r']} of job {h['job']} has ceased (asked every "
-                 f"{fmt_duration(h['interval'])}) or a person runs `dispatch-slurm release {self.root}`")
-
-    def _hold_step(self) -> float:
-        st = self.state
-        h = st.hold
-        rel = requests.read(self.root, f"release.{h['hold']}")
-        if rel is not None:
-            who = {k: rel[k] for k in ("user", "uid", "host", "message", "entry") if k in rel}
-            self.fact("release", hold=h["hold"], by="person", requested_t=rel.get("t"), **who)
-            events.record("release", root=self.root, attempt=h.get("attempt") or "supervisor",
-                          hold=h["hold"], by="person")
-            return 0
-        now = self.clock()
-        due = st.last_answer_t is None or now - st.last_answer_t >= h["interval"]
-        expired = now >= h["until"]
-        if due or (expired and not self._asked_this_run):
-            ans = self.ask(h)
-            self._asked_this_run = True
-            self.fact("cessation", hold=h["hold"], job=h["job"], r=h["r"], **ans)
-            events.record("cessation", root=self.root, attempt=h.get("attempt") or "supervisor",
-                          hold=h["hold"], answer=ans["answer"], source="supervisor")
-            if ans["answer"] == "ceased":
-                self.fact("release", hold=h["hold"], by="cessation signal")
-                events.record("release", root=self.root, attempt=h.get("attempt") or "supervisor",
-                              hold=h["hold"], by="cessation signal")
-                return 0
-            now = self.clock()
-        if expired:
-            self.fact("hold_expired", hold=h["hold"], until=h["until"])
-            self.finish("held", f"hold #{h['hold']} expired after {fmt_duration(st.defn['hold_for'])} with "
-                                f"no answer: job {h['job']} stays held ({h['replaces']} not applied). When "
-                                f"it is safe: `dispatch-slurm release {self.root}`, then "
-                                f"`dispatch-slurm run {self.root}` to continue")
-        next_ask = (st.last_answer_t or now) + h["interval"]
-        return max(0.05, min(self.poll, next_ask - now, h["until"] - now))
-
-    def ask_command(self, h: dict) -> dict:
-        """Run the site's cessation command for the held execution: exit 0 ceased, 1 not
-        ceased, anything else (or no answer in time) cannot tell."""
-        values = {"job": h["job"], "restart": h["r"], "root": self.root, "generation": h.get("g"),
-                  "submission": h.get("n"), "epoch": h.get("epoch"), "attempt": h.get("attempt"),
-                  "cluster": self.state.cluster, "nodes": ",".join(h.get("nodes") or []),
-                  "started": h.get("start_time")}
-        values = {k: "" if v is None else str(v) for k, v in values.items()}
-        argv = [part.format(**values) for part in shlex.split(h["cessation_cmd"])]
-        if argv[0] == "dispatch-slurm" and shutil.which("dispatch-slurm") is None:
-            argv[:1] = [sys.executable, "-m", "dispatch_slurm"]  # e.g. run from a venv not on PATH
-        timeout = max(30.0, h["interval"])
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        except FileNotFoundError as e:
-            return {"answer": "unknown", "exit": None, "error": f"{argv[0]}: not found ({e})"}
-        except subprocess.TimeoutExpired:
-            return {"answer": "unknown", "exit": None, "error": f"no answer within {timeout:g} s"}
-        answer = {0: "ceased", 1: "not_ceased"}.get(p.returncode, "unknown")
-        out: dict[str, Any] = {"answer": answer, "exit": p.returncode}
-        try:
-            out["evidence"] = json.loads(p.stdout)
-        except ValueError:
-            out["output"] = p.stdout.strip()[-1000:]
-        if p.stderr.strip():
-            out["stderr"] = p.stderr.strip()[-500:]
-        return out
 
     # -- supersession ---------------------------------------------------------------------
 
