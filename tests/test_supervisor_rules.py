@@ -16,6 +16,7 @@ from support import cli
 from dispatch_slurm import supervisor as sv
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.store import ceased
+from dispatch_slurm.supervisor import holds
 from dispatch_slurm.supervisor.record import execution
 from dispatch_slurm.errors import DispatchError
 from dispatch_slurm.slurm.client import CommandResult, Slurm
@@ -463,18 +464,15 @@ def test_shared_job_requeued_by_slurm_anyway_is_held_in_slurm(root):
 def test_the_cessation_command_is_run_with_the_execution_filled_in(root, tmp_path):
     out = tmp_path / "argv"
     script = f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:])); sys.exit(int(sys.argv[1]))"
-    fake = FakeSlurm()
-    sup = sv.Supervisor(str(root), Slurm(fake), clock=Clock(), say=lambda m: None)
-    sup.state.cluster = CLUSTER
     h = {"job": 100, "r": 2, "g": 0, "n": 3, "epoch": 3_000_002, "attempt": "testc.100.3000002",
          "nodes": ["c1", "c2"], "start_time": 2000, "interval": 5.0}
     for code, answer in ((0, "ceased"), (1, "not_ceased"), (7, "unknown")):
         h["cessation_cmd"] = f"{sys.executable} -c {script!r} {code} {{job}} {{restart}} {{nodes}} {{root}} {{attempt}}"
-        got = sup.ask_command(h)
+        got = holds.ask_command(h, str(root), CLUSTER)
         assert got["answer"] == answer and got["exit"] == code
     assert out.read_text() == f"7 100 2 c1,c2 {root} testc.100.3000002"
     h["cessation_cmd"] = "/nonexistent/ceased {job}"
-    assert sup.ask_command(h)["answer"] == "unknown"
+    assert holds.ask_command(h, str(root), CLUSTER)["answer"] == "unknown"
 
 
 # ---- supersession --------------------------------------------------------------------------
