@@ -58,6 +58,7 @@ class Supervisor:
         self.claim: Optional[Claim] = None
         self.asked_this_run = False
         self._slurm_warned = False
+        self._announce: Optional[dict] = None
 
     # -- record ---------------------------------------------------------------------------
 
@@ -72,6 +73,9 @@ class Supervisor:
     def fact(self, type_: str, **fields) -> dict:
         if self.claim is not None and not self.claim.mine():
             self._lost_claim()
+        if self._announce is not None and type_ != "supervisor":
+            announce, self._announce = self._announce, None
+            self.fact("supervisor", **announce)  # who writes what follows (only if something does)
         f = self.record.append({"type": type_, **fields})
         self.state.apply(f)
         self.say(describe(f))
@@ -103,8 +107,9 @@ class Supervisor:
             if cluster is None:
                 raise DispatchError(f"cannot ask Slurm for the cluster name: {e}") from None
         resumed = self.state.facts > 0
-        self.fact("supervisor", incarnation=self.claim.seq if self.claim else None, host=socket.gethostname(),
-                  pid=os.getpid(), cluster=cluster, resumed=resumed, poll=self.poll)
+        self._announce = {"incarnation": self.claim.seq if self.claim else None, "host": socket.gethostname(),
+                          "pid": os.getpid(), "cluster": cluster, "resumed": resumed, "poll": self.poll}
+        self.state.cluster = cluster
         if not resumed:
             if defn is None:
                 raise DispatchError(f"{self.root} has no record yet: give the sbatch arguments after `--`")
@@ -112,13 +117,18 @@ class Supervisor:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def run(self) -> Finished:
+    def run(self, once: bool = False) -> Finished:
+        """Step until the job is finished; with ``once``, only until the next step would
+        have to wait (then exit 0: a cron or scrontab entry runs it again later)."""
         while True:
             if self.claim is not None:
                 if not self.claim.mine():
                     self._lost_claim()
                 self.claim.heartbeat()
             wait = self.step()
+            if wait and once:
+                return Finished(EXIT_DONE, f"{self.state.summary()}; nothing more to do for {wait:g} s "
+                                           "(run again, e.g. from scrontab, to continue)")
             if wait:
                 self.sleep(wait)
 
@@ -127,6 +137,14 @@ class Supervisor:
         st = self.state
         if st.finished and st.finished["outcome"] != "held":
             raise self._outcome(st.finished)
+        if st.stopping is None and st.g is not None:
+            req = requests.read(self.root, f"stop.{st.g}")
+            if req is not None:
+                self._stop(req)
+                return 0
+        if st.stopping is not None and not st.intent_open and not st.pending_decision and \
+                (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
+            self.finish("stopped", self._stopped_message())
         if st.hold_needed:
             holds.open_hold(self, st.hold_needed)
             return 0
@@ -146,9 +164,27 @@ class Supervisor:
             return self._follow()
         raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
 
+    def _stop(self, req: dict) -> None:
+        """A person asked to stop: record it, cancel the job if it may still run, then
+        follow it until Slurm says it ended (the loop finishes "stopped" then)."""
+        who = {k: req[k] for k in ("user", "uid", "host", "message", "entry") if k in req}
+        self.fact("stop", g=self.state.g, by="person", job=self.state.job, **who)
+        if self.state.job is not None:
+            try:
+                self.slurm.cancel(self.state.job)
+            except SlurmError as e:  # already over, most likely; following it tells
+                self.fact("note", text=f"scancel {self.state.job}: {e}")
+
+    def _stopped_message(self) -> str:
+        st = self.state
+        by = st.stopping.get("user") or "a person"
+        return (f"stopped by {by}" + (f" ({st.stopping['message']})" if st.stopping.get("message") else "") +
+                f"; job {st.job} ended" * (st.job is not None) + "; nothing is resubmitted")
+
     @staticmethod
     def _outcome(f: dict) -> Finished:
-        code = {"done": EXIT_DONE, "superseded": EXIT_DONE, "failed": EXIT_FAILED, "held": EXIT_HELD}
+        code = {"done": EXIT_DONE, "superseded": EXIT_DONE, "stopped": EXIT_DONE, "failed": EXIT_FAILED,
+                "held": EXIT_HELD}
         return Finished(code.get(f["outcome"], EXIT_ERROR), f.get("message") or f["outcome"])
 
     def finish(self, outcome: str, message: str) -> None:
@@ -158,10 +194,22 @@ class Supervisor:
     # -- submission -----------------------------------------------------------------------
 
     def _submit(self) -> float:
+        """Submit the next execution. ``sbatch --test-only`` first, so a job Slurm would
+        refuse spends no submission number; an N that sbatch then refused anyway (Slurm
+        has no job with its tag) is used again, never a fresh one."""
         st, defn = self.state, self.state.defn
-        if st.submit_failures >= (1 if st.submitted_in_g == 0 else SUBMIT_TRIES):
+        first_and_bad = st.submitted_in_g == 0 and st.refused_by_test  # the sbatch arguments are wrong
+        if st.submit_failures >= (1 if first_and_bad else SUBMIT_TRIES):
             self.finish("failed", f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}")
-        n = store.allocate_submission(names.submission_dir(self.root))
+        n = st.retry_n
+        if n is None:
+            argv, env = sbatch_argv(defn, self.root, st.g, 1, submission_tag(self.root, st.g, 1))
+            try:
+                self.slurm.test_submit(argv, env or None)
+            except SlurmError as e:
+                self.fact("submit_failed", g=st.g, error=str(e)[-1000:], test_only=True)
+                return self.poll
+            n = store.allocate_submission(names.submission_dir(self.root))
         tag = submission_tag(self.root, st.g, n)
         self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0))
         argv, env = sbatch_argv(defn, self.root, st.g, n, tag)
@@ -169,15 +217,16 @@ class Supervisor:
             job = self.slurm.submit(argv, env or None)
         except SlurmError as e:
             self.fact("submit_failed", g=st.g, n=n, error=str(e)[-1000:])
-            return self._recover_intent()
+            return self._recover_intent(refused=True)
         self.fact("submitted", g=st.g, n=n, job=job, tag=tag)
         return 0
 
-    def _recover_intent(self) -> float:
+    def _recover_intent(self, refused: bool = False) -> float:
         """An intent without a job id: sbatch may or may not have queued the job. Slurm
-        knows (the tag is the job's comment): record the job, or that the intent was lost
-        (then a fresh N is allocated: reusing N for a job that may have run would give two
-        executions one epoch)."""
+        knows (the tag is the job's comment): record the job, or that the intent was lost.
+        After a crash a fresh N is allocated: reusing N for a job that may have run (and
+        been purged since) would give two executions one epoch. Right after sbatch itself
+        refused (``refused``), no job used N, and N is reused."""
         st = self.state
         try:
             found = sorted(self.slurm.jobs_with_comment(st.tag), key=lambda j: j.job_id)
@@ -190,7 +239,7 @@ class Supervisor:
                 self.fact("note", text=f"job {extra.job_id} also carries tag {st.tag}; following "
                                        f"{found[0].job_id} only")
             return 0
-        self.fact("intent_lost", g=st.g, n=st.n, tag=st.tag)
+        self.fact("intent_lost", g=st.g, n=st.n, tag=st.tag, reuse=refused)
         return self.poll if st.submit_failures else 0
 
     # -- following the job ----------------------------------------------------------------
@@ -238,8 +287,10 @@ class Supervisor:
                           late=j.state not in ("RUNNING", "SUSPENDED"))
                 return 0
         if j.ended and r not in st.ended:
+            by = self.slurm.cancelled_by(j.job_id) if j.state == "CANCELLED" else None
             self.fact("ended", **self._exec_fields(r, j.nodes, j.start_time), state=j.state,
-                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags))
+                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags),
+                      **({"cancelled_by": by} if j.state == "CANCELLED" else {}))
             return 0
         return self.poll
 
@@ -248,6 +299,16 @@ class Supervisor:
     def _decide(self, ended: dict) -> None:
         st, defn = self.state, self.state.defn
         ref = {k: ended[k] for k in ("job", "r")}
+        if st.stopping is not None:
+            self.fact("rule", rule="stop", cause="stop", **ref)
+            self.finish("stopped", self._stopped_message())
+        if ended["state"] == "CANCELLED" and ended.get("cancelled_by") in (None, os.geteuid()):
+            self.fact("rule", rule="stop", cause="cancel", **ref)
+            who = "you" if ended.get("cancelled_by") is not None else \
+                "its user, or by someone Slurm's accounting does not name (no sacct here)"
+            self.finish("stopped", f"job {ended['job']} was cancelled by {who}: a cancel by the job's own user "
+                                   "means stop, so nothing is resubmitted (`dispatch-slurm supersede "
+                                   f"{self.root}` starts it again)")
         if ended.get("requeued"):
             if not defn["shared"]:
                 self.fact("rule", rule="requeue", cause="requeue", **ref)

@@ -25,7 +25,7 @@ FACTS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "job": {"g": int, "resubmit": int, "shared": bool, "via": str, "hold_for": _NUM,
             "cessation_interval": _NUM, "cessation_cmd": str, "args": list},
     "intent": {"g": int, "n": int, "tag": str},
-    "submit_failed": {"g": int, "n": int, "error": str},
+    "submit_failed": {"g": int, "error": str},
     "intent_lost": {"g": int, "n": int},
     "submitted": {"g": int, "n": int, "job": int},
     "started": {"job": int, "r": int, "nodes": list},
