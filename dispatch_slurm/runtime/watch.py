@@ -36,7 +36,9 @@ import threading
 
 from .. import store
 from ..contract import names
+from ..contract.epoch import decompose
 from ..errors import BadPath, DispatchError
+from ..store.publish import owner
 
 HF_STATE = "trainer_state.json"
 IN_CREATE, IN_CLOSE_WRITE, IN_MOVED_TO = 0x100, 0x08, 0x80
@@ -97,10 +99,22 @@ class Watcher:
         rel = os.path.relpath(os.path.realpath(exec_dir), os.path.realpath(root))
         if rel == "." or rel.startswith(".."):
             raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}")
+        decompose(epoch)  # an epoch nothing can be published at fails now, not at the first save
+        why = owner(f"{rel}/save", epoch, os.environ.get("DISPATCH_ATTEMPT") or None)
+        if why:
+            raise DispatchError(f"cannot watch {exec_dir} at epoch {epoch}: its saves could not be published: "
+                                f"{why.replace('it was', 'they are')}")
         # saves this execution published before (an earlier watch, the trainer itself)
         self.done = {p.path.rsplit("/", 1)[-1] for p in store.publications(root)
                      if p.epoch == epoch and p.path.rsplit("/", 1)[0] == rel}
         self.pending: list[str] = []  # saves seen but not complete: folders to watch
+        self.published = 0  # by this watch
+
+    def describe(self) -> str:
+        """What this watch does, in one line (watch says it when it starts)."""
+        done = self.layout.marker and f"<save>/{self.layout.marker} exists" or f"<save>/{HF_STATE} parses"
+        return (f"watching {self.exec_dir} for saves named {self.layout.regex.pattern} (complete when {done}); "
+                f"publishing each at epoch {self.epoch} into {self.root}/pub ({len(self.done)} already published)")
 
     def scan(self) -> list[names.Publication]:
         """Publish every complete, unpublished save in step order; the first error raises."""
@@ -125,6 +139,7 @@ class Watcher:
                 res = None  # rotated away before we got to it: never the latest, nothing to do
             self.done.add(name)
             if res is not None and not res.existed:
+                self.published += 1
                 out.append(res.publication)
                 self.on_publish(res.publication)
         self.pending = pending
