@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..errors import DispatchError
-from . import admin, job, protocol, supervise
+from . import admin, job, protocol, report, supervise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,7 +19,7 @@ def dispatch():
     own folder, and saves become visible only by append-only publication."""
 
 
-for _cmd in (*protocol.COMMANDS, *job.COMMANDS, *supervise.COMMANDS, *admin.COMMANDS):
+for _cmd in (*protocol.COMMANDS, *job.COMMANDS, *supervise.COMMANDS, *admin.COMMANDS, *report.COMMANDS):
     dispatch.add_command(_cmd)
 
 

@@ -76,15 +76,20 @@ def record(type_: str, **kwargs) -> dict | None:
 
 
 def read(root: str) -> list[dict]:
-    """Every event under ``root``, ordered by time; a line that does not parse is an
-    error naming its file and line (a torn line means a writer broke the contract)."""
+    """Every event under ``root``, ordered by time; a line that is not an event (not a
+    JSON object with a time) is an error naming its file and line: a torn line means a
+    writer broke the contract."""
     folder = os.path.join(root, EVENTS)
     out = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
+        with open(os.path.join(folder, name), "rb") as f:
             for no, line in enumerate(f, 1):
                 try:
-                    out.append(json.loads(line))
+                    ev = json.loads(line)
+                    if not isinstance(ev, dict) or not isinstance(ev.get("t"), (int, float)) or \
+                            not isinstance(ev.get("type"), str):
+                        raise ValueError("not an object with a type and a time t")
                 except ValueError as e:
-                    raise DispatchError(f"{folder}/{name}:{no}: not a JSON event ({e})") from None
+                    raise DispatchError(f"{folder}/{name}:{no}: not an event ({e})") from None
+                out.append(ev)
     return sorted(out, key=lambda r: r["t"])
