@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: demo test host venv bench clean
+.PHONY: demo test host venv bench wheel clean
 
 host:
 	@tools/setup-host
@@ -37,10 +37,15 @@ test: host venv
 	@rc=0; $(PY) -m pytest -ra $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# What users install: the package alone (no test bed), as CI builds it.
+wheel: venv
+	$(PY) -m build --wheel --no-isolation --outdir dist .
+	@ls dist/*.whl
+
 bench: venv
 	$(PY) benchmarks/bench_publish.py
 	$(PY) benchmarks/bench_latest.py
 	$(PY) benchmarks/bench_watch.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info
