@@ -32,8 +32,9 @@ demo: host venv
 	  --trials 1 --json demo-output/trials.json --plot demo-output/timeline.png
 	@echo "timeline: demo-output/timeline.png   results: demo-output/trials.json"
 
-# pytest exits 5 when it collected nothing: that is a failure here, never a pass.
-test: host venv
+# pytest exits 5 when it collected nothing: that is a failure here, never a pass. The wheel
+# users install is built first (dist/): CI's artifact.
+test: host venv wheel
 	@rc=0; $(PY) -m pytest -ra $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

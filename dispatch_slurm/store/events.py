@@ -34,7 +34,8 @@ import time
 
 from ..contract.layout import EVENTS
 from ..errors import DispatchError
-from .durable import DirFds, append, ensure_dir, open_dir
+from .durable import DirFds, append, open_dir
+from .posix import open_entry
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
@@ -60,7 +61,7 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
     line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
     name = f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}.jsonl"
     with DirFds() as fds:
-        ev_fd = fds.add(ensure_dir(EVENTS, fds.add(open_dir(root, follow=True)))[0])
+        ev_fd = fds.add(open_entry(root, fds.add(open_dir(root, follow=True)), EVENTS, create=True))
         append(name, ev_fd, line, sync=False)
     return rec
 

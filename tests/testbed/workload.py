@@ -90,6 +90,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10, help="steps per save")
     ap.add_argument("--max-saves", type=int, default=0, help="exit 0 after this many saves (0: never)")
     ap.add_argument("--shards", type=int, default=0, help="extra files per save (a sharded save)")
+    ap.add_argument("--handler", action="store_true",
+                    help="dispatch mode: dispatch-slurm's preemption handler (save and publish the last "
+                         "whole step on SIGTERM, then exit) instead of saving on through the grace window")
     ap.add_argument("--no-publish", action="store_true",
                     help="dispatch mode without publishing: `dispatch-slurm watch` publishes beside it")
     ap.add_argument("--warmup", type=float, default=0.0,
@@ -109,6 +112,9 @@ def main(argv=None):
     log = Log(os.path.join(a.log_dir, f"{lineage}.jsonl"), lineage)
     term = []
     signal.signal(signal.SIGTERM, lambda *_: term.append(time.time()) or log("sigterm"))
+    if a.handler:
+        from dispatch_slurm import install_preemption_handler, preemption_point
+        install_preemption_handler(lambda left: save(folder, step, lineage, log), defer=True)
     log("start", host=socket.gethostname(), pid=os.getpid(), mode=a.mode, folder=folder, epoch=epoch,
         job=os.environ.get("SLURM_JOB_ID"), restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
     step, src = 0, resume_point(a.mode, folder, root)
@@ -132,6 +138,8 @@ def main(argv=None):
             log("publish", path=path, step=step, name=pub.name)
         rotate(folder, a.keep, log)
         saves += 1
+        if a.handler:
+            preemption_point()  # a pending SIGTERM: save this whole step, publish it, exit 0
     log("end")
 
 
