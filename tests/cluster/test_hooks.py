@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 
 import pytest
 
@@ -265,7 +266,7 @@ def test_no_user_input_makes_a_hook_fail_hang_or_drain(slurm_cluster: Cluster, w
     os.mkdir(gone, 0o700)
     os.chown(gone, 2001, 2001)
     jobs["removed"] = sbatch(b"gone\xff", f"-H -o {cdir}/removed.out -e {cdir}/removed.err --wrap true")
-    os.rmdir(gone)
+    shutil.rmtree(gone)  # with the sub/ entry the plugin allocated at submit time
     c.exec(CONTROLLER, ["scontrol", "release", str(jobs["removed"])], user="alice")
     c.wait_until(lambda: all(_ended(c, j) for j in jobs.values()), timeout=180, what="every probe job to end")
     for name, leaf in roots.items():
