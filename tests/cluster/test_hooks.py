@@ -279,7 +279,7 @@ def test_no_user_input_makes_a_hook_fail_hang_or_drain(slurm_cluster: Cluster, w
     big_attempt = f".{jobs['big-log']}."
     assert any(e["type"] == "checkpoint_complete" and e.get("source") == "epilog" and big_attempt in e["attempt"]
                for e in ev), "the Epilog did not find the sentinel at the end of the 3 GiB log"
-    assert "does not exist" in (hdir / "removed.err").read_text()
+    assert b"does not exist" in (hdir / "removed.err").read_bytes()
     logs = "".join(c.exec(n, "cat /var/log/dispatch-slurm.log 2>/dev/null || true").stdout for n in c.node_names)
     assert "BUG" not in logs and "not recorded" not in logs and "timed out" not in logs, logs[-2000:]
     assert "\\udcff" in logs  # the removed root's byte, logged escaped (syslog refused it raw)
