@@ -99,8 +99,10 @@ def main(argv=None) -> int:
     model, opt = build(a.fsdp)
     app = App(model, opt)
     state = {"app": app}
-    if ddcp.load(state) is not None and rank == 0:
-        print(f"resumed at step {app.step} digest {digest(model)}", flush=True)
+    if ddcp.load(state) is not None:
+        text = digest(model)  # a collective under FSDP: every rank
+        if rank == 0:
+            print(f"resumed at step {app.step} digest {text}", flush=True)
     saver = ddcp.AsyncSaver() if a.async_save else None
 
     def on_preempt(left: float):
