@@ -48,7 +48,9 @@ def init() -> None:
     for ours, slurm in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"), ("LOCAL_RANK", "SLURM_LOCALID")):
         if ours not in os.environ and slurm in os.environ:
             os.environ[ours] = os.environ[slurm]
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+    # a port per execution: a requeued job keeps its id, and the old port may linger in TIME_WAIT
+    job, restart = int(os.environ.get("SLURM_JOB_ID", "0")), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    os.environ.setdefault("MASTER_PORT", str(20000 + (job * 16 + restart) % 20000))
     dist.init_process_group("gloo")
 
 
