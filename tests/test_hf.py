@@ -31,6 +31,7 @@ from dispatch_slurm.store import events
 from testbed import wait
 from dispatch_slurm.errors import DispatchError
 from support import REPO
+from testbed.ranks import launch
 
 E_OLD, E_NEW = compose(0, 1, 0), compose(0, 2, 0)
 E_REQUEUE = compose(0, 2, 1)  # the replacement, requeued once
@@ -249,11 +250,8 @@ def test_sigterm_saves_through_the_trainer_and_a_replacement_resumes(root, monke
     exec_dir = execution(monkeypatch, root, "c.12.1000000", E_OLD)
     (tmp_path / "out").mkdir()
     (tmp_path / "trainer.py").write_text(TRAINER.format(tests=str(REPO / "tests")))
-    launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                                      str(29400 + os.getpid() % 1000)]
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "DISPATCH_GRACE_S": "60"}
-    proc = subprocess.Popen([sys.executable, *launcher, str(tmp_path / "trainer.py")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = launch([tmp_path / "trainer.py"], nproc=nproc, env={**os.environ, "OUT": str(tmp_path / "out"),
+                  "DISPATCH_GRACE_S": "60"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         ready = wait.until(lambda: proc.poll() is None and len(os.listdir(tmp_path / "out")) == nproc
                            and os.listdir(tmp_path / "out"), timeout=180, what="the Trainer to reach step 3")

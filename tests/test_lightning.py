@@ -3,10 +3,7 @@ published, SIGTERM (one process, or one rank of two under torchrun/DDP) saves an
 publishes the stop step, a replacement resumes from exactly that step."""
 
 import os
-import random
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +13,7 @@ from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
 from dispatch_slurm.store import events  # noqa: E402
 from testbed import wait  # noqa: E402
+from support import output, run_script  # noqa: E402
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -50,38 +48,16 @@ if trainer.is_global_zero:
 """
 
 
-def run(root, attempt, epoch, tmp_path, *args, nproc=1):
-    exec_dir = store.make_exec_dir(str(root), attempt)
-    (tmp_path / "trainer.py").write_text(TRAINER)
-    out = tmp_path / f"out-{attempt}"
-    out.mkdir()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "RANK", "SLURM_", "WORLD_"))}
-    env = {**base, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": exec_dir, "DISPATCH_EPOCH": str(epoch),
-           "DISPATCH_ATTEMPT": attempt, "DISPATCH_GRACE_S": "60", "OUT": str(out)}
-    launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                                      "--master-port", str(random.randint(20000, 40000))]
-    proc = subprocess.Popen([sys.executable, *launcher, str(tmp_path / "trainer.py"), *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    return proc, out
-
-
-def communicate(proc, timeout=180):
-    try:
-        return proc.communicate(timeout=timeout)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_sigterm_saves_publishes_and_a_replacement_resumes(root, tmp_path, nproc):
-    proc, out = run(root, "c.20.1000000", 1_000_000, tmp_path, 100000, 2, nproc=nproc)
+    proc, out = run_script(TRAINER, tmp_path, root, "c.20.1000000", 1_000_000, 100000, 2, nproc=nproc)
     try:
         ready = wait.until(lambda: proc.poll() is None and len(os.listdir(out)) == nproc and os.listdir(out),
                            timeout=180, what="Lightning to reach step 3")
         os.kill(max(int(n.split("-")[1]) for n in ready), signal.SIGTERM)  # torchrun: one rank only
     finally:
-        text = communicate(proc)
+        text = output(proc)
     assert proc.returncode == 0 and text.count(SENTINEL) == nproc, text[-3000:]
     pubs = store.publications(root)
     by = [e for e in events.read(str(root)) if e["type"] == "published"]
@@ -90,8 +66,8 @@ def test_sigterm_saves_publishes_and_a_replacement_resumes(root, tmp_path, nproc
     assert step >= 3 and [p.step for p in pubs] == list(range(2, step, 2)) + [step]
     assert pubs[-1].path == f"exec/c.20.1000000/checkpoint-{step}.ckpt"
 
-    proc, _ = run(root, "c.20.1000001", 1_000_001, tmp_path, step + 3, 1000, nproc=nproc)
-    text = communicate(proc)
+    proc, _ = run_script(TRAINER, tmp_path, root, "c.20.1000001", 1_000_001, step + 3, 1000, nproc=nproc)
+    text = output(proc)
     assert proc.returncode == 0 and f"done at step {step + 3}" in text, text[-3000:]
     assert f"Restoring states from the checkpoint path at {root}/{pubs[-1].path}" in text
 

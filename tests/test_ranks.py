@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -93,11 +92,9 @@ CHILD = textwrap.dedent("""
 def start_child(tmp_path, root, mode, grace="20"):
     (tmp_path / "child.py").write_text(CHILD)
     (tmp_path / "out").mkdir()
-    env = {**ranks._env(str(root), "local.3.1000000", 1_000_000), "OUT": str(tmp_path / "out"), "GRACE": grace}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-port", str(random.randint(20000, 40000)), str(tmp_path / "child.py"), mode],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env = ranks.dispatch_env(str(root), "local.3.1000000", 1_000_000, OUT=str(tmp_path / "out"), GRACE=grace)
+    proc = ranks.launch([tmp_path / "child.py", mode], nproc=2, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT)
     ready = wait.until(lambda: len(os.listdir(tmp_path / "out")) == 2 and os.listdir(tmp_path / "out"),
                        timeout=120, what="both ranks to start", every=0.1)
     pids = {int(n.split("-")[1]): int(n.split("-")[2]) for n in ready}

@@ -60,23 +60,29 @@ def random_trial(rng: random.Random, target: str | None = None) -> Trial:
                  target=target, delay=rng.uniform(0.2, 2.0), skew=0.03 if target == "one" else 0.0)
 
 
-def _env(root: str, attempt: str, epoch: int) -> dict:
+def dispatch_env(root: str, attempt: str, epoch: int, **extra) -> dict:
+    """The environment of one execution (its exec folder made), without the caller's
+    DISPATCH_*, rank, torchrun or Slurm variables."""
     exec_dir = store.make_exec_dir(root, attempt)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "RANK", "SLURM_", "MASTER_"))}
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("DISPATCH_", "RANK", "SLURM_", "WORLD_", "MASTER_", "LOCAL_RANK"))}
     return {**base, "DISPATCH_CHECKPOINT": root, "DISPATCH_EXEC_DIR": exec_dir, "DISPATCH_EPOCH": str(epoch),
-            "DISPATCH_ATTEMPT": attempt, "DISPATCH_GRACE_S": "60", "PYTHONPATH": REPO}
+            "DISPATCH_ATTEMPT": attempt, "DISPATCH_GRACE_S": "60", "PYTHONPATH": REPO, **extra}
+
+
+def launch(argv, *, nproc: int = 1, env=None, **popen) -> subprocess.Popen:
+    """``python ARGV`` (one process) or ``torchrun --standalone`` (nproc ranks; torchrun picks
+    a free port, so parallel runs never collide), in a session of its own (killpg)."""
+    launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    return subprocess.Popen([sys.executable, *launcher, *map(str, argv)], env=env, text=True,
+                            start_new_session=True, **popen)
 
 
 def start(t: Trial, root: str, attempt: str, epoch: int, *args: str, log: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(t.nproc),
-           "--master-port", str(random.randint(20000, 40000)), EXAMPLE, *args]
-    if t.fsdp:
-        cmd.append("--fsdp")
-    if t.async_save:
-        cmd.append("--async-save")
+    flags = [*(["--fsdp"] if t.fsdp else []), *(["--async-save"] if t.async_save else [])]
     with open(log, "w") as out:
-        return subprocess.Popen(cmd, env=_env(root, attempt, epoch), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return launch([EXAMPLE, *args, *flags], nproc=t.nproc, env=dispatch_env(root, attempt, epoch),
+                      stdout=out, stderr=subprocess.STDOUT)
 
 
 def workers(root: str, attempt: str, nproc: int) -> dict[int, int] | None:
