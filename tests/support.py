@@ -62,3 +62,17 @@ def output(proc, timeout: float = 180) -> str:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+
+
+def preempt_one(proc, out, nproc: int, what: str) -> str:
+    """Once every process dropped its ready-<pid> file in ``out``, SIGTERM one of them (under
+    torchrun: one rank only, the others must learn it from the protocol); all it printed."""
+    import signal
+    from testbed import wait
+    try:
+        ready = wait.until(lambda: proc.poll() is None and len(os.listdir(out)) == nproc and os.listdir(out),
+                           timeout=180, what=what)
+        os.kill(max(int(n.split("-")[1]) for n in ready), signal.SIGTERM)
+    finally:
+        text = output(proc)
+    return text

@@ -3,7 +3,6 @@ signal on one rank only): save_state/load_state in the exec folder, published; S
 saves the stop step through the preemption protocol; a replacement resumes from it."""
 
 import os
-import signal
 
 import pytest
 
@@ -11,8 +10,7 @@ pytest.importorskip("accelerate")
 
 from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.store import events  # noqa: E402
-from testbed import wait  # noqa: E402
-from support import output, run_script  # noqa: E402
+from support import output, preempt_one, run_script  # noqa: E402
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -55,12 +53,7 @@ acc.wait_for_everyone()
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_sigterm_saves_state_publishes_and_a_replacement_resumes(root, tmp_path, nproc):
     proc, out = run_script(TRAINER, tmp_path, root, "c.30.1000000", 1_000_000, 10**9, 50, nproc=nproc)
-    try:
-        ready = wait.until(lambda: proc.poll() is None and len(os.listdir(out)) == nproc and os.listdir(out),
-                           timeout=180, what="training to reach step 3")
-        os.kill(max(int(n.split("-")[1]) for n in ready), signal.SIGTERM)  # torchrun: one rank only
-    finally:
-        text = output(proc)
+    text = preempt_one(proc, out, nproc, "training to reach step 3")
     assert proc.returncode == 0 and text.count(SENTINEL) == nproc, text[-3000:]
     pub = store.latest(root)
     assert pub.path == f"exec/c.30.1000000/checkpoint-{pub.step}" and pub.step >= 3

@@ -30,7 +30,7 @@ from dispatch_slurm.integrations import hf
 from dispatch_slurm.store import events
 from testbed import wait
 from dispatch_slurm.errors import DispatchError
-from support import REPO
+from support import REPO, preempt_one
 from testbed.ranks import launch
 
 E_OLD, E_NEW = compose(0, 1, 0), compose(0, 2, 0)
@@ -252,14 +252,7 @@ def test_sigterm_saves_through_the_trainer_and_a_replacement_resumes(root, monke
     (tmp_path / "trainer.py").write_text(TRAINER.format(tests=str(REPO / "tests")))
     proc = launch([tmp_path / "trainer.py"], nproc=nproc, env={**os.environ, "OUT": str(tmp_path / "out"),
                   "DISPATCH_GRACE_S": "60"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        ready = wait.until(lambda: proc.poll() is None and len(os.listdir(tmp_path / "out")) == nproc
-                           and os.listdir(tmp_path / "out"), timeout=180, what="the Trainer to reach step 3")
-        os.kill(max(int(n.split("-")[1]) for n in ready), signal.SIGTERM)  # one process (torchrun: one rank)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    out = preempt_one(proc, tmp_path / "out", nproc, "the Trainer to reach step 3")
     assert proc.returncode == 0, out[-3000:]
     assert out.count(SENTINEL) == nproc and "training ended without a signal" not in out, out[-3000:]
     pubs = store.publications(root)

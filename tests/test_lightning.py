@@ -2,8 +2,6 @@
 published, SIGTERM (one process, or one rank of two under torchrun/DDP) saves and
 publishes the stop step, a replacement resumes from exactly that step."""
 
-import os
-import signal
 
 import pytest
 
@@ -12,8 +10,7 @@ pytest.importorskip("lightning")
 from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
 from dispatch_slurm.store import events  # noqa: E402
-from testbed import wait  # noqa: E402
-from support import output, run_script  # noqa: E402
+from support import output, preempt_one, run_script  # noqa: E402
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -52,12 +49,7 @@ if trainer.is_global_zero:
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_sigterm_saves_publishes_and_a_replacement_resumes(root, tmp_path, nproc):
     proc, out = run_script(TRAINER, tmp_path, root, "c.20.1000000", 1_000_000, 100000, 2, nproc=nproc)
-    try:
-        ready = wait.until(lambda: proc.poll() is None and len(os.listdir(out)) == nproc and os.listdir(out),
-                           timeout=180, what="Lightning to reach step 3")
-        os.kill(max(int(n.split("-")[1]) for n in ready), signal.SIGTERM)  # torchrun: one rank only
-    finally:
-        text = output(proc)
+    text = preempt_one(proc, out, nproc, "Lightning to reach step 3")
     assert proc.returncode == 0 and text.count(SENTINEL) == nproc, text[-3000:]
     pubs = store.publications(root)
     by = [e for e in events.read(str(root)) if e["type"] == "published"]
