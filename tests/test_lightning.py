@@ -34,7 +34,7 @@ class Tiny(L.LightningModule):
 torch.manual_seed(0)
 x = torch.randn(4096, 8)
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
-nproc = int(os.environ.get("WORLD_SIZE", "1"))
+nproc = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))  # torchrun, srun
 trainer = L.Trainer(max_steps=int(sys.argv[1]), accelerator="cpu", devices=nproc,
                     strategy="ddp" if nproc > 1 else "auto", logger=False, enable_progress_bar=False,
                     enable_model_summary=False, default_root_dir=dl.output_dir(), plugins=dl.plugins(),

@@ -69,3 +69,60 @@ def test_fsdp_job_preempted_saves_every_shard_and_resumes(slurm_cluster: Cluster
     assert len(by) == 1 and by[0]["step"] == step
     first_signal = min(e["t"] for e in evs if e["type"] == "preempt_signal")
     assert by[0]["t"] - first_signal < GRACE[c.profile], "the save must be published within the grace"
+
+
+def frameworks(cdir: str):
+    """framework -> (script, srun tasks on one node, the line a resumed execution prints for a publication)."""
+    import test_accelerate
+    import test_lightning
+    return {"lightning": (test_lightning.TRAINER, 2,
+                          lambda pub: f"Restoring states from the checkpoint path at {cdir}/root/{pub.path}"),
+            "accelerate": (test_accelerate.TRAINER, 1, lambda pub: f"resumed at step {pub.step}")}
+
+
+@pytest.mark.parametrize("framework", ["lightning", "accelerate"])
+def test_framework_job_survives_a_requeue_and_a_resubmission(slurm_cluster: Cluster, workdir, framework):
+    """Lightning (2 tasks, DDP over srun) and accelerate jobs: preempted in the REQUEUE
+    partition, the requeued execution resumes from the grace save; cancelled (scancel's
+    SIGTERM, KillWait), a new submission resumes from that save."""
+    c = slurm_cluster
+    if HOST_SITE not in c.volumes.values():
+        pytest.skip(f"no torch usable in the {c.suite} cluster (only bookworm's Python 3.11 can use the host's)")
+    pytest.importorskip(framework)
+    cdir, hdir = workdir
+    text, ntasks, resumed = frameworks(cdir)[framework]
+    (hdir / "train.py").write_text(text)
+    (hdir / "out").mkdir(mode=0o777)
+    c.exec("c1", f"mkdir -m 700 {cdir}/root", user="alice")
+    root = str(hdir / "root")
+    batch = script(cdir, f"env OUT={cdir}/out python3 {cdir}/train.py 10000000 50").replace(
+        "-N 2 --ntasks-per-node=2", f"-N 1 --ntasks-per-node={ntasks}")
+    job = c.submit("alice", batch, args=[f"--dispatch-checkpoint={cdir}/root"])
+    c.wait_until(lambda: store.latest(root), timeout=240, what="a first publication")
+    preemptor = c.preempt(job)
+    c.wait_job(job, lambda j: j.restart_count == 1, timeout=180)
+    c.cancel(preemptor, user="bob")
+    out = hdir / "job.out"
+    grace_save = c.wait_until(lambda: _preempt_pub(root, restart=0), timeout=60, what="the grace save")
+    c.wait_until(lambda: resumed(grace_save) in out.read_text() and _own_pub(root, restart=1), timeout=240,
+                 what="the requeued execution to resume from the grace save and publish")
+    c.cancel(job)  # scancel: SIGTERM, KillWait, SIGKILL: the requeued execution saves again
+    c.wait_job(job, lambda j: j.ended, timeout=120)
+    cancel_save = c.wait_until(lambda: _preempt_pub(root, restart=1), timeout=60, what="the scancel save")
+    assert store.latest(root) == cancel_save
+
+    job2 = c.submit("alice", batch.replace("job.out", "job2.out"), args=[f"--dispatch-checkpoint={cdir}/root"])
+    out2 = hdir / "job2.out"
+    c.wait_until(lambda: out2.exists() and resumed(cancel_save) in out2.read_text(), timeout=240,
+                 what="the resubmission to resume from the scancel save")
+    c.cancel(job2)
+
+
+def _own_pub(root: str, restart: int):
+    return next((p for p in store.publications(root) if p.parts.restart == restart), None)
+
+
+def _preempt_pub(root: str, restart: int):
+    """The publication the preemption protocol made in execution ``restart`` (by=preempt)."""
+    names = {e["name"] for e in events.read(root) if e["type"] == "published" and e.get("by") == "preempt"}
+    return next((p for p in store.publications(root) if p.parts.restart == restart and p.name in names), None)
