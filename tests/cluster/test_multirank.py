@@ -92,7 +92,8 @@ def test_framework_job_survives_a_requeue_and_a_resubmission(slurm_cluster: Clus
     cdir, hdir = workdir
     text, ntasks, resumed = frameworks(cdir)[framework]
     (hdir / "train.py").write_text(text)
-    (hdir / "out").mkdir(mode=0o777)
+    (hdir / "out").mkdir()
+    (hdir / "out").chmod(0o1777)  # the job user drops its ready files there
     c.exec("c1", f"mkdir -m 700 {cdir}/root", user="alice")
     root = str(hdir / "root")
     batch = script(cdir, f"env OUT={cdir}/out python3 {cdir}/train.py 10000000 50").replace(
