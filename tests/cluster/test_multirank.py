@@ -99,7 +99,11 @@ def test_framework_job_survives_a_requeue_and_a_resubmission(slurm_cluster: Clus
     batch = script(cdir, f"env OUT={cdir}/out python3 {cdir}/train.py 10000000 50").replace(
         "-N 2 --ntasks-per-node=2", f"-N 1 --ntasks-per-node={ntasks}")
     job = c.submit("alice", batch, args=[f"--dispatch-checkpoint={cdir}/root"])
-    c.wait_until(lambda: store.latest(root), timeout=240, what="a first publication")
+    def first_publication():
+        if c.job(job).ended:  # fail now, with the job's output, not at the deadline
+            raise AssertionError(f"the job ended before publishing: {(hdir / 'job.out').read_text()[-3000:]}")
+        return store.latest(root)
+    c.wait_until(first_publication, timeout=240, what="a first publication")
     preemptor = c.preempt(job)
     c.wait_job(job, lambda j: j.restart_count == 1, timeout=180)
     c.cancel(preemptor, user="bob")

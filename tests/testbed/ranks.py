@@ -210,7 +210,11 @@ def trials(n: int, seed: int, targets=None) -> list[Trial]:
         t = random_trial(rng, targets[i % len(targets)] if targets else None)
         with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
             os.mkdir(os.path.join(tmp, "root"))
-            out.append(run(t, os.path.join(tmp, "root"), rng, tmp))
+            try:
+                out.append(run(t, os.path.join(tmp, "root"), rng, tmp))
+            except Exception as e:  # noqa: BLE001 -- a trial that could not run is a failed trial, not the end
+                t.error = f"{type(e).__name__}: {e}"
+                out.append(t)
         print(json.dumps(dataclasses.asdict(out[-1]))[:400], flush=True)
     return out
 
