@@ -44,13 +44,16 @@ class App(Stateful):
 
 
 def init() -> None:
-    """torchrun's environment, else Slurm's (one task per rank)."""
+    """torchrun's environment, else Slurm's (one task per rank), else one process."""
     for ours, slurm in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"), ("LOCAL_RANK", "SLURM_LOCALID")):
         if ours not in os.environ and slurm in os.environ:
             os.environ[ours] = os.environ[slurm]
     # a port per execution: a requeued job keeps its id, and the old port may linger in TIME_WAIT
     job, restart = int(os.environ.get("SLURM_JOB_ID", "0")), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     os.environ.setdefault("MASTER_PORT", str(20000 + (job * 16 + restart) % 20000))
+    if "RANK" not in os.environ:  # plain `python dist_train.py`: a world of one
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return
     dist.init_process_group("gloo")
 
 

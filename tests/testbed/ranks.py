@@ -94,7 +94,7 @@ def workers(root: str, attempt: str, nproc: int) -> dict[int, int] | None:
     for pid in pids:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        ranks[int(env[b"RANK"])] = pid
+        ranks[int(env.get(b"RANK", b"0"))] = pid  # plain python: the one rank
     return ranks
 
 
