@@ -6,7 +6,9 @@ rounds, bare and with dispatch-slurm (the preemption handler installed in both):
     each step (the agreement's all-reduce, overlapped with the next step);
   * Hugging Face Trainer: without and with ``DispatchCallback`` (no saves in either);
   * Lightning: ``enable_checkpointing=False`` and ``DispatchCheckpoint`` (no saves due).
-The figure is the median step time (wall clock between two step ends, rank 0).
+The figure is the median step time (wall clock between two step ends, rank 0); for the
+plain loops also the median time spent inside ``preemption_point()`` (what the protocol adds
+to the critical path, whatever the machine's other load does to the A/B ratio).
 Goal: ratio <= 1.01. Saves cost the same either way and are left out.
 
     python benchmarks/bench_integrations.py [--frameworks ddp,accelerate,hf,lightning] [--rounds 6]
@@ -21,7 +23,8 @@ import sys
 import tempfile
 import time
 
-STEPS = {"ddp": 200, "accelerate": 200, "hf": 60, "lightning": 100}  # per round
+STEPS = {"ddp": 25, "accelerate": 25, "hf": 60, "lightning": 100}  # per round
+PLAIN_ROUNDS = 10  # the plain loops interleave 10x more, shorter rounds: other load hits both sides alike
 
 
 def model():
@@ -39,16 +42,19 @@ def schedule(rounds: int):
         yield from (((False, True), (True, True)) if i % 2 == 0 else ((True, True), (False, True)))
 
 
-def loop_round(step_fn, steps: int, point) -> list[float]:
+def loop_round(step_fn, steps: int, point, inside: list) -> list[float]:
+    """Step times (wall clock between step ends); ``inside`` gets the time spent in ``point``."""
     times, last = [], time.perf_counter()
     for _ in range(steps):
         step_fn()
         if point:
+            t = time.perf_counter()
             point()
+            inside.append(time.perf_counter() - t)
         now = time.perf_counter()
         times.append(now - last)
         last = now
-    return times[5:]  # warm-up
+    return times[2:]  # the round's first steps: warm-up
 
 
 def loop_worker(rounds: int, m, opt, backward, framework: str) -> dict:
@@ -62,9 +68,9 @@ def loop_worker(rounds: int, m, opt, backward, framework: str) -> dict:
         backward(torch.nn.functional.mse_loss(m(x), y))
         opt.step()
     install_preemption_handler(lambda left: None)
-    out = {"bare": [], "with": []}
-    for with_, keep in schedule(rounds):
-        times = loop_round(step, STEPS[framework], preemption_point if with_ else None)
+    out = {"bare": [], "with": [], "inside": []}
+    for with_, keep in schedule(rounds * PLAIN_ROUNDS):
+        times = loop_round(step, STEPS[framework], preemption_point if with_ else None, out["inside"])
         out["with" if with_ else "bare"] += times if keep else []
     return out
 
@@ -172,12 +178,18 @@ def main():
         if int(os.environ.get("RANK", "0")) == 0:
             with open(a.out, "w") as f:
                 json.dump(result, f)
+        import torch.distributed as dist
+        if dist.is_initialized():  # a rank tearing gloo down while another still talks aborts
+            dist.barrier()
+            dist.destroy_process_group()
         return
-    print(f"{'framework':<12} {'bare ms/step':>13} {'with ms/step':>13} {'ratio':>7}   ({a.nproc} ranks, gloo, CPU)")
+    print(f"{'framework':<12} {'bare ms/step':>13} {'with ms/step':>13} {'ratio':>7} {'in preemption_point':>20}"
+          f"   ({a.nproc} ranks, gloo, CPU)")
     for fw in a.frameworks.split(","):
         r = run(fw, a.rounds, a.nproc)
         bare, with_ = statistics.median(r["bare"]) * 1e3, statistics.median(r["with"]) * 1e3
-        print(f"{fw:<12} {bare:>13.2f} {with_:>13.2f} {with_ / bare:>6.3f}x", flush=True)
+        inside = f"{statistics.median(r['inside']) * 1e6:.0f} us/step" if r.get("inside") else "-"
+        print(f"{fw:<12} {bare:>13.2f} {with_:>13.2f} {with_ / bare:>6.3f}x {inside:>20}", flush=True)
 
 
 if __name__ == "__main__":
