@@ -38,3 +38,41 @@ def host_torch(suite: str) -> dict[str, str]:
     if suite != "bookworm" or sys.version_info[:2] != (3, 11):
         return {}
     return {os.path.dirname(os.path.dirname(torch.__file__)): HOST_SITE}
+
+
+def run_script(text: str, tmp_path, root, attempt: str, epoch: int, *args, nproc: int = 1):
+    """Write ``text`` as a script and start it as one execution; OUT is a fresh folder of its own
+    (the script drops ready-<pid> files there). Returns (process, OUT)."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    out = tmp_path / f"out-{attempt}"
+    out.mkdir()
+    from testbed.ranks import dispatch_env, launch
+    proc = launch([script, *args], nproc=nproc, env=dispatch_env(str(root), attempt, epoch, OUT=str(out)),
+                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, out
+
+
+def output(proc, timeout: float = 180) -> str:
+    """Everything the process printed; killed (its whole session) if not done by the deadline."""
+    import signal
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def preempt_one(proc, out, nproc: int, what: str) -> str:
+    """Once every process dropped its ready-<pid> file in ``out``, SIGTERM one of them (under
+    torchrun: one rank only, the others must learn it from the protocol); all it printed."""
+    import signal
+    from testbed import wait
+    try:
+        ready = wait.until(lambda: proc.poll() is None and len(os.listdir(out)) == nproc and os.listdir(out),
+                           timeout=180, what=what)
+        os.kill(max(int(n.split("-")[1]) for n in ready), signal.SIGTERM)
+    finally:
+        text = output(proc)
+    return text

@@ -30,10 +30,12 @@ from dispatch_slurm.integrations import hf
 from dispatch_slurm.store import events
 from testbed import wait
 from dispatch_slurm.errors import DispatchError
-from support import REPO
+from support import REPO, preempt_one
+from testbed.ranks import launch
 
 E_OLD, E_NEW = compose(0, 1, 0), compose(0, 2, 0)
 E_REQUEUE = compose(0, 2, 1)  # the replacement, requeued once
+SENTINEL = "dispatch-checkpoint-complete"
 
 
 def tiny_model():
@@ -216,3 +218,65 @@ def test_pytorch_example_resumes_and_checkpoints_on_sigterm(root, tmp_path):
     types = [e["type"] for e in events.read(str(root)) if e["epoch"] == E_NEW]
     assert types[0] == "execution_started" and types[-2:] == ["published", "checkpoint_complete"]
     assert "preempt_signal" in types
+
+
+TRAINER = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from test_hf import dataset, tiny_model
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from dispatch_slurm.integrations import hf
+
+class Ready(TrainerCallback):
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == 3:
+            open(os.path.join(os.environ["OUT"], f"ready-{{os.getpid()}}"), "w").close()
+
+args = TrainingArguments(output_dir=hf.output_dir(), max_steps=100000, save_strategy="steps", save_steps=100000,
+                         per_device_train_batch_size=4, logging_strategy="no", report_to=[], use_cpu=True,
+                         disable_tqdm=True, seed=0, dataloader_num_workers=0)
+Trainer(model=tiny_model(), args=args, train_dataset=dataset() * 100,
+        callbacks=[hf.DispatchCallback(), Ready()]).train(resume_from_checkpoint=hf.resume_from_checkpoint())
+print("training ended without a signal", flush=True)
+"""
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_saves_through_the_trainer_and_a_replacement_resumes(root, monkeypatch, tmp_path, nproc):
+    """A real Trainer (one process, or two under torchrun/DDP with the signal on rank 1
+    only) gets SIGTERM mid-training: it saves checkpoint-<step> through its own control
+    flow, the save is published once, every process exits 0 with the sentinel, and the
+    next execution resumes from exactly that step."""
+    exec_dir = execution(monkeypatch, root, "c.12.1000000", E_OLD)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "trainer.py").write_text(TRAINER.format(tests=str(REPO / "tests")))
+    proc = launch([tmp_path / "trainer.py"], nproc=nproc, env={**os.environ, "OUT": str(tmp_path / "out"),
+                  "DISPATCH_GRACE_S": "60"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = preempt_one(proc, tmp_path / "out", nproc, "the Trainer to reach step 3")
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count(SENTINEL) == nproc and "training ended without a signal" not in out, out[-3000:]
+    pubs = store.publications(root)
+    assert len(pubs) == 1 and pubs[0].step >= 3, pubs
+    step = pubs[0].step
+    assert pubs[0].path == f"exec/c.12.1000000/checkpoint-{step}"
+    with open(os.path.join(exec_dir, f"checkpoint-{step}", "trainer_state.json")) as f:
+        assert json.load(f)["global_step"] == step
+    assert [e["by"] for e in events.read(str(root)) if e["type"] == "published"] == ["preempt"]
+
+    execution(monkeypatch, root, "c.12.1000001", compose(0, 1, 1))
+    t = train(step + 2, hf.resume_from_checkpoint())
+    assert t.state.global_step == step + 2
+    assert store.latest(root).step == step + 2
+
+
+
+def test_missing_dispatch_env_fails_at_train_begin_and_local_mode_runs(monkeypatch, tmp_path):
+    for k in ("DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT", "DISPATCH_LOCAL"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(DispatchError, match=r"\$DISPATCH_CHECKPOINT, \$DISPATCH_EXEC_DIR, \$DISPATCH_EPOCH not set.*"
+                                            r"local=True"):
+        train(4, None, output_dir=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("checkpoint-*"))  # failed before a step
+    monkeypatch.setenv("DISPATCH_LOCAL", "1")
+    t = train(4, None, output_dir=str(tmp_path / "out"))
+    assert t.state.global_step == 4 and (tmp_path / "out" / "checkpoint-4").is_dir()

@@ -24,6 +24,8 @@ ELSEWHERE = {
     "apt-get install gcc make": "an admin's install on the nodes: docker-slurm/Dockerfile runs these steps",
     "dispatch-slurm plan /scratch/me/run1": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
     "dispatch-slurm release": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
+    "torchrun --nproc-per-node": "examples/dist_train.py under torchrun (tests/test_ranks.py) and srun "
+                                 "(tests/cluster/test_multirank.py)",
 }
 TRAINER = """#!/bin/sh
 # stand-in trainer: `python train.py --output-dir D [--resume-from P]`

@@ -46,9 +46,11 @@ def env_(fmt, no_mkdir):
               help="G (supersessions)")
 @click.option("--grace", type=click.IntRange(0, siteconf.GRACE_CAP), help="seconds to checkpoint after SIGTERM")
 @click.option("--shared-checkpoint", is_flag=True, help="the job cannot isolate its writes")
+@click.option("--signal", "sig", metavar="[B:]SIG", help="sbatch --signal=[B:]SIG@GRACE: SIG the grace "
+              "before the time limit (needs --grace); warns when measured saves do not fit")
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, required=True)
-def submit(root, generation, grace, shared_checkpoint, as_json, sbatch_args):
+def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args):
     """Allocate the next submission number N under ROOT, then sbatch SBATCH_ARGS with
     DISPATCH_CHECKPOINT/GENERATION/SUBMISSION exported to the job. Everything after
     `--` goes to sbatch unchanged.
@@ -62,6 +64,8 @@ def submit(root, generation, grace, shared_checkpoint, as_json, sbatch_args):
         inputs["DISPATCH_GRACE"] = str(grace)
     if shared_checkpoint:
         inputs["DISPATCH_SHARED_CHECKPOINT"] = "1"
+    if sig is not None:
+        sbatch_args = (_signal(inputs["DISPATCH_CHECKPOINT"], sig, grace), *sbatch_args)
     # refuse bad input before a submission number is spent
     envmod.check_inputs(inputs, siteconf.load(), need_submission=False)
     n = store.allocate_submission(names.submission_dir(inputs["DISPATCH_CHECKPOINT"]))
@@ -119,3 +123,16 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
 
 
 COMMANDS = (env_, submit, watch)
+
+
+def _signal(root: str, spec: str, grace: int | None) -> str:
+    """sbatch's --signal for ``grace``; a warning on stderr when measured saves do not fit it."""
+    from ..contract.signals import fit_warning, signal_option, slowest_save
+    from ..store import events
+    if grace is None:
+        raise click.UsageError("--signal needs --grace: the seconds the save needs before the time limit")
+    option = signal_option(spec, grace)
+    warning = fit_warning(grace, slowest_save(events.read(root)))
+    if warning:
+        click.echo(f"dispatch-slurm: {warning}", err=True)
+    return option

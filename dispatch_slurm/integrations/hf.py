@@ -24,6 +24,20 @@ and ``trainer_utils.rotate_checkpoints``; 4.40+ is the same in substance):
     ``args.should_save``. The callback waits at a barrier (when torch.distributed is
     initialized) so every rank's shards are written, then publishes on world process
     zero only.
+
+SIGTERM (preemption, scancel, the time limit with ``--signal``): the callback installs the
+preemption handler at ``on_train_begin`` (deferred: it only notes the signal). At each
+``on_step_end`` it asks ``stop_requested()`` (under torchrun/DDP a collective, so every
+rank stops at the same step) and, once true, sets ``should_save`` and
+``should_training_stop`` (and drops an evaluation due at that step): the Trainer saves
+``checkpoint-<step>`` through its own control flow, and at ``on_save`` every rank's save
+is made durable, published once, and every rank exits 0 with the sentinel (1 without it
+if anything failed).
+
+Outside dispatch (no ``$DISPATCH_CHECKPOINT``/``$DISPATCH_EXEC_DIR``/``$DISPATCH_EPOCH``)
+``on_train_begin`` fails at once, naming what is missing, instead of at the first save.
+``DispatchCallback(local=True)`` (or ``$DISPATCH_LOCAL=1``) says the run is deliberately
+outside Slurm: the callback then does nothing.
 """
 
 import os
@@ -36,6 +50,9 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from .. import store
 from ..errors import DispatchError
+from ..runtime import preempt
+
+NEEDED = ("DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR", "DISPATCH_EPOCH")
 
 
 def output_dir() -> str:
@@ -73,21 +90,42 @@ def _barrier() -> None:
 
 
 class DispatchCallback(TrainerCallback):
-    """Publish each save as the Trainer finishes it (root, epoch: from the env)."""
+    """Publish each save as the Trainer finishes it, and save + publish on SIGTERM
+    (root, epoch: from the env; ``local=True``: a run outside Slurm, nothing to do)."""
 
-    def __init__(self, root: str | None = None, epoch: int | None = None, sync: bool = True):
+    def __init__(self, root: str | None = None, epoch: int | None = None, sync: bool = True,
+                 local: bool | None = None):
         self.root, self.epoch, self.sync = root, epoch, sync
+        self.local = os.environ.get("DISPATCH_LOCAL", "") not in ("", "0") if local is None else local
+        self.stopping = False
 
     def on_train_begin(self, args, state, control, **kwargs):
-        exec_dir = os.environ.get("DISPATCH_EXEC_DIR")
-        if exec_dir:
-            out, mine = os.path.realpath(args.output_dir), os.path.realpath(exec_dir)
-            if out != mine and not out.startswith(mine + os.sep):
-                raise DispatchError(f"output_dir {args.output_dir} is not inside this execution's folder "
-                                    f"{exec_dir}: the Trainer's rotation could delete another execution's saves")
+        if self.local:
+            return
+        given = {"DISPATCH_CHECKPOINT": self.root, "DISPATCH_EPOCH": self.epoch}
+        missing = [k for k in NEEDED if given.get(k) is None and not os.environ.get(k)]
+        if missing:
+            raise DispatchError(f"DispatchCallback: ${', $'.join(missing)} not set: run inside a dispatch job "
+                                "(`eval \"$(dispatch-slurm env)\"` or sbatch --dispatch-checkpoint), or pass "
+                                "DispatchCallback(local=True) (or DISPATCH_LOCAL=1) for a run outside Slurm")
+        exec_dir = os.environ["DISPATCH_EXEC_DIR"]
+        out, mine = os.path.realpath(args.output_dir), os.path.realpath(exec_dir)
+        if out != mine and not out.startswith(mine + os.sep):
+            raise DispatchError(f"output_dir {args.output_dir} is not inside this execution's folder "
+                                f"{exec_dir}: the Trainer's rotation could delete another execution's saves")
+        preempt.install_preemption_handler(None)  # the Trainer saves (on_step_end -> on_save)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.local and preempt.stop_requested():
+            self.stopping = True
+            control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
 
     def on_save(self, args, state, control, **kwargs):
+        if self.local:
+            return
+        save = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if self.stopping:
+            preempt.conclude((save, state.global_step))  # every rank: durable, published once, exit
         _barrier()
         if state.is_world_process_zero:
-            save = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
             store.publish(save, state.global_step, root=self.root, epoch=self.epoch, by="hf", sync=self.sync)

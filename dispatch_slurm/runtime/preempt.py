@@ -38,14 +38,18 @@ training after the sentinel), and non-daemon threads must not delay the exit pas
 grace. atexit handlers do not run: do what must happen inside ``save``. A second
 signal during the save is ignored; the deadline stays the first one's.
 
-Several ranks. Slurm signals every task of a step, so each rank's handler runs its
-own ``save``. If ``save`` returns the path of a save (``.../checkpoint-<step>``, or
-``(path, step)``), the handler publishes it -- fsynced, at ``$DISPATCH_EPOCH``, in
-``$DISPATCH_CHECKPOINT`` -- but only on the publishing rank: ``publish=True/False``
-says so explicitly; by default the rank from ``$RANK`` (torchrun), else
-``$SLURM_PROCID``, must be 0. Other ranks' returned paths are ignored. A save sharded
-over ranks must be complete on all of them before rank 0 publishes; that needs the
-ranks to agree on a step (e.g. an all-reduced stop flag), which is the caller's job.
+Several ranks. Slurm signals every task of a step, but not at the same instant, nor
+always every task. With torch.distributed initialised (more than one rank) before
+``install_preemption_handler``, the save is always deferred and ``preemption_point()``
+is a collective: the ranks agree on one stop step, every rank saves and fsyncs its part,
+the save is published once after every rank's part is durable, and every rank exits
+with the same code (``distributed.py`` has the protocol). Without torch.distributed,
+each rank's handler runs its own save. Either way, if ``save`` returns the path of a
+save (``.../checkpoint-<step>``, or ``(path, step)``), it is published -- fsynced, at
+``$DISPATCH_EPOCH``, in ``$DISPATCH_CHECKPOINT`` -- by the publishing rank only:
+``publish=True/False`` says so explicitly; by default rank 0 of torch.distributed, else
+``$RANK`` (torchrun), else ``$SLURM_PROCID``. Integrations that save through their
+framework's own control flow ask ``stop_requested()`` each step and call ``conclude``.
 
 Slurm: preemption's SIGTERM goes to the job steps, not to the batch shell, unless
 ``--signal=B:...``; scancel sends SIGCONT, SIGTERM, waits KillWait, then SIGKILL.
@@ -70,6 +74,7 @@ from ..contract.names import step_of
 from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
 from ..errors import DispatchError
 from ..store import events
+from . import distributed
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -82,6 +87,8 @@ class _State:
     linger = False
     arrived: float | None = None  # time.monotonic() of the first signal
     running = False
+    stopping = False  # the stop is decided (every rank, at the same point)
+    ranks: distributed.Ranks | None = None  # torch.distributed: the protocol's collectives
 
 
 _s = _State()
@@ -111,9 +118,12 @@ def time_remaining() -> float:
 
 
 def is_publishing_rank(publish: bool | None = None) -> bool:
-    """``publish`` if given, else whether this process is rank 0 ($RANK, $SLURM_PROCID)."""
+    """``publish`` if given, else whether this process is rank 0 (torch.distributed's,
+    else $RANK, else $SLURM_PROCID)."""
     if publish is not None:
         return publish
+    if distributed.rank() is not None:
+        return distributed.rank() == 0
     for key in ("RANK", "SLURM_PROCID"):
         if os.environ.get(key, "") != "":
             return os.environ[key] == "0"
@@ -125,23 +135,41 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
                                linger: bool | None = None) -> None:
     """Call ``fn(time_remaining)`` when one of ``signals`` arrives, then exit (see the
     module doc; ``linger``: stay until killed instead, for Slurm 22.05's requeue).
-    Must be called from the main thread; calling it again replaces fn."""
-    if not callable(fn):
+    ``fn=None``: the program saves itself (``stop_requested``, ``conclude``).
+    Must be called from the main thread, on every rank after init_process_group;
+    calling it again replaces fn."""
+    if fn is not None and not callable(fn):
         raise TypeError(f"install_preemption_handler needs a callable, got {fn!r}")
     sigs = tuple(signal.Signals(s) for s in ([signals] if isinstance(signals, int) else signals))
     if not sigs or signal.SIGKILL in sigs or signal.SIGSTOP in sigs:
         raise DispatchError(f"signals must be catchable and non-empty, got {signals!r}")
     if linger is None:
         linger = os.environ.get("DISPATCH_PREEMPT_LINGER", "") not in ("", "0")
-    _s.fn, _s.grace, _s.publish, _s.defer, _s.linger = fn, resolve_grace(grace), publish, defer, linger
+    _s.fn, _s.grace, _s.publish, _s.linger = fn, resolve_grace(grace), publish, linger
+    if _s.ranks is None and distributed.rank() is not None:
+        _s.ranks = distributed.Ranks(_s.grace)
+    _s.defer = defer or fn is None or _s.ranks is not None  # collectives never run in a signal frame
     for sig in sigs:
         signal.signal(sig, _on_signal)
 
 
+def stop_requested() -> bool:
+    """Whether to stop and save now: a signal reached this process (several ranks: any
+    rank, decided collectively, so every rank gets True at the same call). Call it at
+    the same point of every step on every rank; once True it stays True."""
+    if _s.stopping or _s.ranks is None:
+        _s.stopping = _s.arrived is not None
+        return _s.stopping
+    elapsed = _s.ranks.agree(-1.0 if _s.arrived is None else time.monotonic() - _s.arrived)
+    if elapsed is not None:
+        _s.arrived, _s.stopping = time.monotonic() - elapsed, True  # the earliest signal's deadline
+    return _s.stopping
+
+
 def preemption_point() -> None:
-    """In ``defer=True`` mode: run the save now if a signal has arrived (then exit);
-    otherwise return at once. Call it between training steps."""
-    if _s.arrived is not None and not _s.running:
+    """In deferred mode: run the save now if the stop is decided (then exit); otherwise
+    return at once. Call it between training steps, on every rank."""
+    if not _s.running and stop_requested() and _s.fn is not None:
         _run()
 
 
@@ -150,7 +178,7 @@ def _on_signal(signum, frame) -> None:
         return  # a second signal (srun forwarding, scancel after --signal): one save only
     _s.arrived = time.monotonic()
     events.record("preempt_signal", signal=signal.Signals(signum).name, grace=_s.grace,
-           deadline=time.time() + _s.grace)
+                  deadline=time.time() + _s.grace)
     if not _s.defer:
         _run()
 
@@ -159,19 +187,58 @@ def _run() -> None:
     _s.running = True
     try:
         result = _s.fn(time_remaining())
-        if result is not None and is_publishing_rank(_s.publish):
-            path, step = result if isinstance(result, tuple) else (result, step_of(result))
-            store.publish(os.fspath(path), step, by="preempt")
     except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
-        trace = "".join(traceback.format_exception(e))
-        _write(2, f"\n{trace}dispatch-slurm: preemption checkpoint failed: {type(e).__name__}: {e}\n")
+        conclude(error=e)
+    conclude(result)
+
+
+def conclude(result=None, error: BaseException | None = None):
+    """End the preemption: ``result`` is what the save returned (a path, ``(path, step)``
+    or None), ``error`` what it raised. Every rank's save made durable, published once by
+    the publishing rank, then every rank exits 0 with the sentinel or 1 without it."""
+    _s.running = True
+    if error is None and result is not None:
+        error = _attempt(_durable, result)
+    ok = _everywhere(error is None)
+    if ok and result is not None and is_publishing_rank(_s.publish):
+        error = _attempt(lambda: store.publish(*_saved(result), by="preempt"))
+    ok = ok and _everywhere(error is None)
+    if error is not None:
+        trace = "".join(traceback.format_exception(error))
+        _write(2, f"\n{trace}dispatch-slurm: preemption checkpoint failed: {type(error).__name__}: {error}\n")
+    elif not ok:
+        _write(2, "\ndispatch-slurm: preemption checkpoint failed on another rank: nothing published\n")
+    if not ok:
         os._exit(1)
-    events.record("checkpoint_complete", elapsed=time.monotonic() - _s.arrived,
-           time_remaining=time_remaining())
+    events.record("checkpoint_complete", elapsed=time.monotonic() - _s.arrived, time_remaining=time_remaining())
     _write(1, "\n" + SENTINEL + "\n")  # on its own line: the program may have been mid-line
     while _s.linger:  # until the scheduler's SIGKILL (see "Requeue after a preemption")
         time.sleep(3600)
     os._exit(0)
+
+
+def _saved(result) -> tuple[str, int]:
+    path, step = result if isinstance(result, tuple) else (result, step_of(result))
+    return os.fspath(path), step
+
+
+def _durable(result) -> None:
+    """Several ranks: this rank's writes fsynced (one rank alone: publishing fsyncs)."""
+    path, _ = _saved(result)
+    if _s.ranks is not None:
+        store.sync(path)
+
+
+def _everywhere(ok: bool) -> bool:
+    return ok if _s.ranks is None else _s.ranks.all_ok(ok)
+
+
+def _attempt(fn, *args) -> BaseException | None:
+    try:
+        fn(*args)
+    except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
+        return e
+    return None
 
 
 def _write(fd: int, text: str) -> None:

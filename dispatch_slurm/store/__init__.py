@@ -6,7 +6,7 @@ publications, submission numbers, exec folders), ``publish`` (the one publish pa
 cessation evidence)."""
 
 from .posix import allocate_submission, latest, make_exec_dir, open_root, publications
-from .publish import Published, env_epoch, env_root, publish
+from .publish import Published, env_epoch, env_root, publish, sync
 
 __all__ = ["publish", "Published", "latest", "publications", "allocate_submission", "make_exec_dir",
-           "open_root", "env_root", "env_epoch"]
+           "open_root", "env_root", "env_epoch", "sync"]

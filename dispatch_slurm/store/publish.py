@@ -66,6 +66,24 @@ def owner(rel: str, epoch: int, attempt: str | None) -> str | None:
     return None
 
 
+def _sync(fds: DirFds, root_fd: int, rel: str, save: str) -> None:
+    parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
+    try:
+        sync_tree(rel.rsplit("/", 1)[-1], parent)
+    except FileNotFoundError:
+        raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
+
+
+def sync(save: str, *, root: str | None = None) -> None:
+    """fsync a save (files, then folders) without publishing it. Each rank of a sharded
+    save calls it on what it wrote before the publishing rank publishes: on a shared
+    filesystem an fsync flushes only the calling client's own writes."""
+    root = env_root(root)
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        _sync(fds, root_fd, save_relpath(root, root_fd, save), save)
+
+
 def publish(save: str, step: int | None = None, *, root: str | None = None, epoch: int | None = None,
             by: str = "publish", sync: bool = True, adopt: bool = False,
             pattern: str = names.STEP_PATTERN) -> Published:
@@ -88,11 +106,7 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
         name = names.encode(epoch, step, rel)
         check_name_fits(root_fd, name, rel)
         if sync:
-            parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
-            try:
-                sync_tree(rel.rsplit("/", 1)[-1], parent)
-            except FileNotFoundError:
-                raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
+            _sync(fds, root_fd, rel, save)
         created = create_publication(root, root_fd, name)
     pub = Publication(epoch, step, rel, name)
     parts = rel.split("/")

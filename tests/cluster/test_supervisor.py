@@ -295,7 +295,7 @@ def test_a_users_scancel_and_stop_end_supervision_and_once_drives_it_from_cron(s
     """Issue 12, #8: the user's own `scancel` is a stop, not a failure to retry; `dispatch-slurm
     stop` cancels and stops; `run --once`, called again and again as scrontab would, carries a
     job to its end with the same facts as a long-lived supervisor."""
-    c, cdir, hdir, root = sup.c, sup.cdir, sup.hdir, sup.root
+    c, cdir, hdir = sup.c, sup.cdir, sup.hdir
     (hdir / "job.sh").write_text(NORMAL_JOB.format(cdir=cdir))
     k = sup.start("run", "--resubmit", "2", "--poll", "1", "--", f"{cdir}/job.sh")
     job = sup.wait_fact(lambda f: f["type"] == "started", T_START, "the execution")["job"]

@@ -1,0 +1,63 @@
+"""Hugging Face accelerate: ``save_state``/``load_state`` in the exec folder, published.
+Every function is called on every process.
+
+    from dispatch_slurm import install_preemption_handler, preemption_point
+    from dispatch_slurm.integrations import accelerate as da
+    step = da.load_state(accelerator) or 0        # the latest publication, or None
+    install_preemption_handler(lambda left: da.save_state(accelerator, step, publish=False))
+    for ...:
+        ...; step += 1
+        if step % 100 == 0:
+            da.save_state(accelerator, step)     # <exec>/checkpoint-<step>/, then published
+        preemption_point()                       # SIGTERM on any rank: every rank saves this step
+
+``accelerator.save_state`` writes the model and optimizer on the main process and each
+process's RNG state on that process; every process then waits for the others, and only
+then does the main process publish. On SIGTERM the preemption protocol does the same
+(every rank's part fsynced, one publication). Resume: the main process reads the latest
+publication and broadcasts it, so every process loads the same save.
+"""
+
+import os
+
+try:
+    from accelerate.utils import broadcast_object_list
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"dispatch_slurm.integrations.accelerate needs accelerate: "
+                      f"pip install 'dispatch-slurm[hf]' ({e})") from e
+
+from .. import store
+from ..errors import DispatchError
+
+
+def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, int]:
+    """``accelerator.save_state`` into ``<exec folder>/checkpoint-<step>``, published once every
+    process wrote its part (``publish=False``: the caller publishes, e.g. a preemption)."""
+    exec_dir = os.environ.get("DISPATCH_EXEC_DIR")
+    if not exec_dir:
+        raise DispatchError("$DISPATCH_EXEC_DIR is not set (run `eval \"$(dispatch-slurm env)\"` first)")
+    path = os.path.join(exec_dir, f"checkpoint-{step}")
+    accelerator.save_state(path)
+    accelerator.wait_for_everyone()
+    if publish and accelerator.is_main_process:
+        store.publish(path, step, by="accelerate")
+    return path, step
+
+
+def load_state(accelerator, root: str | None = None) -> int | None:
+    """``accelerator.load_state`` of the latest publication (the same on every process);
+    its step, or None when nothing is published yet."""
+    found = [None]
+    if accelerator.is_main_process:
+        root = store.env_root(root)
+        pub = store.latest(root)
+        found[0] = None if pub is None else (os.path.join(root, pub.path), pub.step)
+    if accelerator.num_processes > 1:
+        broadcast_object_list(found)
+    if found[0] is None:
+        return None
+    path, step = found[0]
+    if not os.path.isdir(path):
+        raise DispatchError(f"the latest publication names {path}, which no longer exists")
+    accelerator.load_state(path)
+    return step

@@ -1,0 +1,117 @@
+"""Lightning integration (``pip install 'dispatch-slurm[lightning]'``).
+
+    from dispatch_slurm.integrations import lightning as dl
+    trainer = L.Trainer(callbacks=[dl.DispatchCheckpoint(every_n_train_steps=100)],
+                        plugins=dl.plugins(), default_root_dir=dl.output_dir(), ...)
+    trainer.fit(model, ckpt_path=dl.resume_path())          # None: nothing published yet
+
+What it replaces in Lightning (2.x, read in its source), and why:
+  * ``SLURMEnvironment(auto_requeue=True)`` traps SIGUSR1, saves ``hpc_ckpt_<N>.ckpt`` in
+    ``default_root_dir`` and runs ``scontrol requeue`` (absent in many containers, #21404);
+    ``fit(ckpt_path=None)`` then resumes from the highest ``hpc_ckpt_<N>`` in that folder,
+    whoever wrote it (two jobs sharing a folder resume each other's, #12369). ``plugins()``
+    turns auto-requeue off; requeue is Slurm's (``--requeue``, a REQUEUE partition) or
+    ``dispatch-slurm run``'s, and the resume point is the latest publication.
+  * Lightning's SIGTERM handler broadcasts from inside the signal handler and raises
+    ``SIGTERMException`` at the next batch without saving; a signal on one rank only
+    leaves the ranks in mismatched collectives. ``DispatchCheckpoint`` installs the
+    preemption handler over it at ``on_train_start`` (after Lightning registered its
+    own), asks ``stop_requested()`` at every ``on_train_batch_end`` (a collective: every
+    rank stops at the same batch), then ``trainer.save_checkpoint`` (every rank: the
+    strategy writes and barriers) and ``conclude``: durable, published once, exit 0.
+  * ``DispatchCheckpoint`` is a ``ModelCheckpoint`` writing ``checkpoint-<step>.ckpt`` into
+    the exec folder and publishing each save once Lightning's save (and its barrier)
+    returned. ``save_last`` is refused: ``last.ckpt`` is rewritten in place, and a
+    publication's save is never rewritten. Rotation (``save_top_k``) stays in the exec
+    folder.
+Resume: every rank calls ``resume_path()`` before ``fit`` (torch.distributed is not up yet);
+at ``setup`` the ranks compare their choices and refuse to train on different saves (an
+overlapping execution publishing in between), instead of silently diverging.
+"""
+
+import os
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(f"dispatch_slurm.integrations.lightning needs lightning: "
+                      f"pip install 'dispatch-slurm[lightning]' ({e})") from e
+
+from .. import store
+from ..errors import DispatchError
+from ..runtime import distributed, preempt
+
+_chosen: list = []  # what resume_path() returned in this process, checked across ranks at setup
+
+
+def output_dir() -> str:
+    """$DISPATCH_EXEC_DIR: use it as ``default_root_dir`` (logs, any hpc_ckpt) and for saves."""
+    path = os.environ.get("DISPATCH_EXEC_DIR")
+    if not path:
+        raise DispatchError("$DISPATCH_EXEC_DIR is not set: run inside a dispatch job "
+                            "(`eval \"$(dispatch-slurm env)\"` or sbatch --dispatch-checkpoint)")
+    return path
+
+
+def plugins() -> list:
+    """``[SLURMEnvironment(auto_requeue=False)]`` inside Slurm (no SIGUSR1 trap, no scontrol), else []."""
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def resume_path(root: str | None = None) -> str | None:
+    """The latest publication's checkpoint file, or None if nothing is published yet."""
+    root = store.env_root(root)
+    pub = store.latest(root)
+    path = None if pub is None else os.path.join(root, pub.path)
+    if path is not None and not os.path.exists(path):
+        raise DispatchError(f"the latest publication {pub.name} names {path}, which no longer exists")
+    _chosen[:] = [path]
+    return path
+
+
+class DispatchCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint into the exec folder, each save published; save + publish on SIGTERM."""
+
+    def __init__(self, **kwargs):
+        if kwargs.get("save_last"):
+            raise DispatchError("DispatchCheckpoint(save_last=...) is refused: last.ckpt is rewritten in place, "
+                                "a published save never is; the latest publication is the last save")
+        kwargs.setdefault("dirpath", output_dir())
+        kwargs.setdefault("filename", "checkpoint-{step}")
+        kwargs.setdefault("auto_insert_metric_name", False)
+        super().__init__(**kwargs)
+        self._saved = None  # the step of the last save, the same on every rank
+        mine, out = os.path.realpath(output_dir()), os.path.realpath(self.dirpath)
+        if out != mine and not out.startswith(mine + os.sep):
+            raise DispatchError(f"dirpath {self.dirpath} is not inside this execution's folder {mine}: "
+                                "its rotation could delete another execution's saves")
+
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
+        if _chosen and distributed.rank() is not None:
+            import torch.distributed as dist
+            choices = [None] * dist.get_world_size()
+            dist.all_gather_object(choices, _chosen[0])
+            if len(set(choices)) > 1:
+                raise DispatchError(f"the ranks chose different saves to resume from ({sorted(set(map(str, choices)))}): "
+                                    "an overlapping execution published while this one started; start it again")
+
+    def on_train_start(self, trainer, pl_module):
+        preempt.install_preemption_handler(None)  # over Lightning's SIGTERM handler
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if preempt.stop_requested():
+            path = os.path.join(self.dirpath, f"checkpoint-{trainer.global_step}{self.FILE_EXTENSION}")
+            if self._saved != trainer.global_step:  # not os.path.exists: ranks must agree
+                trainer.save_checkpoint(path)
+            preempt.conclude((path, trainer.global_step))
+
+    def _save_checkpoint(self, trainer: "pl.Trainer", filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)  # written and, several ranks, past the barrier
+        self._saved = trainer.global_step
+        if trainer.is_global_zero:
+            store.publish(filepath, trainer.global_step, by="lightning")
+

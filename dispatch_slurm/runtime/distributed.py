@@ -1,0 +1,77 @@
+"""Preemption with several ranks (torchrun, srun, DDP, FSDP): every rank stops at one step.
+
+Why a protocol. Slurm signals every task, but not at the same instant, and a signal may
+reach only some ranks (torchrun forwards it, a container swallows it). A rank that saves
+and exits on its own signal leaves the others blocked in the next all-reduce until
+SIGKILL; a sharded save that rank 0 publishes before the other ranks wrote theirs is
+torn. So, with torch.distributed initialised and more than one rank, the handler is
+always deferred and ``preemption_point()`` is a collective every rank calls each step:
+
+1. agree: each rank contributes the seconds since its own signal (-1: none) to an
+   all-reduce MAX. Any value >= 0 stops every rank at the same point, with the deadline
+   of the earliest signal. The all-reduce is started at one point and read at the next,
+   so it overlaps a step's work; the stop comes one step after the signal was seen.
+2. save: every rank calls ``save(time_remaining)`` and fsyncs what it returned (on a
+   shared filesystem an fsync flushes only the calling client's own writes).
+3. confirm: an all-reduce MIN of "my save is durable"; only if every rank's is, the
+   publishing rank publishes, and a last all-reduce tells every rank whether it did.
+4. exit: the sentinel and 0 on every rank, or 1 on every rank without it.
+
+The protocol's collectives run on gloo groups of its own (a CPU flag, whatever the
+training backend: NCCL too). Agreement keeps torch's default timeout (ranks may drift
+apart by more than the grace in normal training, e.g. an eval on rank 0); confirmation
+times out with the grace, so a rank that died turns into exit 1 on the others within
+the window, never a hang.
+"""
+
+import datetime
+import sys
+import time
+
+
+def rank() -> int | None:
+    """This process's rank when torch.distributed is initialised with more than one rank,
+    else None (torch is never imported here unless the program already did)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank()
+    return None
+
+
+class Ranks:
+    """The protocol's collectives. Create it on every rank, in the same order as any
+    other group (``new_group`` is itself a collective)."""
+
+    def __init__(self, grace: float):
+        import torch
+        import torch.distributed as dist
+        self._dist, self._torch = dist, torch
+        self._agree = dist.new_group(backend="gloo")
+        self._confirm = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(grace, 1.0)))
+        self._flag = torch.zeros(1, dtype=torch.float64)
+        self._pending = None  # the all-reduce started at the previous point
+        self._started = 0.0  # and when (time.monotonic())
+
+    def agree(self, elapsed: float) -> float | None:
+        """Seconds since the earliest signal any rank had seen at the previous point, the
+        same decision on every rank; None to go on. ``elapsed`` (-1: no signal) is this
+        rank's contribution to the next point's answer."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+            if self._flag.item() >= 0:
+                return self._flag.item() + time.monotonic() - self._started
+        self._flag.fill_(elapsed)
+        self._started = time.monotonic()
+        self._pending = self._dist.all_reduce(self._flag, op=self._dist.ReduceOp.MAX,
+                                              group=self._agree, async_op=True)
+        return None
+
+    def all_ok(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank; False if a rank is gone or too late."""
+        t = self._torch.tensor([1.0 if ok else 0.0])
+        try:
+            self._dist.all_reduce(t, op=self._dist.ReduceOp.MIN, group=self._confirm)
+        except Exception:  # noqa: BLE001 -- a dead peer, a timeout: not every rank is ok
+            return False
+        return t.item() == 1.0

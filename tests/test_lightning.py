@@ -1,0 +1,76 @@
+"""A real Lightning Trainer (tiny model, CPU) with DispatchCheckpoint: periodic saves
+published, SIGTERM (one process, or one rank of two under torchrun/DDP) saves and
+publishes the stop step, a replacement resumes from exactly that step."""
+
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from dispatch_slurm import store  # noqa: E402
+from dispatch_slurm.errors import DispatchError  # noqa: E402
+from dispatch_slurm.store import events  # noqa: E402
+from support import output, preempt_one, run_script  # noqa: E402
+
+SENTINEL = "dispatch-checkpoint-complete"
+
+TRAINER = """
+import os, sys, torch
+import lightning.pytorch as L
+from dispatch_slurm.integrations import lightning as dl
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+    def training_step(self, batch, i):
+        x, y = batch
+        if self.global_step == 3:
+            open(os.path.join(os.environ["OUT"], f"ready-{os.getpid()}"), "w").close()
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+torch.manual_seed(0)
+x = torch.randn(4096, 8)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+nproc = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))  # torchrun, srun
+trainer = L.Trainer(max_steps=int(sys.argv[1]), accelerator="cpu", devices=nproc,
+                    strategy="ddp" if nproc > 1 else "auto", logger=False, enable_progress_bar=False,
+                    enable_model_summary=False, default_root_dir=dl.output_dir(), plugins=dl.plugins(),
+                    callbacks=[dl.DispatchCheckpoint(every_n_train_steps=int(sys.argv[2]))])
+trainer.fit(Tiny(), data, ckpt_path=dl.resume_path())
+if trainer.is_global_zero:
+    print(f"done at step {trainer.global_step}", flush=True)
+"""
+
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_saves_publishes_and_a_replacement_resumes(root, tmp_path, nproc):
+    proc, out = run_script(TRAINER, tmp_path, root, "c.20.1000000", 1_000_000, 100000, 2, nproc=nproc)
+    text = preempt_one(proc, out, nproc, "Lightning to reach step 3")
+    assert proc.returncode == 0 and text.count(SENTINEL) == nproc, text[-3000:]
+    pubs = store.publications(root)
+    by = [e for e in events.read(str(root)) if e["type"] == "published"]
+    assert {e["by"] for e in by[:-1]} == {"lightning"} and by[-1]["by"] == "preempt", by
+    step = pubs[-1].step
+    assert step >= 3 and [p.step for p in pubs] == list(range(2, step, 2)) + [step]
+    assert pubs[-1].path == f"exec/c.20.1000000/checkpoint-{step}.ckpt"
+
+    proc, _ = run_script(TRAINER, tmp_path, root, "c.20.1000001", 1_000_001, step + 3, 1000, nproc=nproc)
+    text = output(proc)
+    assert proc.returncode == 0 and f"done at step {step + 3}" in text, text[-3000:]
+    assert f"Restoring states from the checkpoint path at {root}/{pubs[-1].path}" in text
+
+
+def test_save_last_and_a_foreign_dirpath_are_refused(root, monkeypatch, tmp_path):
+    from dispatch_slurm.integrations import lightning as dl
+    monkeypatch.setenv("DISPATCH_EXEC_DIR", store.make_exec_dir(str(root), "c.21.1000000"))
+    with pytest.raises(DispatchError, match="save_last"):
+        dl.DispatchCheckpoint(save_last=True)
+    with pytest.raises(DispatchError, match="not inside this execution's folder"):
+        dl.DispatchCheckpoint(dirpath=str(tmp_path))
+    monkeypatch.delenv("DISPATCH_EXEC_DIR")
+    with pytest.raises(DispatchError, match="DISPATCH_EXEC_DIR is not set"):
+        dl.DispatchCheckpoint()

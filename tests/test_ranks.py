@@ -1,0 +1,142 @@
+"""The distributed preemption protocol with real torchrun processes (gloo, CPU).
+
+CI runs one randomized trial per signal target (every rank, one rank mid-collective,
+torchrun, SIGKILL) plus the protocol's failure paths; the full >= 50-trial run is the
+slow test (and `PYTHONPATH=tests python -m testbed.ranks --trials 50`)."""
+
+import os
+import random
+import signal
+import subprocess
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dispatch_slurm import store  # noqa: E402
+from testbed import ranks, wait  # noqa: E402
+
+SENTINEL = ranks.SENTINEL
+
+
+def check(results):
+    bad = [r for r in results if r.error or r.deadlock or r.torn]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("target", ranks.TARGETS)
+def test_randomized_trial(tmp_path, target):
+    rng = random.Random(f"ci-{target}")
+    t = ranks.random_trial(rng, target)
+    (tmp_path / "root").mkdir()
+    r = ranks.run(t, str(tmp_path / "root"), rng, str(tmp_path))
+    check([r])
+    if target != "kill":
+        assert r.resumed == r.step and r.published_s < 30
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DISPATCH_SLOW") != "1",
+                    reason="~30 min: run with DISPATCH_SLOW=1, or PYTHONPATH=tests python -m testbed.ranks --trials 52")
+def test_fifty_randomized_trials():
+    results = ranks.trials(52, seed=11, targets=ranks.TARGETS)
+    check(results)
+
+
+def test_preempted_and_resumed_run_equals_a_straight_run(tmp_path):
+    """DDP, sync saves: preempt on one rank, resume to step S+2; the weights equal those of
+    a run that was never interrupted (model and momentum saved and restored exactly)."""
+    (tmp_path / "root").mkdir()
+    rng = random.Random(5)
+    t = ranks.Trial(nproc=2, fsdp=False, async_save=False, target="one", delay=0.5, skew=0.02)
+    r = ranks.run(t, str(tmp_path / "root"), rng, str(tmp_path))
+    check([r])
+    resumed = (tmp_path / "resumed.log").read_text()
+    final = next(line for line in resumed.splitlines() if line.startswith("done at step"))
+    (tmp_path / "straight").mkdir()
+    proc = ranks.start(t, str(tmp_path / "straight"), "local.9.1000000", 1_000_000, "--max-steps",
+                       str(r.step + 2), "--save-every", "1000000", log=str(tmp_path / "straight.log"))
+    assert ranks.finish(proc, 120) == 0
+    assert final in (tmp_path / "straight.log").read_text()
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, time, torch, torch.distributed as dist
+    from dispatch_slurm import install_preemption_handler, preemption_point
+    dist.init_process_group("gloo")
+    rank, mode = dist.get_rank(), sys.argv[1]
+    exec_dir = os.environ["DISPATCH_EXEC_DIR"]
+    step = 0
+
+    def save(left):
+        if mode == "raise" and rank == 1:
+            raise RuntimeError("disk full on rank 1 (test)")
+        if mode == "die" and rank == 1:
+            os._exit(9)  # a rank lost during the save
+        path = os.path.join(exec_dir, f"checkpoint-{step}")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, f"shard-{rank}"), "w") as f:
+            f.write(str(step))
+        return path
+
+    install_preemption_handler(save, grace=float(os.environ.get("GRACE", "20")))
+    open(os.path.join(os.environ["OUT"], f"ready-{rank}-{os.getpid()}"), "w").close()
+    while True:
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        step += 1
+        time.sleep(0.01)
+        preemption_point()
+""")
+
+
+def start_child(tmp_path, root, mode, grace="20"):
+    (tmp_path / "child.py").write_text(CHILD)
+    (tmp_path / "out").mkdir()
+    env = ranks.dispatch_env(str(root), "local.3.1000000", 1_000_000, OUT=str(tmp_path / "out"), GRACE=grace)
+    proc = ranks.launch([tmp_path / "child.py", mode], nproc=2, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT)
+    ready = wait.until(lambda: len(os.listdir(tmp_path / "out")) == 2 and os.listdir(tmp_path / "out"),
+                       timeout=120, what="both ranks to start", every=0.1)
+    pids = {int(n.split("-")[1]): int(n.split("-")[2]) for n in ready}
+    return proc, pids
+
+
+def outcome(proc):
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"deadlock: no exit within 90 s: {proc.communicate()[0][-3000:]}")
+    return out
+
+
+def test_a_failed_save_on_one_rank_publishes_nothing_and_every_rank_exits_1(tmp_path, root):
+    proc, pids = start_child(tmp_path, root, "raise")
+    os.kill(pids[0], signal.SIGTERM)  # the signal reaches rank 0 only; rank 1's save fails
+    out = outcome(proc)
+    assert SENTINEL not in out
+    assert "RuntimeError: disk full on rank 1 (test)" in out
+    assert "preemption checkpoint failed on another rank: nothing published" in out
+    assert out.count("exitcode  : 1") == 2 or "exitcode: 1" in out, out[-3000:]
+    assert store.latest(root) is None
+
+
+def test_a_rank_lost_during_the_save_fails_the_others_within_the_grace(tmp_path, root):
+    proc, pids = start_child(tmp_path, root, "die", grace="5")
+    os.kill(pids[1], signal.SIGTERM)
+    out = outcome(proc)
+    assert SENTINEL not in out and store.latest(root) is None, out[-3000:]
+    assert proc.returncode != 0
+
+
+def test_one_signalled_rank_stops_both_at_one_step(tmp_path, root):
+    proc, pids = start_child(tmp_path, root, "ok")
+    os.kill(pids[1], signal.SIGTERM)
+    out = outcome(proc)
+    assert proc.returncode == 0 and out.count(SENTINEL) == 2, out[-3000:]
+    pub = store.latest(root)
+    shards = sorted(os.listdir(os.path.join(root, pub.path)))
+    assert shards == ["shard-0", "shard-1"]  # both ranks wrote the same step before the publication
+    assert {open(os.path.join(root, pub.path, s)).read() for s in shards} == {str(pub.step)}
