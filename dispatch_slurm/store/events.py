@@ -1,7 +1,10 @@
 """Execution events: one JSON-lines schema for everything that happens to an execution.
 
-Layout: ``<root>/events/<attempt>.<host>.<pid>.jsonl``. Every process writes only its
-own file, so writers on different nodes (or ranks on one node) never share a file and
+Layout: ``<root>/events/<attempt>.<host>.<pid>.jsonl``. On an S3 root, which cannot
+append, each event is its own object ``events/<attempt>.<host>.<pid>.<ns>.jsonl`` (one
+PUT, no lock, no read-modify-write; ``read`` merges them the same way): the events stay
+with the root, where every node's and the report's readers find them, and a publish
+costs one more PUT. Every process writes only its own file, so writers on different nodes (or ranks on one node) never share a file and
 nothing relies on O_APPEND being atomic across NFS clients; each line is still one
 ``write()`` on an O_APPEND descriptor. ``read(root)`` merges all files by time.
 Events are observability, not protocol: they are not fsynced (a handler in its grace
@@ -34,7 +37,9 @@ import time
 
 from ..contract.layout import EVENTS
 from ..errors import DispatchError
+from . import s3
 from .durable import DirFds, append, ensure_dir, open_dir
+from .roots import is_s3
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
@@ -59,6 +64,9 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
            "host": host, "pid": os.getpid(), **fields}
     line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
     name = f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}.jsonl"
+    if is_s3(root):  # S3 cannot append: one object per event, named apart by time
+        s3.put_event(root, f"{name[:-len('.jsonl')]}.{time.time_ns()}.jsonl", line)
+        return rec
     with DirFds() as fds:
         ev_fd = fds.add(ensure_dir(EVENTS, fds.add(open_dir(root, follow=True)))[0])
         append(name, ev_fd, line, sync=False)
@@ -75,16 +83,26 @@ def record(type_: str, **kwargs) -> dict | None:
         return None
 
 
+def _files(root: str):
+    """(name, text) of every events file (on S3: object) under ``root``, in name order."""
+    if is_s3(root):
+        for name, data in s3.event_objects(root):
+            yield name, data.decode("utf-8")
+        return
+    folder = os.path.join(root, EVENTS)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            yield name, f.read()
+
+
 def read(root: str) -> list[dict]:
     """Every event under ``root``, ordered by time; a line that does not parse is an
     error naming its file and line (a torn line means a writer broke the contract)."""
-    folder = os.path.join(root, EVENTS)
     out = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            for no, line in enumerate(f, 1):
-                try:
-                    out.append(json.loads(line))
-                except ValueError as e:
-                    raise DispatchError(f"{folder}/{name}:{no}: not a JSON event ({e})") from None
+    for name, text in _files(os.fspath(root)):
+        for no, line in enumerate(text.splitlines(), 1):
+            try:
+                out.append(json.loads(line))
+            except ValueError as e:
+                raise DispatchError(f"{root}/{EVENTS}/{name}:{no}: not a JSON event ({e})") from None
     return sorted(out, key=lambda r: r["t"])
