@@ -7,3 +7,30 @@ def root(tmp_path):
     r = tmp_path / "root"
     r.mkdir()
     return r
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """moto's standalone S3 server on 127.0.0.1, for the whole session."""
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    import s3server
+    server = s3server.start_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch):
+    """This process (and the CLI it runs) talks to the moto server."""
+    for key, value in moto_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    return moto_server
+
+
+@pytest.fixture
+def s3_root(s3_env):
+    """An S3 checkpoint root: s3://<a new bucket>/run1."""
+    return f"s3://{s3_env.bucket()}/run1"
