@@ -138,13 +138,14 @@ class Watcher:
         if rel == "." or rel.startswith(".."):
             raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}")
         self.root, self.rel = root, rel
-        # saves this execution published before (an earlier watch, the trainer itself)
-        self.done = {p.path.rsplit("/", 1)[-1] for p in store.publications(root)
-                     if p.epoch == epoch and p.path.rsplit("/", 1)[0] == rel}
+        self.done: set[str] | None = None  # read by the first scan, within its timeout
         self.pending: list[str] = []  # saves seen but not complete: folders to watch
 
     def scan(self) -> list[names.Publication]:
         """Publish every complete, unpublished save in step order; the first error raises."""
+        if self.done is None:  # saves this execution published before (an earlier watch, the trainer)
+            self.done = {p.path.rsplit("/", 1)[-1] for p in store.publications(self.root)
+                         if p.epoch == self.epoch and p.path.rsplit("/", 1)[0] == self.rel}
         found, pending = [], []
         for name, is_dir in self.fs.entries(self.exec_dir):
             if name in self.done or (step := self.layout.step(name)) is None:
@@ -221,8 +222,14 @@ class Inotify:
         os.close(self.fd)
 
 
+class _Expired(BaseException):
+    """The scan's time ran out. A BaseException, like KeyboardInterrupt, because it
+    interrupts library code: boto3 wraps any Exception raised while it waits for an
+    answer into a retryable HTTPClientError and waits again; this one passes through."""
+
+
 def _alarm(signum, frame):
-    raise ScanTimeout("a scan did not finish within --timeout (is the filesystem hung?)")
+    raise _Expired
 
 
 def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
@@ -260,6 +267,9 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
                     if ino is None or not ino.watch_only(
                             {w.exec_dir} | {os.path.join(w.exec_dir, n) for n in w.pending}):
                         break
+            except _Expired:
+                raise ScanTimeout("a scan did not finish within --timeout (is the filesystem or the "
+                                  "S3 endpoint hung?)") from None
             finally:
                 if timed:
                     signal.setitimer(signal.ITIMER_REAL, 0)

@@ -36,6 +36,7 @@ from . import protocol
 
 KEY_MAX = 1024  # S3's limit on a key, in UTF-8 bytes
 _CONFLICT_RETRIES = 5
+_sessions: list = []  # one boto3 session per process tree: a forked child reuses its loaded models
 _clients: dict = {}
 _HINTS = {
     "NoSuchBucket": "the bucket does not exist (create it first)",
@@ -58,7 +59,9 @@ def client():
         except ImportError:
             raise StoreError("an s3:// root needs boto3: pip install 'dispatch-slurm[s3]'") from None
         with errors("S3"):
-            c = boto3.session.Session().client("s3", config=Config(retries={"mode": "standard"}))
+            if not _sessions or _sessions[0][0] != key[1:]:
+                _sessions[:] = [(key[1:], boto3.session.Session())]
+            c = _sessions[0][1].client("s3", config=Config(retries={"mode": "standard"}))
         _clients[key] = c
     return c
 
