@@ -230,3 +230,41 @@ def test_endpoint_and_profile_options(s3_env, s3_root, tmp_path):
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, "", "")
     bad = subprocess.run(args[:5] + ["nobody"] + args[6:], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "nobody" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+PREEMPTED = """
+import os, time
+from dispatch_slurm import install_preemption_handler
+from dispatch_slurm.store import s3
+
+def save(left):
+    url = os.environ["DISPATCH_EXEC_DIR"] + "/checkpoint-12"
+    bucket, key = s3.split(url)
+    s3.client().put_object(Bucket=bucket, Key=key + "model.bin", Body=b"w")
+    return url
+
+install_preemption_handler(save, grace=30)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_preemption_handler_saves_and_publishes_to_s3(s3_env, s3_root):
+    proc = subprocess.Popen([sys.executable, "-c", PREEMPTED], env=_watch_env(s3_env, s3_root),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "dispatch-checkpoint-complete" in out
+    assert store.latest(s3_root).path == f"exec/{A1}/checkpoint-12"
+    assert [e["type"] for e in events.read(s3_root)] == ["preempt_signal", "published", "checkpoint_complete"]
+
+
+@pytest.mark.parametrize("cmd", [["run", "s3://some-bucket/run", "--", "job.sh"], ["plan", "s3://some-bucket/run"]])
+def test_the_supervisor_refuses_an_s3_root_saying_why(cmd):
+    proc = cli(*cmd)
+    assert proc.returncode == 2 and "the supervisor needs a POSIX root" in proc.stderr

@@ -69,7 +69,8 @@ from .. import store  # imported now: an import inside the handler could deadloc
 from ..contract.names import step_of
 from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
 from ..errors import DispatchError
-from ..store import events
+from ..store import events, s3
+from ..store.roots import is_s3
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -134,6 +135,8 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     if linger is None:
         linger = os.environ.get("DISPATCH_PREEMPT_LINGER", "") not in ("", "0")
     _s.fn, _s.grace, _s.publish, _s.defer, _s.linger = fn, resolve_grace(grace), publish, defer, linger
+    if is_s3(os.environ.get("DISPATCH_CHECKPOINT")):
+        s3.client()  # import boto3 and build the client now, not inside the handler (see store above)
     for sig in sigs:
         signal.signal(sig, _on_signal)
 

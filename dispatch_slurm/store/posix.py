@@ -30,6 +30,9 @@ def open_root(root: str) -> int:
     try:
         return open_dir(root, follow=True)
     except FileNotFoundError:
+        if str(root).startswith("s3://"):  # only the error path pays for the question
+            raise StoreError(f"checkpoint root {root}: this command needs a POSIX root; s3:// roots serve "
+                             "publish, latest, ls, watch, env and submit") from None
         raise StoreError(f"checkpoint root {root} does not exist (create it first)") from None
     except NotADirectoryError:
         raise StoreError(f"checkpoint root {root} is not a directory") from None
