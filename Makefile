@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: demo test host venv bench clean
+.PHONY: demo test host venv bench wheel clean
 
 host:
 	@tools/setup-host
@@ -33,10 +33,16 @@ demo: host venv
 	  --trials 1 --json demo-output/trials.json --plot demo-output/timeline.png
 	@echo "timeline: demo-output/timeline.png   results: demo-output/trials.json"
 
-# pytest exits 5 when it collected nothing: that is a failure here, never a pass.
-test: host venv
+# pytest exits 5 when it collected nothing: that is a failure here, never a pass. The wheel
+# users install is built first (dist/): CI's artifact.
+test: host venv wheel
 	@rc=0; $(PY) -m pytest -ra $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# What users install: the package alone (no test bed), as CI builds it.
+wheel: venv
+	$(PY) -m build --wheel --no-isolation --outdir dist .
+	@ls dist/*.whl
 
 bench: venv
 	$(PY) benchmarks/bench_publish.py
@@ -44,4 +50,4 @@ bench: venv
 	$(PY) benchmarks/bench_watch.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info

@@ -25,7 +25,8 @@ ALLOWED = {
     "integrations": {"errors", "contract", "store", "runtime"},
     "slurm": {"errors", "contract", "store"},
     "supervisor": {"errors", "contract", "store", "slurm"},
-    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "supervisor"},
+    "report": {"errors", "contract", "store", "supervisor"},
+    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "supervisor", "report"},
     "__init__": {"errors", "contract", "store", "runtime"},
     "__main__": {"cli"},
 }

@@ -16,6 +16,7 @@ from support import cli
 from dispatch_slurm import supervisor as sv
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.store import ceased
+from dispatch_slurm.supervisor import holds
 from dispatch_slurm.supervisor.record import execution
 from dispatch_slurm.errors import DispatchError
 from dispatch_slurm.slurm.client import CommandResult, Slurm
@@ -33,7 +34,10 @@ class FakeSlurm:
         self.sbatch: list[tuple[list[str], dict]] = []
         self.calls: list[list[str]] = []
         self.sbatch_error: str | None = None
+        self.refuse_once: str | None = None  # the next real sbatch fails, --test-only passes
         self.down = False  # slurmctld unreachable
+        self.plugin = True  # sbatch --help lists the SPANK plugin's options
+        self.cancellers: dict[int, int] = {}  # job -> uid, as sacct says; absent: no accounting
 
     def __call__(self, argv, *, env=None, input=None):
         argv = list(argv)
@@ -47,9 +51,23 @@ class FakeSlurm:
             return ok(f"Configuration data as of now\nClusterName             = {CLUSTER}\n")
         if argv[:3] == ["scontrol", "show", "hostnames"]:
             return ok("\n".join(argv[3].split(",")) + "\n")
+        if argv == ["sbatch", "--help"]:
+            plugins = "\nOptions provided by plugins:\n      --dispatch-checkpoint=DIR  root\n" if self.plugin else ""
+            return ok("Usage: sbatch [OPTIONS(0)...] [ : [OPTIONS(N)...]] script(0) [args(0)...]\n" + plugins)
+        if argv[0] == "sacct":
+            jid = int(argv[2])
+            if jid not in self.cancellers:
+                return CommandResult(1, "", "sacct: error: Slurm accounting storage is disabled")
+            return ok(f"CANCELLED by {self.cancellers[jid]}\n")
         if argv[0] == "sbatch":
             if self.sbatch_error:
                 return CommandResult(1, "", self.sbatch_error)
+            if "--test-only" in argv:
+                self.calls[-1] = ["sbatch --test-only"]
+                return CommandResult(0, "", "sbatch: Job 0 to start at 2026-12-01T10:00:00\n")
+            if self.refuse_once:
+                err, self.refuse_once = self.refuse_once, None
+                return CommandResult(1, "", err)
             self.sbatch.append((argv, dict(env or {})))
             comment = next(a.split("=", 1)[1] for a in argv if a.startswith("--comment="))
             jid = self.next_id
@@ -107,7 +125,7 @@ class Clock:
 
 
 def defn(**kw):
-    d = {"g": 0, **sv.DEFAULTS, "args": ["job.sh"], "cwd": "/"}
+    d = {"g": 0, **sv.DEFAULTS, "via": "spank", "args": ["job.sh"], "cwd": "/"}
     d.update(kw)
     return d
 
@@ -200,6 +218,7 @@ def test_done_on_success(root):
 def test_resubmit_until_the_budget_is_spent(root):
     fake = FakeSlurm()
     sup = new(root, fake, start_defn=defn(resubmit=2))
+    fake.cancellers[100] = 999  # someone else's cancel (sacct: CANCELLED by 999): an admin, not the user
     for jid, state in ((100, "CANCELLED"), (101, "NODE_FAIL")):
         drive(sup, lambda: sup.state.job == jid)
         fake.start(jid)
@@ -218,6 +237,93 @@ def test_resubmit_until_the_budget_is_spent(root):
         [(1, 100, 1_000_000), (2, 101, 2_000_000), (3, 102, 3_000_000)]
     assert facts(root, "ended")[2]["exit_code"] == 3
     assert sorted(p.name for p in (root / "sub").iterdir()) == ["000001", "000002", "000003"]
+
+
+# ---- issue 12: stop, a user's own cancel, --once, no N spent on a refused sbatch -----------
+
+@pytest.mark.parametrize("sacct", [True, False], ids=["sacct-names-the-user", "no-accounting"])
+def test_a_users_own_cancel_is_a_stop_not_a_failure_to_retry(root, sacct):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=3))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    if sacct:
+        fake.cancellers[100] = os.geteuid()
+    fake.end(100, "CANCELLED")
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 0 and "nothing is resubmitted" in e.value.message
+    assert ("cancelled by you" in e.value.message) == sacct
+    assert len(fake.sbatch) == 1 and facts(root, "finished")[-1]["outcome"] == "stopped"
+    assert facts(root, "ended")[-1]["cancelled_by"] == (os.geteuid() if sacct else None)
+
+
+def test_stop_cancels_the_job_and_resubmits_nothing(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=3))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    sv.requests.make(str(root), "stop.0", {"user": "alice", "message": "wrong learning rate"})
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 0 and "stopped by alice (wrong learning rate)" in e.value.message
+    assert ["scancel", "100"] in fake.calls and len(fake.sbatch) == 1
+    assert types(root, "stop", "ended", "rule", "finished") == ["stop", "ended", "rule", "finished"]
+
+
+def test_once_steps_until_it_would_wait_and_resumes_where_it_stopped(root):
+    """`run --once` from cron or scrontab: each invocation does what needs doing now and
+    exits 0; the record makes the sequence the same as one long-lived supervisor's."""
+    fake, clock = FakeSlurm(), Clock()
+
+    def once():
+        sup = new(root, fake, clock=clock, start_defn=None if (root / "record.jsonl").exists() else defn(resubmit=1))
+        try:
+            return sup.run(once=True)
+        except sv.Finished as f:
+            return f
+        finally:
+            sup.close()
+    first = once()
+    assert first.code == 0 and "job 100" in first.message and len(fake.sbatch) == 1
+    quiet = len(sv.Record(str(root)).read())
+    assert once().code == 0 and len(sv.Record(str(root)).read()) == quiet, "a run with nothing to do wrote facts"
+    fake.start(100)
+    once()
+    fake.end(100, "FAILED", code=1)
+    once()  # records the end, resubmits (N=2)
+    assert len(fake.sbatch) == 2
+    fake.start(101)
+    once()
+    fake.end(101, "COMPLETED")
+    done = once()
+    assert done.code == 0 and "completed" in done.message
+    assert [f["type"] for f in facts(root, "started")] == ["started", "started"]
+    assert sorted(p.name for p in (root / "supervisor").iterdir() if p.name.endswith(".exited")) == \
+        sorted(p.name + ".exited" for p in (root / "supervisor").iterdir() if p.name.isdigit())
+
+
+def test_no_submission_number_is_spent_on_a_refused_sbatch(root):
+    fake = FakeSlurm()
+    fake.sbatch_error = "sbatch: error: invalid partition specified: nope"
+    sup = new(root, fake, start_defn=defn())
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 1 and "invalid partition" in e.value.message
+    assert not (root / "sub").exists(), "sbatch --test-only refused it: no N was allocated"
+    # test-only passes, the real sbatch is refused once (Slurm queued nothing): the same N again
+    root2 = root / "again"
+    root2.mkdir()
+    fake2 = FakeSlurm()
+    fake2.refuse_once = "sbatch: error: Batch job submission failed: Socket timed out"
+    sup2 = new(root2, fake2, start_defn=defn(resubmit=1))
+    drive(sup2, lambda: sup2.state.job)
+    assert sorted(p.name for p in (root2 / "sub").iterdir()) == ["000001"]
+    assert [(f["type"], f.get("n")) for f in sv.Record(str(root2)).read() if f["type"] in
+            ("intent", "submit_failed", "intent_lost", "submitted")] == \
+        [("intent", 1), ("submit_failed", 1), ("intent_lost", 1), ("intent", 1), ("submitted", 1)]
 
 
 def _requeued_once(root):
@@ -295,7 +401,7 @@ def test_crash_before_sbatch_allocates_a_fresh_n(root):
     fake_calls = []
 
     def die_on_sbatch(argv, **kw):
-        if argv[0] == "sbatch":
+        if argv[0] == "sbatch" and "--test-only" not in argv:
             fake_calls.append(argv)
             raise Crash
         return real(argv, **kw)
@@ -463,18 +569,15 @@ def test_shared_job_requeued_by_slurm_anyway_is_held_in_slurm(root):
 def test_the_cessation_command_is_run_with_the_execution_filled_in(root, tmp_path):
     out = tmp_path / "argv"
     script = f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:])); sys.exit(int(sys.argv[1]))"
-    fake = FakeSlurm()
-    sup = sv.Supervisor(str(root), Slurm(fake), clock=Clock(), say=lambda m: None)
-    sup.state.cluster = CLUSTER
     h = {"job": 100, "r": 2, "g": 0, "n": 3, "epoch": 3_000_002, "attempt": "testc.100.3000002",
          "nodes": ["c1", "c2"], "start_time": 2000, "interval": 5.0}
     for code, answer in ((0, "ceased"), (1, "not_ceased"), (7, "unknown")):
         h["cessation_cmd"] = f"{sys.executable} -c {script!r} {code} {{job}} {{restart}} {{nodes}} {{root}} {{attempt}}"
-        got = sup.ask_command(h)
+        got = holds.ask_command(h, str(root), CLUSTER)
         assert got["answer"] == answer and got["exit"] == code
     assert out.read_text() == f"7 100 2 c1,c2 {root} testc.100.3000002"
     h["cessation_cmd"] = "/nonexistent/ceased {job}"
-    assert sup.ask_command(h)["answer"] == "unknown"
+    assert holds.ask_command(h, str(root), CLUSTER)["answer"] == "unknown"
 
 
 # ---- supersession --------------------------------------------------------------------------
@@ -582,13 +685,31 @@ def test_a_purged_job_is_ended_and_the_record_names_its_nodes(root):
 # ---- the CLI -----------------------------------------------------------------------------
 
 def test_plan_shows_the_hold_substitution(root):
-    p = cli("plan", root, "--shared-checkpoint", "--resubmit", "2", "--hold-for", "12h",
+    p = cli("plan", root, "--via", "spank", "--shared-checkpoint", "--resubmit", "2", "--hold-for", "12h",
             "--cessation-interval", "30s", "--", "-N", "2", "train.sbatch", check=True).stdout
     assert "hold instead of resubmit" in p and "waits up to 12h" in p and "every 30s" in p
     assert "--no-requeue" in p and "--dispatch-shared-checkpoint" in p and "--dispatch-submission=<N>" in p
-    j = json.loads(cli("plan", root, "--resubmit", "1", "--json", "--", "train.sbatch", check=True).stdout)
+    j = json.loads(cli("plan", root, "--via", "spank", "--resubmit", "1", "--json", "--", "train.sbatch",
+                       check=True).stdout)
     assert [r["rule"] for r in j["rules"]] == ["done", "resubmit", "resubmit", "resubmit", "resubmit", "requeue"]
     assert j["hold"] is None and "--no-requeue" not in j["sbatch"]
+
+
+def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
+    """Issue 12, #8: `--via spank` where sbatch has no --dispatch-* options is a warning in
+    the plan (and refused by run); `auto` takes the environment there."""
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Usage: sbatch [OPTIONS...] script'\n")  # no plugin options
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    spank = cli("plan", root, "--via", "spank", "--", "train.sbatch", env=env, check=True).stdout
+    assert "WARNING: --via spank, but sbatch here has no --dispatch-checkpoint option" in spank
+    auto = json.loads(cli("plan", root, "--json", "--", "train.sbatch", env=env, check=True).stdout)
+    assert auto["via"] == "env" and not any("WARNING" in n for n in auto["notes"])
+    refused = cli("run", root, "--via", "spank", "--", "train.sbatch", env=env)
+    assert refused.returncode == 2 and "no --dispatch-checkpoint option" in refused.stderr
+    assert not (root / "sub").exists() and not (root / "record.jsonl").exists()
 
 
 @pytest.mark.parametrize("args,needle", [

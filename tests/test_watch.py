@@ -257,3 +257,52 @@ def test_layout_and_vanished_saves(root, ex, monkeypatch):
     monkeypatch.setattr(store, "publish", rotate_then_publish)
     assert [p.step for p in w.scan()] == [1]
     assert steps(root) == [1]
+
+
+# ---- issue 12: bad arguments refused at start; a rotation race is not an error ----------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--until-pid", "0"], "--until-pid"), (["--until-pid", "-1"], "--until-pid"),
+    (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"), (["--interval", "nan"], "--interval"),
+])
+def test_arguments_that_would_hang_or_crash_are_refused(root, ex, args, message):
+    out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", *args],
+                         env=env_for(root, ex), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_epoch_that_cannot_publish_fails_at_start_and_watch_says_what_it_watches(root, ex):
+    n0 = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"],
+                        env=env_for(root, ex, epoch=5), capture_output=True, text=True, timeout=60)
+    assert n0.returncode == 2 and "submission N=0" in n0.stderr
+    other = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"],
+                           env=env_for(root, ex, epoch=E2), capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and "could not be published" in other.stderr and f"epoch {E2}" in other.stderr
+    hf_save(ex, 5, state=False)
+    ok = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"],
+                        env=env_for(root, ex), capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and f"watching {ex}" in ok.stderr and f"at epoch {E1}" in ok.stderr
+    assert "nothing complete to publish" in ok.stderr and "checkpoint-5" in ok.stderr
+
+
+WORKLOAD = os.path.join(os.path.dirname(__file__), "testbed", "workload.py")
+
+
+@pytest.mark.parametrize("run", range(20))
+def test_watch_survives_the_trainers_rotation(root, ex, tmp_path, run):
+    """Issue 12, #6: a trainer saving 300-file saves with save_total_limit=1 deletes each
+    save right after the next one, while watch fsyncs it. Watch never fails on that, and
+    every save that survived rotation is published (the last one above all)."""
+    env = {**env_for(root, ex), "SLURM_JOB_ID": "1", "DISPATCH_EPOCH": str(E1)}
+    trainer = subprocess.Popen([sys.executable, WORKLOAD, "--mode", "dispatch", "--no-publish", "--log-dir",
+                                str(tmp_path / "logs"), "--interval", "0.02", "--keep", "1", "--shards", "300",
+                                "--max-saves", "8"], env=env)
+    w = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--until-pid", str(trainer.pid)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert trainer.wait(60) == 0
+    assert w.returncode == 0, w.stderr
+    survivors = {int(p.name.split("-")[1]) for p in ex.iterdir() if p.name.startswith("checkpoint-")}
+    published = {p.step for p in store.publications(root)}
+    assert survivors and survivors <= published, f"not published: {survivors - published}"
+    assert store.latest(root).step == max(survivors) == 80

@@ -25,6 +25,13 @@ def root_option(help_: str = "checkpoint root"):
     return click.option("--root", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help=help_)
 
 
+def finite(ctx, param, value):
+    """A number option must be a real number: nan passes click's range checks."""
+    if value is not None and value != value:
+        raise click.BadParameter(f"{value} is not a number", ctx=ctx, param=param)
+    return value
+
+
 def _normalize_root(ctx, param, value):
     return value if value is None else value.rstrip("/") or "/"
 

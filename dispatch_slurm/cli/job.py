@@ -90,9 +90,9 @@ def submit(root, generation, grace, shared_checkpoint, as_json, sbatch_args):
               "SIGTERM is then ignored, so the trainer's last save (in its grace window) is published")
 @click.option("--poll", is_flag=True, help="poll instead of inotify")
 @click.option("--interval", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
-              help="seconds between polls")
+              callback=common.finite, help="seconds between polls")
 @click.option("--timeout", type=click.FloatRange(min=0.01, max=86400), default=300.0, show_default=True,
-              help="a scan (listing, fsync, publication) taking longer is an error")
+              callback=common.finite, help="a scan (listing, fsync, publication) taking longer is an error")
 @click.option("--no-sync", is_flag=True, help="do not fsync a save's files before publishing it")
 def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interval, timeout, no_sync):
     """Publish each complete save in the exec folder, in step order, at this execution's
@@ -109,9 +109,13 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
         click.echo(f"published step {pub.step} {common.text(pub.path)}")
         sys.stdout.flush()
     w = watchmod.Watcher(exec_dir, root, epoch_, layout, sync=not no_sync, on_publish=said)
+    click.echo(f"dispatch-slurm watch: {w.describe()}", err=True)
     if until_pid is not None:  # Slurm signals the watch too; it must outlive the trainer
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watchmod.run(w, poll=poll, interval=interval, once=once, until_pid=until_pid, timeout=timeout)
+    if once and not w.published:
+        incomplete = f" ({len(w.pending)} incomplete: {', '.join(sorted(w.pending)[:3])})" if w.pending else ""
+        click.echo(f"dispatch-slurm watch: nothing complete to publish in {exec_dir}{incomplete}", err=True)
 
 
 COMMANDS = (env_, submit, watch)

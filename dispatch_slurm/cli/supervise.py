@@ -24,9 +24,9 @@ def _supervisor_options(fn):
         click.option("--cessation-cmd", help="the site's cessation signal: exit 0 ceased, 1 not ceased, "
                      "else cannot tell; placeholders {job} {restart} {root} {generation} {submission} {epoch} "
                      "{attempt} {cluster} {nodes} {started}  [default: " + supervisor.DEFAULT_CESSATION_CMD + "]"),
-        click.option("--via", type=click.Choice(["spank", "env"]), help="pass G and N by the SPANK plugin's "
-                     "options, or exported in the environment (the script runs `dispatch-slurm env`)  "
-                     "[default: spank]"),
+        click.option("--via", type=click.Choice(["auto", "spank", "env"]), help="pass G and N by the SPANK "
+                     "plugin's options, or exported in the environment (the script runs `dispatch-slurm env`); "
+                     "auto: the plugin's where sbatch has them  [default: auto]"),
         click.option("--grace", type=click.IntRange(0, 300), help="seconds to checkpoint after SIGTERM"),
         click.option("--poll", type=click.FloatRange(min=0.1, max=3600), default=supervisor.DEFAULT_POLL,
                      show_default=True, help="seconds between two looks at the job"),
@@ -63,17 +63,20 @@ def _supervise(fn, *args):
 @click.command()
 @common.root_argument()
 @_supervisor_options
+@click.option("--once", is_flag=True, help="do what needs doing now, then exit 0 (resumable: for scrontab "
+              "or cron instead of a process that lives for days on a login node)")
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, poll, sbatch_args):
+def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, poll, once, sbatch_args):
     """Submit a job and supervise it: follow it through Slurm and, when an execution ends,
     apply the rules (`dispatch-slurm plan` shows them). Every fact goes to ROOT/record.jsonl;
     run again with only ROOT to resume after a crash (nothing is submitted twice).
 
         dispatch-slurm run /scratch/me/run1 --resubmit 3 -- --nodes=2 train.sbatch
 
-    Exit 0 done, 1 failed, 2 error, 3 held (a hold expired unanswered)."""
+    Exit 0 done (or, with --once, still running), 1 failed, 2 error, 3 held (a hold
+    expired unanswered)."""
     opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace)
-    _supervise(supervisor.run, root, opts, list(sbatch_args), poll)
+    _supervise(supervisor.run, root, opts, list(sbatch_args), poll, None, once)
 
 
 @click.command()
@@ -86,14 +89,17 @@ def plan(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, vi
     """Show what each rule will do for this job, before it starts: the sbatch command,
     and for a shared checkpoint the holds that stand in for recovery. With a record
     under ROOT and no arguments: the plan from where the job stands."""
+    from ..slurm.client import Slurm
     opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace)
     root = supervisor.normalize(root)
     state = supervisor.load_state(root)
     if state.g is not None and not sbatch_args:
         supervisor.check_resume(opts, [], state.defn)
-        p = supervisor.plan(state.defn, root, state)
+        defn = state.defn
     else:
-        p = supervisor.plan({"g": 0, **supervisor.make_defn(opts, list(sbatch_args))}, root)
+        defn, state = {"g": 0, **supervisor.make_defn(opts, list(sbatch_args))}, None
+    resolved, warning = supervisor.resolve_via(defn["via"], supervisor.plugin_options(Slurm()))
+    p = supervisor.plan({**defn, "via": resolved}, root, state, warnings=(warning,) if warning else ())
     click.echo(json.dumps(p, indent=2) if as_json else supervisor.render_plan(p), nl=as_json)
 
 
@@ -133,5 +139,17 @@ def release(root, message, as_json):
         click.echo(f"no supervisor is running for {root}: `dispatch-slurm run {root}` applies it", err=True)
 
 
-COMMANDS = (run, plan, supersede, release)
+@click.command()
+@common.root_argument()
+@click.option("--message", "-m", help="why (kept in the record)")
+@click.option("--poll", type=click.FloatRange(min=0.1, max=3600), default=supervisor.DEFAULT_POLL,
+              show_default=True, help="seconds between two looks at the job, when no supervisor runs")
+def stop(root, message, poll):
+    """Stop supervising ROOT's job and cancel it: the supervisor (the running one, or this
+    command when none runs) cancels the job, waits until Slurm says it ended, and finishes
+    "stopped"; nothing is resubmitted. A plain `scancel` by the job's user means the same."""
+    _supervise(supervisor.stop, root, message, poll)
+
+
+COMMANDS = (run, plan, supersede, release, stop)
 

@@ -41,9 +41,11 @@ import threading
 
 from .. import store
 from ..contract import names
-from ..store import s3
-from ..store.roots import is_s3
+from ..contract.epoch import decompose
 from ..errors import BadPath, DispatchError
+from ..store import s3
+from ..store.publish import owner
+from ..store.roots import is_s3
 
 HF_STATE = "trainer_state.json"
 IN_CREATE, IN_CLOSE_WRITE, IN_MOVED_TO = 0x100, 0x08, 0x80
@@ -138,8 +140,20 @@ class Watcher:
         if rel == "." or rel.startswith(".."):
             raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}")
         self.root, self.rel = root, rel
+        decompose(epoch)  # an epoch nothing can be published at fails now, not at the first save
+        why = owner(f"{rel}/save", epoch, os.environ.get("DISPATCH_ATTEMPT") or None)
+        if why:
+            raise DispatchError(f"cannot watch {exec_dir} at epoch {epoch}: its saves could not be published: "
+                                f"{why.replace('it was', 'they are')}")
         self.done: set[str] | None = None  # read by the first scan, within its timeout
         self.pending: list[str] = []  # saves seen but not complete: folders to watch
+        self.published = 0  # by this watch
+
+    def describe(self) -> str:
+        """What this watch does, in one line (watch says it when it starts)."""
+        done = self.layout.marker and f"<save>/{self.layout.marker} exists" or f"<save>/{HF_STATE} parses"
+        return (f"watching {self.exec_dir} for saves named {self.layout.regex.pattern} (complete when {done}); "
+                f"publishing each at epoch {self.epoch} into {self.root}/pub")
 
     def scan(self) -> list[names.Publication]:
         """Publish every complete, unpublished save in step order; the first error raises."""
@@ -165,6 +179,7 @@ class Watcher:
                 res = None  # rotated away before we got to it: never the latest, nothing to do
             self.done.add(name)
             if res is not None and not res.existed:
+                self.published += 1
                 out.append(res.publication)
                 self.on_publish(res.publication)
         self.pending = pending

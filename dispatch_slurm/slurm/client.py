@@ -393,6 +393,29 @@ class Slurm:
             raw=j,
         )
 
+    def test_submit(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+        """``sbatch --test-only ARGV``: Slurm validates the job (options, script, SPANK
+        options) without queueing it; SlurmError with sbatch's own message if it would be
+        refused. Asked before a submission number is spent on it."""
+        self.run(["sbatch", "--test-only", *argv], env=env)
+
+    def plugin_options(self) -> set[str]:
+        """The options SPANK plugins add to sbatch here (``--dispatch-checkpoint``...), as
+        ``sbatch --help`` lists them: empty when no plugin is installed."""
+        _, found, plugins = self.run(["sbatch", "--help"]).partition("Options provided by plugins:")
+        return set(re.findall(r"^\s+(--[a-z][a-z0-9-]*)", plugins, re.M)) if found else set()
+
+    def cancelled_by(self, job_id: int) -> Optional[int]:
+        """The uid that cancelled the job, from Slurm's accounting (``sacct``: "CANCELLED by
+        UID"); None when accounting is off here or does not say (slurmctld itself keeps no
+        record of who cancelled)."""
+        try:
+            out = self.run(["sacct", "-j", str(int(job_id)), "-X", "-n", "-P", "-o", "State"])
+        except SlurmError:
+            return None
+        m = re.search(r"CANCELLED by (\d+)", out)
+        return int(m.group(1)) if m else None
+
     def cancel(self, job_id: int, signal: Optional[str] = None, *, batch: bool = False) -> None:
         """``scancel``: without ``signal`` Slurm's cancel (SIGCONT, SIGTERM, KillWait, SIGKILL);
         with it, only that signal (``batch``: to the batch shell alone, not the steps)."""

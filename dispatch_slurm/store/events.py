@@ -38,7 +38,8 @@ import time
 from ..contract.layout import EVENTS
 from ..errors import DispatchError
 from . import s3
-from .durable import DirFds, append, ensure_dir, open_dir
+from .durable import DirFds, append, open_dir
+from .posix import open_entry
 from .roots import is_s3
 
 SCHEMA = 1
@@ -68,7 +69,7 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
         s3.put_event(root, f"{name[:-len('.jsonl')]}.{time.time_ns()}.jsonl", line)
         return rec
     with DirFds() as fds:
-        ev_fd = fds.add(ensure_dir(EVENTS, fds.add(open_dir(root, follow=True)))[0])
+        ev_fd = fds.add(open_entry(root, fds.add(open_dir(root, follow=True)), EVENTS, create=True))
         append(name, ev_fd, line, sync=False)
     return rec
 
@@ -84,25 +85,30 @@ def record(type_: str, **kwargs) -> dict | None:
 
 
 def _files(root: str):
-    """(name, text) of every events file (on S3: object) under ``root``, in name order."""
+    """(name, content) of every events file (on S3: object) under ``root``, in name order."""
     if is_s3(root):
-        for name, data in s3.event_objects(root):
-            yield name, data.decode("utf-8")
+        yield from s3.event_objects(root)
         return
     folder = os.path.join(root, EVENTS)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
+        with open(os.path.join(folder, name), "rb") as f:
             yield name, f.read()
 
 
 def read(root: str) -> list[dict]:
-    """Every event under ``root``, ordered by time; a line that does not parse is an
-    error naming its file and line (a torn line means a writer broke the contract)."""
+    """Every event under ``root``, ordered by time; a line that is not an event (not a
+    JSON object with a time) is an error naming its file and line: a torn line means a
+    writer broke the contract."""
+    folder = os.path.join(os.fspath(root), EVENTS)
     out = []
-    for name, text in _files(os.fspath(root)):
-        for no, line in enumerate(text.splitlines(), 1):
+    for name, data in _files(os.fspath(root)):
+        for no, line in enumerate(data.splitlines(), 1):
             try:
-                out.append(json.loads(line))
+                ev = json.loads(line)
+                if not isinstance(ev, dict) or not isinstance(ev.get("t"), (int, float)) or \
+                        not isinstance(ev.get("type"), str):
+                    raise ValueError("not an object with a type and a time t")
             except ValueError as e:
-                raise DispatchError(f"{root}/{EVENTS}/{name}:{no}: not a JSON event ({e})") from None
+                raise DispatchError(f"{folder}/{name}:{no}: not an event ({e})") from None
+            out.append(ev)
     return sorted(out, key=lambda r: r["t"])

@@ -36,13 +36,13 @@ from typing import Optional
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
-from ..slurm.client import Slurm
+from ..slurm.client import Slurm, SlurmError
 from . import requests
 from .claim import DEFAULT_POLL, Claim
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
 from .record import Record
 from .render import render_plan
-from .rules import DEFAULT_CESSATION_CMD, DEFAULTS, check_resume, make_defn, parse_duration, plan
+from .rules import DEFAULT_CESSATION_CMD, DEFAULTS, check_resume, make_defn, parse_duration, plan, resolve_via
 from .state import State
 
 
@@ -63,24 +63,66 @@ def normalize(root: str) -> str:
     return root
 
 
-def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None) -> Finished:
+def plugin_options(slurm: Slurm) -> Optional[set[str]]:
+    """The SPANK plugin options sbatch has here, or None when sbatch cannot be asked."""
+    try:
+        return slurm.plugin_options()
+    except SlurmError:
+        return None
+
+
+def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
+    """Generation 0's definition, with ``--via auto`` resolved here and now; `--via spank`
+    where the plugin is missing is refused before anything is submitted."""
+    defn = {"g": 0, **make_defn(options, args)}
+    defn["via"], warning = resolve_via(defn["via"], plugin_options(slurm))
+    if warning and defn["via"] == "spank":
+        raise DispatchError(warning)
+    return defn
+
+
+def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None,
+        once: bool = False) -> Finished:
     root = normalize(root)
     sup = Supervisor(root, slurm, poll=poll)
     try:
-        st = sup.open("run")
+        st = sup.open("run --once" if once else "run")
         if st.facts:
             check_resume(options, args, st.defn)
             defn = None
             if st.defn.get("cwd") and os.path.isdir(st.defn["cwd"]):
                 os.chdir(st.defn["cwd"])
         else:
-            defn = {"g": 0, **make_defn(options, args)}
+            defn = new_defn(options, args, sup.slurm)
         sup.start(defn)
-        return sup.run()
+        return sup.run(once=once)
     except Finished as f:
         return f
     finally:
         sup.close()
+
+
+def stop(root: str, message: Optional[str] = None, poll: float = DEFAULT_POLL,
+         slurm: Optional[Slurm] = None) -> Finished:
+    """Ask the supervisor of ROOT to stop: it cancels the job and finishes "stopped",
+    resubmitting nothing. Without a running supervisor, this process is it, until the
+    job has ended."""
+    root = normalize(root)
+    st = State.replay(Record(root).read())
+    if st.g is None:
+        raise DispatchError(f"{root} has no record of a job: nothing to stop")
+    if st.finished and st.finished["outcome"] != "held":
+        return Finished(EXIT_DONE, f"nothing to stop: {st.summary()}")
+    try:
+        requests.make(root, f"stop.{st.g}", {**requests.who(), "message": message or ""})
+    except FileExistsError:
+        pass  # asked already: wait for it like the first time
+    claim = Claim(root, poll, "stop")
+    claims, exited = claim.entries()
+    if claims and claim.holder_alive(claims[-1], exited, wait=False):
+        return Finished(EXIT_DONE, f"asked the running supervisor of {root} to stop (it cancels the job "
+                                   "and finishes at its next poll)")
+    return run(root, {}, [], poll, slurm)
 
 
 def supersede(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None) -> Finished:
@@ -138,5 +180,5 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "NoHold", "load_state", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS",
+           "release", "stop", "NoHold", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

@@ -6,26 +6,21 @@ long to wait before the next; ``run()`` loops. Every decision is a fact in the r
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
-from ..store import events
-from . import requests
+from . import holds, requests
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
-from .render import describe, fmt_duration
+from .render import describe
 from .rules import CAUSES, SUBMIT_TRIES, sbatch_argv, submission_tag
 from .state import State
 
@@ -57,12 +52,13 @@ class Supervisor:
         self.slurm = slurm or Slurm()
         self.poll = poll
         self.clock, self.sleep, self.say = clock, sleep, say
-        self.ask = ask or self.ask_command
+        self.ask = ask or (lambda h: holds.ask_command(h, self.root, self.state.cluster))
         self.record = Record(root, clock)
         self.state = State()
         self.claim: Optional[Claim] = None
-        self._asked_this_run = False
+        self.asked_this_run = False
         self._slurm_warned = False
+        self._announce: Optional[dict] = None
 
     # -- record ---------------------------------------------------------------------------
 
@@ -77,6 +73,9 @@ class Supervisor:
     def fact(self, type_: str, **fields) -> dict:
         if self.claim is not None and not self.claim.mine():
             self._lost_claim()
+        if self._announce is not None and type_ != "supervisor":
+            announce, self._announce = self._announce, None
+            self.fact("supervisor", **announce)  # who writes what follows (only if something does)
         f = self.record.append({"type": type_, **fields})
         self.state.apply(f)
         self.say(describe(f))
@@ -108,8 +107,9 @@ class Supervisor:
             if cluster is None:
                 raise DispatchError(f"cannot ask Slurm for the cluster name: {e}") from None
         resumed = self.state.facts > 0
-        self.fact("supervisor", incarnation=self.claim.seq if self.claim else None, host=socket.gethostname(),
-                  pid=os.getpid(), cluster=cluster, resumed=resumed, poll=self.poll)
+        self._announce = {"incarnation": self.claim.seq if self.claim else None, "host": socket.gethostname(),
+                          "pid": os.getpid(), "cluster": cluster, "resumed": resumed, "poll": self.poll}
+        self.state.cluster = cluster
         if not resumed:
             if defn is None:
                 raise DispatchError(f"{self.root} has no record yet: give the sbatch arguments after `--`")
@@ -117,13 +117,18 @@ class Supervisor:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def run(self) -> Finished:
+    def run(self, once: bool = False) -> Finished:
+        """Step until the job is finished; with ``once``, only until the next step would
+        have to wait (then exit 0: a cron or scrontab entry runs it again later)."""
         while True:
             if self.claim is not None:
                 if not self.claim.mine():
                     self._lost_claim()
                 self.claim.heartbeat()
             wait = self.step()
+            if wait and once:
+                return Finished(EXIT_DONE, f"{self.state.summary()}; nothing more to do for {wait:g} s "
+                                           "(run again, e.g. from scrontab, to continue)")
             if wait:
                 self.sleep(wait)
 
@@ -132,16 +137,24 @@ class Supervisor:
         st = self.state
         if st.finished and st.finished["outcome"] != "held":
             raise self._outcome(st.finished)
+        if st.stopping is None and st.g is not None:
+            req = requests.read(self.root, f"stop.{st.g}")
+            if req is not None:
+                self._stop(req)
+                return 0
+        if st.stopping is not None and not st.intent_open and not st.pending_decision and \
+                (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
+            self.finish("stopped", self._stopped_message())
         if st.hold_needed:
-            self._open_hold(st.hold_needed)
+            holds.open_hold(self, st.hold_needed)
             return 0
         if st.hold:
-            return self._hold_step()
+            return holds.step(self)
         if st.pending_decision:
             self._decide(st.pending_decision)
             return 0
         if st.pending_apply:
-            self._apply_released(st.pending_apply)
+            holds.apply_released(self, st.pending_apply)
             return 0
         if st.intent_open:
             return self._recover_intent()
@@ -151,9 +164,27 @@ class Supervisor:
             return self._follow()
         raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
 
+    def _stop(self, req: dict) -> None:
+        """A person asked to stop: record it, cancel the job if it may still run, then
+        follow it until Slurm says it ended (the loop finishes "stopped" then)."""
+        who = {k: req[k] for k in ("user", "uid", "host", "message", "entry") if k in req}
+        self.fact("stop", g=self.state.g, by="person", job=self.state.job, **who)
+        if self.state.job is not None:
+            try:
+                self.slurm.cancel(self.state.job)
+            except SlurmError as e:  # already over, most likely; following it tells
+                self.fact("note", text=f"scancel {self.state.job}: {e}")
+
+    def _stopped_message(self) -> str:
+        st = self.state
+        by = st.stopping.get("user") or "a person"
+        return (f"stopped by {by}" + (f" ({st.stopping['message']})" if st.stopping.get("message") else "") +
+                f"; job {st.job} ended" * (st.job is not None) + "; nothing is resubmitted")
+
     @staticmethod
     def _outcome(f: dict) -> Finished:
-        code = {"done": EXIT_DONE, "superseded": EXIT_DONE, "failed": EXIT_FAILED, "held": EXIT_HELD}
+        code = {"done": EXIT_DONE, "superseded": EXIT_DONE, "stopped": EXIT_DONE, "failed": EXIT_FAILED,
+                "held": EXIT_HELD}
         return Finished(code.get(f["outcome"], EXIT_ERROR), f.get("message") or f["outcome"])
 
     def finish(self, outcome: str, message: str) -> None:
@@ -163,10 +194,22 @@ class Supervisor:
     # -- submission -----------------------------------------------------------------------
 
     def _submit(self) -> float:
+        """Submit the next execution. ``sbatch --test-only`` first, so a job Slurm would
+        refuse spends no submission number; an N that sbatch then refused anyway (Slurm
+        has no job with its tag) is used again, never a fresh one."""
         st, defn = self.state, self.state.defn
-        if st.submit_failures >= (1 if st.submitted_in_g == 0 else SUBMIT_TRIES):
+        first_and_bad = st.submitted_in_g == 0 and st.refused_by_test  # the sbatch arguments are wrong
+        if st.submit_failures >= (1 if first_and_bad else SUBMIT_TRIES):
             self.finish("failed", f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}")
-        n = store.allocate_submission(names.submission_dir(self.root))
+        n = st.retry_n
+        if n is None:
+            argv, env = sbatch_argv(defn, self.root, st.g, 1, submission_tag(self.root, st.g, 1))
+            try:
+                self.slurm.test_submit(argv, env or None)
+            except SlurmError as e:
+                self.fact("submit_failed", g=st.g, error=str(e)[-1000:], test_only=True)
+                return self.poll
+            n = store.allocate_submission(names.submission_dir(self.root))
         tag = submission_tag(self.root, st.g, n)
         self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0))
         argv, env = sbatch_argv(defn, self.root, st.g, n, tag)
@@ -174,15 +217,16 @@ class Supervisor:
             job = self.slurm.submit(argv, env or None)
         except SlurmError as e:
             self.fact("submit_failed", g=st.g, n=n, error=str(e)[-1000:])
-            return self._recover_intent()
+            return self._recover_intent(refused=True)
         self.fact("submitted", g=st.g, n=n, job=job, tag=tag)
         return 0
 
-    def _recover_intent(self) -> float:
+    def _recover_intent(self, refused: bool = False) -> float:
         """An intent without a job id: sbatch may or may not have queued the job. Slurm
-        knows (the tag is the job's comment): record the job, or that the intent was lost
-        (then a fresh N is allocated: reusing N for a job that may have run would give two
-        executions one epoch)."""
+        knows (the tag is the job's comment): record the job, or that the intent was lost.
+        After a crash a fresh N is allocated: reusing N for a job that may have run (and
+        been purged since) would give two executions one epoch. Right after sbatch itself
+        refused (``refused``), no job used N, and N is reused."""
         st = self.state
         try:
             found = sorted(self.slurm.jobs_with_comment(st.tag), key=lambda j: j.job_id)
@@ -195,7 +239,7 @@ class Supervisor:
                 self.fact("note", text=f"job {extra.job_id} also carries tag {st.tag}; following "
                                        f"{found[0].job_id} only")
             return 0
-        self.fact("intent_lost", g=st.g, n=st.n, tag=st.tag)
+        self.fact("intent_lost", g=st.g, n=st.n, tag=st.tag, reuse=refused)
         return self.poll if st.submit_failures else 0
 
     # -- following the job ----------------------------------------------------------------
@@ -243,8 +287,10 @@ class Supervisor:
                           late=j.state not in ("RUNNING", "SUSPENDED"))
                 return 0
         if j.ended and r not in st.ended:
+            by = self.slurm.cancelled_by(j.job_id) if j.state == "CANCELLED" else None
             self.fact("ended", **self._exec_fields(r, j.nodes, j.start_time), state=j.state,
-                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags))
+                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags),
+                      **({"cancelled_by": by} if j.state == "CANCELLED" else {}))
             return 0
         return self.poll
 
@@ -253,6 +299,16 @@ class Supervisor:
     def _decide(self, ended: dict) -> None:
         st, defn = self.state, self.state.defn
         ref = {k: ended[k] for k in ("job", "r")}
+        if st.stopping is not None:
+            self.fact("rule", rule="stop", cause="stop", **ref)
+            self.finish("stopped", self._stopped_message())
+        if ended["state"] == "CANCELLED" and ended.get("cancelled_by") in (None, os.geteuid()):
+            self.fact("rule", rule="stop", cause="cancel", **ref)
+            who = "you" if ended.get("cancelled_by") is not None else \
+                "its user, or by someone Slurm's accounting does not name (no sacct here)"
+            self.finish("stopped", f"job {ended['job']} was cancelled by {who}: a cancel by the job's own user "
+                                   "means stop, so nothing is resubmitted (`dispatch-slurm supersede "
+                                   f"{self.root}` starts it again)")
         if ended.get("requeued"):
             if not defn["shared"]:
                 self.fact("rule", rule="requeue", cause="requeue", **ref)
@@ -280,100 +336,6 @@ class Supervisor:
             self.fact("rule", rule="fail", cause=cause, budget_left=0, **ref)
             self.finish("failed", f"job {ended['job']} ended {ended['state']} and no resubmission is left "
                                   f"(--resubmit {defn['resubmit']})")
-
-    def _apply_released(self, hold: dict) -> None:
-        rule, ref = hold["replaces"], {"job": hold["job"], "r": hold["r"]}
-        if rule == "resubmit":
-            self.fact("rule", rule="resubmit", after_hold=hold["hold"],
-                      budget_left=self.state.defn["resubmit"] - self.state.used - 1, **ref)
-        elif rule == "requeue":
-            if hold.get("slurm_held"):
-                try:
-                    self.slurm.release(hold["job"])
-                except SlurmError as e:
-                    self.fact("note", text=f"scontrol release {hold['job']} failed: {e}")
-            self.fact("rule", rule="requeue", after_hold=hold["hold"], **ref)
-        else:
-            self.fact("rule", rule=rule, after_hold=hold["hold"], **ref)
-
-    # -- holds ----------------------------------------------------------------------------
-
-    def _open_hold(self, rule: dict) -> None:
-        st = self.state
-        ex = st.ended.get(rule["r"]) if rule.get("job") == st.job else None
-        ex = ex or rule.get("execution") or {}
-        h = self.fact("hold", hold=st.holds + 1, replaces=rule["rule"], cause=rule.get("cause"),
-                      job=rule["job"], r=rule["r"], g=ex.get("g"), n=ex.get("n"), epoch=ex.get("epoch"),
-                      attempt=ex.get("attempt"), nodes=ex.get("nodes", []), start_time=ex.get("start_time"),
-                      slurm_held=bool(rule.get("slurm_held")), until=round(self.clock() + st.defn["hold_for"], 3),
-                      cessation_cmd=st.defn["cessation_cmd"], interval=st.defn["cessation_interval"])
-        events.record("hold", root=self.root, attempt=h.get("attempt") or "supervisor",
-                      hold=h["hold"], replaces=h["replaces"], job=h["job"], until=h["until"])
-        self.say(f"HOLD #{h['hold']}: the checkpoint is shared, so {h['replaces']} waits until execution "
-                 f"R={h['r']} of job {h['job']} has ceased (asked every "
-                 f"{fmt_duration(h['interval'])}) or a person runs `dispatch-slurm release {self.root}`")
-
-    def _hold_step(self) -> float:
-        st = self.state
-        h = st.hold
-        rel = requests.read(self.root, f"release.{h['hold']}")
-        if rel is not None:
-            who = {k: rel[k] for k in ("user", "uid", "host", "message", "entry") if k in rel}
-            self.fact("release", hold=h["hold"], by="person", requested_t=rel.get("t"), **who)
-            events.record("release", root=self.root, attempt=h.get("attempt") or "supervisor",
-                          hold=h["hold"], by="person")
-            return 0
-        now = self.clock()
-        due = st.last_answer_t is None or now - st.last_answer_t >= h["interval"]
-        expired = now >= h["until"]
-        if due or (expired and not self._asked_this_run):
-            ans = self.ask(h)
-            self._asked_this_run = True
-            self.fact("cessation", hold=h["hold"], job=h["job"], r=h["r"], **ans)
-            events.record("cessation", root=self.root, attempt=h.get("attempt") or "supervisor",
-                          hold=h["hold"], answer=ans["answer"], source="supervisor")
-            if ans["answer"] == "ceased":
-                self.fact("release", hold=h["hold"], by="cessation signal")
-                events.record("release", root=self.root, attempt=h.get("attempt") or "supervisor",
-                              hold=h["hold"], by="cessation signal")
-                return 0
-            now = self.clock()
-        if expired:
-            self.fact("hold_expired", hold=h["hold"], until=h["until"])
-            self.finish("held", f"hold #{h['hold']} expired after {fmt_duration(st.defn['hold_for'])} with "
-                                f"no answer: job {h['job']} stays held ({h['replaces']} not applied). When "
-                                f"it is safe: `dispatch-slurm release {self.root}`, then "
-                                f"`dispatch-slurm run {self.root}` to continue")
-        next_ask = (st.last_answer_t or now) + h["interval"]
-        return max(0.05, min(self.poll, next_ask - now, h["until"] - now))
-
-    def ask_command(self, h: dict) -> dict:
-        """Run the site's cessation command for the held execution: exit 0 ceased, 1 not
-        ceased, anything else (or no answer in time) cannot tell."""
-        values = {"job": h["job"], "restart": h["r"], "root": self.root, "generation": h.get("g"),
-                  "submission": h.get("n"), "epoch": h.get("epoch"), "attempt": h.get("attempt"),
-                  "cluster": self.state.cluster, "nodes": ",".join(h.get("nodes") or []),
-                  "started": h.get("start_time")}
-        values = {k: "" if v is None else str(v) for k, v in values.items()}
-        argv = [part.format(**values) for part in shlex.split(h["cessation_cmd"])]
-        if argv[0] == "dispatch-slurm" and shutil.which("dispatch-slurm") is None:
-            argv[:1] = [sys.executable, "-m", "dispatch_slurm"]  # e.g. run from a venv not on PATH
-        timeout = max(30.0, h["interval"])
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        except FileNotFoundError as e:
-            return {"answer": "unknown", "exit": None, "error": f"{argv[0]}: not found ({e})"}
-        except subprocess.TimeoutExpired:
-            return {"answer": "unknown", "exit": None, "error": f"no answer within {timeout:g} s"}
-        answer = {0: "ceased", 1: "not_ceased"}.get(p.returncode, "unknown")
-        out: dict[str, Any] = {"answer": answer, "exit": p.returncode}
-        try:
-            out["evidence"] = json.loads(p.stdout)
-        except ValueError:
-            out["output"] = p.stdout.strip()[-1000:]
-        if p.stderr.strip():
-            out["stderr"] = p.stderr.strip()[-500:]
-        return out
 
     # -- supersession ---------------------------------------------------------------------
 

@@ -19,16 +19,32 @@ from ..store.posix import open_root
 
 SCHEMA = 1
 _NUM = (int, float)
+
+
+class ListOf:
+    """A field that is a list of ``kind`` (node names, sbatch arguments)."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
+    def holds(self, value) -> bool:
+        return isinstance(value, list) and all(isinstance(x, self.kind) for x in value)
+
+
+def _is(value, want) -> bool:
+    if isinstance(want, ListOf):
+        return want.holds(value)
+    return isinstance(value, want) and (want is bool or not isinstance(value, bool))
 #: fact type -> {field: type(s)}: what a replay may rely on (a fact may carry more)
-FACTS: dict[str, dict[str, type | tuple[type, ...]]] = {
+FACTS: dict[str, dict[str, type | tuple[type, ...] | ListOf]] = {
     "supervisor": {"host": str, "pid": int},
     "job": {"g": int, "resubmit": int, "shared": bool, "via": str, "hold_for": _NUM,
-            "cessation_interval": _NUM, "cessation_cmd": str, "args": list},
+            "cessation_interval": _NUM, "cessation_cmd": str, "args": ListOf(str)},
     "intent": {"g": int, "n": int, "tag": str},
-    "submit_failed": {"g": int, "n": int, "error": str},
+    "submit_failed": {"g": int, "error": str},
     "intent_lost": {"g": int, "n": int},
     "submitted": {"g": int, "n": int, "job": int},
-    "started": {"job": int, "r": int, "nodes": list},
+    "started": {"job": int, "r": int, "nodes": ListOf(str)},
     "ended": {"job": int, "r": int, "state": str},
     "rule": {"rule": str},
     "hold": {"hold": int, "replaces": str, "job": int, "r": int, "until": _NUM, "interval": _NUM,
@@ -54,7 +70,7 @@ def check_fact(fact, where: str) -> dict:
         raise DispatchError(f"{where}: unknown fact type {kind!r} (one of {', '.join(sorted(FACTS))})")
     for name, want in {**_COMMON, **FACTS[kind]}.items():
         value = fact.get(name)
-        if value is None or not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+        if value is None or not _is(value, want):
             got = "missing" if name not in fact else f"{type(value).__name__} {value!r}"[:80]
             raise DispatchError(f"{where}: {kind} fact field {name!r} is {got}; the record was edited or "
                                 "written by another version")

@@ -15,7 +15,7 @@ from .render import fmt_duration
 from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
-DEFAULTS = {"resubmit": 0, "shared": False, "via": "spank", "hold_for": 24 * 3600.0,
+DEFAULTS = {"resubmit": 0, "shared": False, "via": "auto", "hold_for": 24 * 3600.0,
             "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None}
 SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given up
 # Slurm's end state -> the cause a rule is chosen for.
@@ -43,8 +43,8 @@ def make_defn(options: dict, args: list[str], base: Optional[dict] = None) -> di
     d = {k: (options[k] if options.get(k) is not None else base.get(k, DEFAULTS[k])) for k in DEFAULTS}
     if d["resubmit"] < 0:
         raise DispatchError(f"--resubmit must be 0 or more, got {d['resubmit']}")
-    if d["via"] not in ("spank", "env"):
-        raise DispatchError(f"--via must be spank or env, got {d['via']!r}")
+    if d["via"] not in ("auto", "spank", "env"):
+        raise DispatchError(f"--via must be auto, spank or env, got {d['via']!r}")
     try:
         parts = shlex.split(d["cessation_cmd"])
         for p in parts:
@@ -70,6 +70,20 @@ def check_resume(options: dict, args: list[str], defn: dict) -> None:
         raise DispatchError(f"the record of this root submits `{shlex.join(defn['args'])}`, not "
                             f"`{shlex.join(args)}`: omit the sbatch arguments to resume (or supersede the job)")
 
+
+
+def resolve_via(via: str, plugin_options: Optional[set[str]]) -> tuple[str, Optional[str]]:
+    """(the way G and N reach the job, a warning or None). ``auto`` takes the SPANK
+    plugin's options where sbatch has them (``plugin_options``; None: could not ask),
+    else exported variables; ``spank`` where sbatch lacks them is refused at `run`."""
+    has = None if plugin_options is None else "--dispatch-checkpoint" in plugin_options
+    if via == "auto":
+        return ("spank" if has else "env"), (None if has is not None else
+                                             "could not ask sbatch for its plugin options; assuming --via env")
+    if via == "spank" and has is False:
+        return via, ("--via spank, but sbatch here has no --dispatch-checkpoint option (the SPANK plugin is "
+                     "not installed): use --via env, with `eval \"$(dispatch-slurm env)\"` in the job script")
+    return via, None
 
 
 def check_sbatch_args(args: list[str], defn: dict) -> None:
@@ -124,7 +138,7 @@ def submission_tag(root: str, g: int, n: int) -> str:
     return f"dispatch-slurm:{root}:g{g}:n{n}"
 
 
-def plan(defn: dict, root: str, state: Optional[State] = None) -> dict:
+def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[str, ...] = ()) -> dict:
     """What each rule will do for this job, before it starts (or from where it stands)."""
     shared, left = defn["shared"], defn["resubmit"] - (state.used if state else 0)
     rows = [{"when": "COMPLETED", "rule": "done", "then": "exit 0"}]
@@ -158,7 +172,7 @@ def plan(defn: dict, root: str, state: Optional[State] = None) -> dict:
     shown = ["sbatch", "--parsable", *(a.replace("=1", "=<N>") if a.startswith("--dispatch-submission")
                                        else a.replace(":n1", ":n<N>") for a in argv)]
     env = {k: ("<N>" if k == "DISPATCH_SUBMISSION" else v) for k, v in env.items()}
-    notes = []
+    notes = [f"WARNING: {w}" for w in warnings]
     if defn["via"] == "env" and shared:
         notes.append("--via env: the Epilog sees only the plugin's options, so it records no cessation "
                      "evidence; holds lift by a person, or when every node rebooted")

@@ -35,6 +35,9 @@ class State:
     pending_apply: Optional[dict] = None
     used: int = 0
     finished: Optional[dict] = None
+    stopping: Optional[dict] = None  # a person asked to stop (`dispatch-slurm stop`)
+    retry_n: Optional[int] = None  # an N sbatch refused: reused, never allocated anew
+    refused_by_test: bool = False  # the last failure was `sbatch --test-only`'s: the job itself is bad
     cluster: Optional[str] = None
     facts: int = 0
 
@@ -56,15 +59,18 @@ class State:
             self.need_submit = True
             self.submitted_in_g = self.used = self.submit_failures = 0
             self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
-            self.finished = None
+            self.finished = self.stopping = self.retry_n = None
         elif t == "intent":
             self.n, self.tag = f["n"], f["tag"]
-            self.intent_open, self.need_submit = True, False
+            self.intent_open, self.need_submit, self.retry_n = True, False, None
         elif t == "submit_failed":
             self.submit_failures += 1
             self.last_submit_error = f.get("error", "")
+            self.refused_by_test = bool(f.get("test_only"))
         elif t == "intent_lost":
             self.intent_open, self.need_submit = False, True
+            # sbatch refused it and Slurm has no job with its tag: no job ever used this N
+            self.retry_n = f["n"] if f.get("reuse") else None
         elif t == "submitted":
             self.job, self.intent_open = f["job"], False
             self.started, self.ended = None, {}
@@ -94,6 +100,8 @@ class State:
             if self.hold is not None:
                 self.pending_apply = self.hold
             self.hold = None
+        elif t == "stop":
+            self.stopping = f
         elif t == "finished":
             self.finished = f
         # superseded, hold_expired, note, torn_tail_dropped: facts for people, no state

@@ -59,7 +59,11 @@ class Sup:
                                  what=f"supervisor run {k} to exit (log: {self.log(k)[-800:]})") and self.rc(k)
 
     def facts(self, type_: str | None = None) -> list[dict]:
-        return [f for f in Record(str(self.hdir / "root")).read() if type_ is None or f["type"] == type_]
+        return [f for f in Record(str(self.host_root)).read() if type_ is None or f["type"] == type_]
+
+    @property
+    def host_root(self):
+        return self.hdir / self.root.rsplit("/", 1)[1]
 
     def wait_fact(self, pred, timeout: float, what: str) -> dict:
         def probe():
@@ -73,7 +77,7 @@ class Sup:
     def pid(self) -> int | None:
         """The pid (in the controller) of the current writer: the highest claim under
         ROOT/supervisor/, unless it exited."""
-        folder = self.hdir / "root" / "supervisor"
+        folder = self.host_root / "supervisor"
         claims = sorted(folder.glob("[0-9]" * 6)) if folder.exists() else []
         if not claims or (folder / f"{claims[-1].name}.exited").exists():
             return None
@@ -214,7 +218,7 @@ def test_shared_checkpoint_partition_holds_until_the_old_execution_ceased(sup: S
 NORMAL_JOB = """#!/bin/bash
 #SBATCH -N 1 -o /dev/null
 echo "$DISPATCH_SUBMISSION $DISPATCH_RESTART $DISPATCH_EPOCH $DISPATCH_ATTEMPT $(hostname)" >> {cdir}/executions
-while [ ! -e {cdir}/stop ]; do sleep 0.5; done
+while [ ! -e {cdir}/stop ]; do [ -e {cdir}/fail.$DISPATCH_SUBMISSION ] && exit 3; sleep 0.5; done
 """
 
 
@@ -223,8 +227,8 @@ def executions(hdir) -> list[list[str]]:
     return [line.split() for line in p.read_text().splitlines()] if p.exists() else []
 
 
-def test_resubmit_survives_cancel_node_failure_and_supervisor_kills(sup: Sup):
-    """--resubmit 2: a crash between sbatch and recording the job id, a cancel, a SIGKILL
+def test_resubmit_survives_failure_node_failure_and_supervisor_kills(sup: Sup):
+    """--resubmit 2: a crash between sbatch and recording the job id, a failure, a SIGKILL
     of the supervisor mid-run and a node failure; one job per N, N and epochs as expected."""
     c, cdir, hdir, root = sup.c, sup.cdir, sup.hdir, sup.root
     (hdir / "job.sh").write_text(NORMAL_JOB.format(cdir=cdir))
@@ -245,8 +249,8 @@ def test_resubmit_survives_cancel_node_failure_and_supervisor_kills(sup: Sup):
     assert sub["recovered"] is True and sub["job"] == job1 and sub["n"] == 1
     sup.wait_fact(lambda f: f["type"] == "started" and f["job"] == job1, T_START, "execution N=1")
 
-    # 3. a cancel: resubmitted as N=2
-    c.cancel(job1, user="alice")
+    # 3. a failure (the script exits 3): resubmitted as N=2
+    (hdir / "fail.1").touch()
     s2 = sup.wait_fact(lambda f: f["type"] == "started" and f["n"] == 2, T_START, "execution N=2")
     job2, node2 = s2["job"], s2["nodes"][0]
 
@@ -274,9 +278,9 @@ def test_resubmit_survives_cancel_node_failure_and_supervisor_kills(sup: Sup):
     started = [(f["job"], f["n"], f["r"], f["epoch"]) for f in sup.facts("started")]
     assert started == [(job1, 1, 0, 1_000_000), (job2, 2, 0, 2_000_000), (job2, 2, 1, 2_000_001)]
     ended = [(f["job"], f["r"], f["state"]) for f in sup.facts("ended")]
-    assert ended == [(job1, 0, "CANCELLED"), (job2, 0, "REQUEUED"), (job2, 1, "COMPLETED")]
+    assert ended == [(job1, 0, "FAILED"), (job2, 0, "REQUEUED"), (job2, 1, "COMPLETED")]
     rules = [(f["rule"], f.get("cause"), f.get("budget_left")) for f in sup.facts("rule")]
-    assert rules == [("resubmit", "cancel", 1), ("requeue", "requeue", None), ("done", "completed", None)]
+    assert rules == [("resubmit", "failure", 1), ("requeue", "requeue", None), ("done", "completed", None)]
     assert [f["n"] for f in sup.facts("intent")] == [1, 2]
     # Slurm's own view: exactly one job per N
     assert dispatch_jobs(c, root) == {tag(1): [job1], tag(2): [job2]}
@@ -284,6 +288,45 @@ def test_resubmit_survives_cancel_node_failure_and_supervisor_kills(sup: Sup):
     assert [e[:3] for e in executions(hdir)] == [["1", "0", "1000000"], ["2", "0", "2000000"],
                                                  ["2", "1", "2000001"]]
     c.wait_node(node2, "IDLE", timeout=T_HEAL)
+
+
+def test_a_users_scancel_and_stop_end_supervision_and_once_drives_it_from_cron(sup: Sup):
+    """Issue 12, #8: the user's own `scancel` is a stop, not a failure to retry; `dispatch-slurm
+    stop` cancels and stops; `run --once`, called again and again as scrontab would, carries a
+    job to its end with the same facts as a long-lived supervisor."""
+    c, cdir, hdir, root = sup.c, sup.cdir, sup.hdir, sup.root
+    (hdir / "job.sh").write_text(NORMAL_JOB.format(cdir=cdir))
+    k = sup.start("run", "--resubmit", "2", "--poll", "1", "--", f"{cdir}/job.sh")
+    job = sup.wait_fact(lambda f: f["type"] == "started", T_START, "the execution")["job"]
+    c.cancel(job, user="alice")
+    assert sup.wait_rc(k, T_START) == 0, sup.log(k)
+    assert sup.facts("finished")[-1]["outcome"] == "stopped" and len(sup.facts("intent")) == 1
+    assert "cancelled by" in sup.log(k) and "nothing is resubmitted" in sup.log(k)
+
+    other = f"{cdir}/other"  # a second root: `dispatch-slurm stop` while the supervisor runs
+    c.exec(CONTROLLER, f"mkdir -p {other}", user="alice")
+    s2 = Sup(c, cdir, hdir, other)
+    s2.runs = 10
+    k2 = s2.start("run", "--resubmit", "2", "--poll", "1", "--", f"{cdir}/job.sh")
+    job2 = s2.wait_fact(lambda f: f["type"] == "started", T_START, "the second root's execution")["job"]
+    c.exec(CONTROLLER, ["dispatch-slurm", "stop", other, "-m", "enough"], user="alice")
+    assert s2.wait_rc(k2, T_START) == 0, s2.log(k2)
+    assert s2.facts("stop")[0]["message"] == "enough" and c.slurm.find_job(job2).state == "CANCELLED"
+
+    cron = f"{cdir}/cron"  # a third: only `run --once`, as scrontab would call it
+    c.exec(CONTROLLER, f"mkdir -p {cron}", user="alice")
+    s3 = Sup(c, cdir, hdir, cron)
+
+    def once(*args):
+        return c.exec(CONTROLLER, ["dispatch-slurm", "run", cron, "--once", "--poll", "1", *args],
+                      user="alice", workdir=cdir, check=False)
+    assert once("--", f"{cdir}/job.sh").returncode == 0
+    c.wait_until(lambda: once().returncode == 0 and s3.facts("started"), timeout=T_START, what="--once: started")
+    (hdir / "stop").touch()
+    c.wait_until(lambda: once().returncode == 0 and s3.facts("finished"), timeout=T_START, what="--once: done")
+    assert s3.facts("finished")[0]["outcome"] == "done"
+    kinds = [f["type"] for f in s3.facts() if f["type"] not in ("supervisor", "job")]
+    assert kinds == ["intent", "submitted", "started", "ended", "rule", "finished"], kinds
 
 
 def test_supersede_starts_generation_1_and_stops_generation_0(sup: Sup):

@@ -53,10 +53,10 @@ class Log:
         os.write(self.fd, (json.dumps(rec) + "\n").encode())
 
 
-def save(folder: str, step: int, lineage: str, log: Log, payload: int = 4096) -> str:
+def save(folder: str, step: int, lineage: str, log: Log, payload: int = 4096, shards: int = 0) -> str:
     path = os.path.join(folder, f"checkpoint-{step}")
     os.makedirs(path, exist_ok=True)  # as the Trainer does: an existing folder is reused
-    for name in ("model.safetensors", "optimizer.pt", STATE):
+    for name in ("model.safetensors", "optimizer.pt", *(f"shard-{i:05d}.bin" for i in range(shards)), STATE):
         body = (json.dumps({"global_step": step, "lineage": lineage}) if name == STATE
                 else lineage.encode().hex() * (payload // (2 * len(lineage)) + 1))
         with open(os.path.join(path, name), "w") as f:
@@ -89,6 +89,12 @@ def main(argv=None):
     ap.add_argument("--keep", type=int, default=2, help="save_total_limit")
     ap.add_argument("--steps", type=int, default=10, help="steps per save")
     ap.add_argument("--max-saves", type=int, default=0, help="exit 0 after this many saves (0: never)")
+    ap.add_argument("--shards", type=int, default=0, help="extra files per save (a sharded save)")
+    ap.add_argument("--handler", action="store_true",
+                    help="dispatch mode: dispatch-slurm's preemption handler (save and publish the last "
+                         "whole step on SIGTERM, then exit) instead of saving on through the grace window")
+    ap.add_argument("--no-publish", action="store_true",
+                    help="dispatch mode without publishing: `dispatch-slurm watch` publishes beside it")
     ap.add_argument("--warmup", type=float, default=0.0,
                     help="seconds between choosing the resume point and the first step (model loading)")
     a = ap.parse_args(argv)
@@ -106,6 +112,9 @@ def main(argv=None):
     log = Log(os.path.join(a.log_dir, f"{lineage}.jsonl"), lineage)
     term = []
     signal.signal(signal.SIGTERM, lambda *_: term.append(time.time()) or log("sigterm"))
+    if a.handler:
+        from dispatch_slurm import install_preemption_handler, preemption_point
+        install_preemption_handler(lambda left: save(folder, step, lineage, log), defer=True)
     log("start", host=socket.gethostname(), pid=os.getpid(), mode=a.mode, folder=folder, epoch=epoch,
         job=os.environ.get("SLURM_JOB_ID"), restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
     step, src = 0, resume_point(a.mode, folder, root)
@@ -123,12 +132,14 @@ def main(argv=None):
     while not a.max_saves or saves < a.max_saves:
         time.sleep(a.interval)  # "training"
         step += a.steps
-        path = save(folder, step, lineage, log)
-        if root is not None:
+        path = save(folder, step, lineage, log, shards=a.shards)
+        if root is not None and not a.no_publish:
             pub = store.publish(path, step, root=root, epoch=epoch, by="trial").publication
             log("publish", path=path, step=step, name=pub.name)
         rotate(folder, a.keep, log)
         saves += 1
+        if a.handler:
+            preemption_point()  # a pending SIGTERM: save this whole step, publish it, exit 0
     log("end")
 
 

@@ -1,0 +1,29 @@
+"""`dispatch-slurm report ROOT`: what happened to a job (text, --json, --plot PNG)."""
+
+import json
+
+import click
+
+from .. import report as reportmod
+from . import common
+
+
+@click.command()
+@common.root_argument()
+@click.option("--json", "as_json", is_flag=True, help="everything the report knows, as JSON")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="also draw the timeline as a PNG "
+              "(needs matplotlib: the plot extra)")
+def report(root, as_json, plot_path):
+    """The executions of ROOT's job (attempts, epochs, nodes, how each ended), the
+    overlaps, every publication, the holds and cessation answers, and the steps lost to
+    each interruption; read from the root alone (the supervisor's record adds Slurm's
+    word on each end)."""
+    if plot_path:
+        reportmod.timeline._pyplot()  # refuse before the work, not after
+    r = reportmod.build(root)
+    if plot_path:
+        reportmod.timeline.plot(r, plot_path)
+    click.echo(json.dumps(r, indent=1) if as_json else reportmod.render.text(r), nl=as_json)
+
+
+COMMANDS = (report,)

@@ -1,0 +1,141 @@
+"""`dispatch-slurm report ROOT`: what happened to a job, read from its root alone.
+
+Every execution (its attempt, epoch, job, nodes, when it started, when it last wrote,
+how it ended), the overlaps between an execution and its replacement, each
+publication, the holds and cessation answers, and the steps lost to each
+interruption. Sources, all under the root: the exec folders (what each execution
+wrote, with mtimes), pub/ (publications), events/ (signals, publications, cessation),
+ceased/ (the Epilog's evidence) and, when a supervisor ran, record.jsonl (Slurm's word
+on how each execution ended). Without a supervisor record, how an execution ended is
+what its events say.
+
+Definitions:
+  started      the execution's first sign of life: the supervisor's `started` fact,
+               its `execution_started` event, or its oldest file, whichever is first
+  last write   the newest mtime in its exec folder, or its last event or publication
+  overlap      how long an execution kept writing after its replacement started
+  steps lost   the highest step the execution saved minus the step its replacement
+               resumed from (the latest publication when the replacement started)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ..contract import layout, names
+from ..contract.epoch import decompose
+from ..store import events as eventsmod
+from ..store import posix
+from ..supervisor.record import Record
+from . import render, timeline
+from .scan import exec_folders
+
+__all__ = ["build", "render", "timeline"]
+RECORD_TYPES = ("started", "ended", "hold", "cessation", "release", "finished", "stop")
+
+
+def _token(attempt: str) -> dict:
+    """cluster, job and (G, N, R) from an attempt token."""
+    epoch = names.attempt_epoch(attempt)
+    head = attempt.rsplit(".", 1)[0]
+    cluster, _, job = head.rpartition(".")
+    g, n, r = decompose(epoch) if epoch is not None else (None, None, None)
+    return {"attempt": attempt, "epoch": epoch, "cluster": cluster, "job": int(job) if job.isdigit() else None,
+            "generation": g, "submission": n, "restart": r}
+
+
+def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], pubs: list) -> dict:
+    ex = {**_token(attempt), "nodes": set(), "publications": [], "signals": [], "ended": None}
+    mine = [e for e in evs if e.get("attempt") == attempt]
+    ex["nodes"] |= {e["host"] for e in mine if e.get("type") != "cessation" and e.get("host")}
+    starts = [folder["first"]] if folder["first"] else []
+    starts += [e["t"] for e in mine if e["type"] == "execution_started"]
+    for f in facts:
+        if f.get("attempt") == attempt and f["type"] in ("started", "ended"):
+            ex["nodes"] |= set(f.get("nodes") or [])
+            if f["type"] == "started" and f.get("start_time"):
+                starts.append(f["start_time"])
+            if f["type"] == "ended":
+                ex["ended"] = {"state": f["state"], "reason": f.get("reason"), "at": f["t"],
+                               "cancelled_by": f.get("cancelled_by"), "source": "supervisor record"}
+    ex["publications"] = [{"step": p.step, "path": p.path, "name": p.name, "t": t} for p, t in pubs
+                          if p.path.split("/")[:2] == [layout.EXEC, attempt]]
+    ex["signals"] = [{"t": e["t"], "signal": e.get("signal"), "grace": e.get("grace")}
+                     for e in mine if e["type"] == "preempt_signal"]
+    if ex["ended"] is None and any(e["type"] == "checkpoint_complete" for e in mine):
+        ex["ended"] = {"state": "PREEMPTED (grace save)", "at": max(e["t"] for e in mine
+                                                                     if e["type"] == "checkpoint_complete"),
+                       "source": "events"}
+    lasts = [folder["last"]] + [e["t"] for e in mine if e["type"] not in ("cessation", "hold", "release")]
+    lasts += [p["t"] for p in ex["publications"]]
+    ex["started_at"] = min(starts, default=None)
+    ex["last_write_at"] = max((t for t in lasts if t), default=None)
+    ex["saves"] = folder["saves"]
+    ex["max_step"] = max([s["step"] for s in folder["saves"]] + [p["step"] for p in ex["publications"]],
+                         default=None)
+    ex["ceased_on"] = sorted(folder["ceased"])
+    ex["nodes"] = sorted(ex["nodes"] | set(folder["ceased"]))
+    return ex
+
+
+def _pub_times(root: str, pubs: list, evs: list[dict]) -> list:
+    """(publication, when it was made): the `published` event's time, else the entry's mtime."""
+    by_name = {e.get("name"): e["t"] for e in evs if e["type"] == "published" and not e.get("existed")}
+    out = []
+    for p in pubs:
+        t = by_name.get(p.name)
+        if t is None:
+            try:
+                t = os.stat(os.path.join(root, layout.PUB, p.name)).st_mtime
+            except OSError:
+                t = None
+        out.append((p, t))
+    return out
+
+
+def _resume_point(pubs: list, before: Optional[float], epoch: int) -> Optional[dict]:
+    """The latest publication of a lower epoch that existed when an execution started."""
+    seen = [(p, t) for p, t in pubs if p.epoch < epoch and (before is None or (t is not None and t <= before))]
+    if not seen:
+        return None
+    p, t = max(seen, key=lambda pt: (pt[0].epoch, pt[0].step, pt[0].name))
+    return {"step": p.step, "path": p.path, "epoch": p.epoch}
+
+
+def build(root: str) -> dict[str, Any]:
+    """The report's data (what `report --json` prints)."""
+    pubs = _pub_times(root, posix.publications(root), evs := eventsmod.read(root))
+    facts = [f for f in Record(root).read() if f["type"] in RECORD_TYPES]
+    folders = exec_folders(root)
+    execs = sorted((_execution(a, folders[a], evs, facts, pubs) for a in folders),
+                   key=lambda e: (e["epoch"] is None, e["epoch"] or 0, e["attempt"]))
+    interruptions = []
+    for old, new in zip(execs, execs[1:]):
+        resumed = _resume_point(pubs, new["started_at"], new["epoch"] or 0)
+        overlap = None
+        if old["last_write_at"] is not None and new["started_at"] is not None:
+            overlap = max(0.0, old["last_write_at"] - new["started_at"])
+        lost = None if old["max_step"] is None else old["max_step"] - (resumed["step"] if resumed else 0)
+        interruptions.append({"old": old["attempt"], "new": new["attempt"], "old_ended": old["ended"],
+                              "overlap_s": overlap, "resumed_from": resumed, "steps_lost": lost})
+    holds = _holds(facts)
+    latest = max(pubs, key=lambda pt: pt[0].name)[0] if pubs else None
+    return {"root": root, "executions": execs, "interruptions": interruptions, "holds": holds,
+            "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
+                             for p, t in pubs],
+            "latest": None if latest is None else {"step": latest.step, "path": latest.path},
+            "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None)}
+
+
+def _holds(facts: list[dict]) -> list[dict]:
+    holds: dict[int, dict] = {}
+    for f in facts:
+        if f["type"] == "hold":
+            holds[f["hold"]] = {"hold": f["hold"], "job": f["job"], "r": f["r"], "replaces": f["replaces"],
+                                "attempt": f.get("attempt"), "from": f["t"], "answers": [], "released": None}
+        elif f["type"] == "cessation" and f["hold"] in holds:
+            holds[f["hold"]]["answers"].append({"t": f["t"], "answer": f["answer"]})
+        elif f["type"] == "release" and f["hold"] in holds:
+            holds[f["hold"]]["released"] = {"t": f["t"], "by": f["by"]}
+    return list(holds.values())

@@ -1,0 +1,57 @@
+"""The report as text: times relative to the first execution's start, one line each."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+
+def _t(t: Optional[float], t0: float) -> str:
+    return "-" if t is None else f"+{t - t0:.1f}s"
+
+
+def _ended(e: dict) -> str:
+    end = e["ended"]
+    if end is None:
+        return "running, or unknown (no record)"
+    by = f" by uid {end['cancelled_by']}" if end.get("cancelled_by") is not None else ""
+    return f"{end['state']}{by}"
+
+
+def text(r: dict) -> str:
+    execs = r["executions"]
+    t0 = min((e["started_at"] for e in execs if e["started_at"] is not None), default=0.0)
+    latest = r["latest"]
+    out = [f"{r['root']}: {len(execs)} execution(s), {len(r['publications'])} publication(s); latest: "
+           + (f"step {latest['step']} ({latest['path']})" if latest else "nothing published"),
+           f"times are seconds after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}", ""]
+    rows = [("EXECUTION", "JOB", "G", "N", "R", "NODES", "STARTED", "LAST WRITE", "PUBS", "MAX STEP", "ENDED")]
+    for e in execs:
+        rows.append((e["attempt"], str(e["job"]), str(e["generation"]), str(e["submission"]), str(e["restart"]),
+                     ",".join(e["nodes"]) or "-", _t(e["started_at"], t0), _t(e["last_write_at"], t0),
+                     str(len(e["publications"])), str(e["max_step"]), _ended(e)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    out += ["  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in rows]
+    if r["interruptions"]:
+        out += ["", "interruptions:"]
+    for i in r["interruptions"]:
+        resumed = i["resumed_from"]
+        overlap = "-" if i["overlap_s"] is None else f"{i['overlap_s']:.1f}s"
+        out.append(f"  {i['old']} -> {i['new']}: old kept writing {overlap} after the new one started; "
+                   f"resumed from " + (f"step {resumed['step']} ({resumed['path']})" if resumed else "scratch")
+                   + f"; steps lost: {i['steps_lost'] if i['steps_lost'] is not None else '-'}")
+    if r["holds"]:
+        out += ["", "holds:"]
+    for h in r["holds"]:
+        answers = ", ".join(f"{a['answer']} {_t(a['t'], t0)}" for a in h["answers"]) or "none"
+        rel = h["released"]
+        out.append(f"  #{h['hold']} job {h['job']} R={h['r']} instead of {h['replaces']}, from {_t(h['from'], t0)}; "
+                   f"cessation answers: {answers}; "
+                   + (f"released {_t(rel['t'], t0)} by {rel['by']}" if rel else "not released"))
+    if r["publications"]:
+        out += ["", "publications:"]
+    out += [f"  {_t(p['t'], t0):>10}  step {p['step']:<8} epoch {p['epoch']:<14} {p['path']}"
+            for p in r["publications"]]
+    if r["finished"]:
+        out += ["", f"supervisor: finished, {r['finished']['outcome']}: {r['finished'].get('message', '')}"]
+    return "\n".join(out) + "\n"
