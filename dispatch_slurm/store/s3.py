@@ -107,13 +107,20 @@ def _pages(bucket: str, prefix: str, where: str, **kw) -> Iterator[dict]:
             kw["ContinuationToken"] = page["NextContinuationToken"]
 
 
-def list_names(root, folder: str) -> list[str]:
-    """The names under ``<root>/<folder>/`` (every key, '/' and all: a key that does not
-    parse must be seen to be refused)."""
+def walk(root, folder: str) -> Iterator[tuple[str, dict]]:
+    """(name, the listing's entry: Key, LastModified, Size...) of every object under
+    ``<root>/<folder>/``; the name is the key less that prefix, '/' and all."""
     bucket, prefix = split(root)
     start = len(f"{prefix}{folder}/")
-    return [o["Key"][start:] for page in _pages(bucket, f"{prefix}{folder}/", f"{root}/{folder}")
-            for o in page.get("Contents", ())]
+    for page in _pages(bucket, f"{prefix}{folder}/", f"{root}/{folder}"):
+        for o in page.get("Contents", ()):
+            yield o["Key"][start:], o
+
+
+def list_names(root, folder: str) -> list[str]:
+    """The names under ``<root>/<folder>/`` (every key: a key that does not parse must
+    be seen to be refused)."""
+    return [name for name, _ in walk(root, folder)]
 
 
 def create_new(bucket: str, key: str, where: str, body: bytes = b"") -> bool:
