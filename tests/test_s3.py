@@ -285,3 +285,26 @@ def test_report_reads_an_s3_root(s3_env, s3_root):
     assert [p["step"] for p in r["publications"]] == [10, 20, 15]
     assert all(p["t"] is not None for p in r["publications"])
     assert r["latest"] == {"step": 15, "path": f"exec/{a2}/checkpoint-15"}
+
+
+@pytest.mark.parametrize("root, want", [
+    ("s3://bkt/a/b/", ("s3://bkt/a/b", "bkt", "a/b/")),
+    ("s3://bkt", ("s3://bkt", "bkt", "")),
+    ("s3://my.bucket-1/x/task-%a", ("s3://my.bucket-1/x/task-%a", "my.bucket-1", "x/task-%a/")),
+    ("s3://Bkt/a", "not an S3 bucket name"),
+    ("s3://", "not an S3 bucket name"),
+    ("s3://bkt//a", "names another prefix"),
+    ("s3://bkt/a/../b", "names another prefix"),
+    ("s3://bkt/./b", "names another prefix"),
+    ("s3://bkt/%a/x", "%a outside the last component"),
+])
+def test_s3_roots_are_checked_not_rewritten(root, want):
+    """On S3 'a//b' and 'a/b' are different keys: a root is refused, never normalized
+    into another prefix (a trailing '/' aside)."""
+    if isinstance(want, str):
+        with pytest.raises(Exception, match=want):
+            names.normalize_root(root)
+        proc = cli("latest", root)
+        assert proc.returncode == 2 and want in proc.stderr
+        return
+    assert (names.normalize_root(root), *names.split_s3(root)) == want
