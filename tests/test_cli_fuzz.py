@@ -52,10 +52,12 @@ def _argv(path, cmd, root):
     return st.lists(token, max_size=6).map(lambda rest: [*path, *once, *rest])
 
 
-def run_cli(argv: list[str], env: dict) -> tuple[int, str]:
-    """The CLI in this process: (exit code, stderr). Raises whatever escapes main()."""
+def run_cli(argv: list[str], env: dict, cwd: str) -> tuple[int, str]:
+    """The CLI in this process, in ``cwd`` (what it writes stays there): (exit code,
+    stderr). Raises whatever escapes main()."""
     err, out = io.StringIO(), io.StringIO()
-    old_env = dict(os.environ)
+    old_env, old_cwd = dict(os.environ), os.getcwd()
+    os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
     faulthandler.dump_traceback_later(60, exit=True)  # a hang ends the run with its stacks, not stuck CI
@@ -68,6 +70,7 @@ def run_cli(argv: list[str], env: dict) -> tuple[int, str]:
         raise AssertionError(f"main({argv}) returned without exiting")
     finally:
         faulthandler.cancel_dump_traceback_later()
+        os.chdir(old_cwd)
         os.environ.clear()
         os.environ.update(old_env)
 
@@ -101,7 +104,7 @@ def test_any_arguments_are_handled_or_refused_in_one_line(path, fuzz_root):
     @given(argv=_argv(path, COMMANDS[path], fuzz_root))
     def case(argv):
         TRIED["argv"] += 1
-        code, err = run_cli(argv, _env(fuzz_root))
+        code, err = run_cli(argv, _env(fuzz_root), os.path.dirname(fuzz_root))
         _check(argv, code, err)
     case()
 
@@ -131,7 +134,7 @@ def test_malformed_record_facts_are_refused_in_one_line(tmp_path_factory, lines,
     root.mkdir()
     (root / "record.jsonl").write_text("\n".join(lines) + "\n")
     TRIED["records"] += 1
-    code, err = run_cli([verb[0], str(root), *verb[1:]], _env(str(root)))
+    code, err = run_cli([verb[0], str(root), *verb[1:]], _env(str(root)), str(root.parent))
     _check([*verb, "<record>"], code, err)
 
 

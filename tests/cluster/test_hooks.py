@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 
 import pytest
 
@@ -265,7 +266,7 @@ def test_no_user_input_makes_a_hook_fail_hang_or_drain(slurm_cluster: Cluster, w
     os.mkdir(gone, 0o700)
     os.chown(gone, 2001, 2001)
     jobs["removed"] = sbatch(b"gone\xff", f"-H -o {cdir}/removed.out -e {cdir}/removed.err --wrap true")
-    os.rmdir(gone)
+    shutil.rmtree(gone)  # with the sub/ entry the plugin allocated at submit time
     c.exec(CONTROLLER, ["scontrol", "release", str(jobs["removed"])], user="alice")
     c.wait_until(lambda: all(_ended(c, j) for j in jobs.values()), timeout=180, what="every probe job to end")
     for name, leaf in roots.items():
@@ -278,7 +279,7 @@ def test_no_user_input_makes_a_hook_fail_hang_or_drain(slurm_cluster: Cluster, w
     big_attempt = f".{jobs['big-log']}."
     assert any(e["type"] == "checkpoint_complete" and e.get("source") == "epilog" and big_attempt in e["attempt"]
                for e in ev), "the Epilog did not find the sentinel at the end of the 3 GiB log"
-    assert "does not exist" in (hdir / "removed.err").read_text()
+    assert b"does not exist" in (hdir / "removed.err").read_bytes()
     logs = "".join(c.exec(n, "cat /var/log/dispatch-slurm.log 2>/dev/null || true").stdout for n in c.node_names)
     assert "BUG" not in logs and "not recorded" not in logs and "timed out" not in logs, logs[-2000:]
     assert "\\udcff" in logs  # the removed root's byte, logged escaped (syslog refused it raw)

@@ -169,8 +169,10 @@ def test_shared_checkpoint_partition_holds_until_the_old_execution_ceased(sup: S
         c.wait_until(lambda: max(t for a, t in writes(hdir) if a == a0) > hold["t"] + 3, timeout=30,
                      what="the cut-off execution to keep writing after the hold")
         # ...the cessation signal says so, and nothing new was submitted
-        sup.wait_fact(lambda f: f["type"] == "cessation" and f["answer"] == "not_ceased", 30,
-                      "a 'not ceased' answer")
+        first_no = sup.wait_fact(lambda f: f["type"] == "cessation" and f["answer"] == "not_ceased", 30,
+                                 "a 'not ceased' answer")
+        sup.wait_fact(lambda f: f["type"] == "cessation" and f["seq"] > first_no["seq"], 30,
+                      "the signal asked again during the hold")
         res = c.exec(CONTROLLER, ["dispatch-slurm", "ceased", str(job), "--restart", "0", "--root", sup.root,
                                   "--json"], user="alice", check=False)
         ans = json.loads(res.stdout)
@@ -258,10 +260,9 @@ def test_resubmit_survives_failure_node_failure_and_supervisor_kills(sup: Sup):
     pid = sup.pid()
     assert pid and sup.alive(pid)
     sup.kill(pid)
-    n_facts = len(sup.facts())
     k = sup.start("run", "--poll", "1")
-    sup.wait_fact(lambda f: f["type"] == "supervisor" and f["seq"] > n_facts and f["resumed"], 30,
-                  "the restarted supervisor")
+    c.wait_until(lambda: (p := sup.pid()) not in (None, pid) and sup.alive(p), timeout=30,
+                 what="the restarted supervisor's claim")  # it writes no fact while nothing happens
 
     # 5. a node failure: Slurm requeues the job (R+1) on another node; no budget spent
     c.partition(node2)
@@ -360,7 +361,9 @@ if [ "$DISPATCH_SUBMISSION" = 1 ]; then
     while [ ! -e {cdir}/stop ]; do echo "$DISPATCH_ATTEMPT $(date +%s.%N)" >> {cdir}/writes; sleep 0.2; done' \\
     < /dev/null > /dev/null 2>&1 & )
 fi
-while [ ! -e {cdir}/stop ]; do echo "$DISPATCH_ATTEMPT $(date +%s.%N)" >> {cdir}/writes; sleep 0.2; done
+while [ ! -e {cdir}/stop ]; do
+  echo "$DISPATCH_ATTEMPT $(date +%s.%N)" >> {cdir}/writes; [ -e {cdir}/fail ] && exit 3; sleep 0.2
+done
 """
 
 
@@ -379,9 +382,10 @@ def test_an_idle_responding_node_is_no_evidence_and_a_person_releases(sup: Sup):
                  timeout=30, what="the job and its escaped helper to write")
     escaped = int((hdir / "escaped.pid").read_text())
 
-    c.cancel(job, user="alice")
-    hold = sup.wait_fact(lambda f: f["type"] == "hold", T_START, "a hold after the cancel")
-    assert sup.facts("ended")[0]["state"] == "CANCELLED" and hold["replaces"] == "resubmit"
+    (hdir / "fail").touch()  # the job fails (exit 3); its escaped helper goes on
+    hold = sup.wait_fact(lambda f: f["type"] == "hold", T_START, "a hold after the failure")
+    (hdir / "fail").unlink()
+    assert sup.facts("ended")[0]["state"] == "FAILED" and hold["replaces"] == "resubmit"
     # Slurm's view: ended, not completing (the Epilog gave up waiting), node IDLE and responding
     c.wait_until(lambda: "COMPLETING" not in c.job(job).states and c.node(node).state == {"IDLE"},
                  timeout=T_START, what="the job to finish completing and its node to be IDLE")
