@@ -241,7 +241,7 @@ def test_events_one_file_per_process_merged_by_time(root, monkeypatch):
         events.emit("started")
     with open(root / "events" / files[0], "a") as f:
         f.write('{"v": 1, "t": 1')  # a torn line
-    with pytest.raises(DispatchError, match=rf"{files[0]}:3: not a JSON event"):
+    with pytest.raises(DispatchError, match=rf"{files[0]}:3: not an event"):
         events.read(str(root))
     monkeypatch.delenv("DISPATCH_CHECKPOINT")
     assert events.emit("execution_started") is None  # outside dispatch: nowhere to write
