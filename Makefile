@@ -12,12 +12,12 @@ export TESTCONTAINERS_RYUK_DISABLED := true
 host:
 	@tools/setup-host
 
-# The hf and lightning extras' tests (tests/test_hf.py, test_lightning.py) run in `make test`.
-# torch is pinned and installed first: a bare `torch` requirement would resolve to the newest
-# CUDA build (GBs).
+# The hf, lightning and s3 extras' tests (tests/test_hf.py, test_lightning.py; tests/test_s3.py
+# against moto's server) run in `make test`. torch is pinned and installed first: a bare
+# `torch` requirement would resolve to the newest CUDA build (GBs).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test,cluster,plot]'
+	$(PY) -m pip install -q -e '.[test,cluster,plot,s3]'
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[hf,lightning]'
 	touch $@

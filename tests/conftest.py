@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 
@@ -7,3 +9,44 @@ def root(tmp_path):
     r = tmp_path / "root"
     r.mkdir()
     return r
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """moto's standalone S3 server on 127.0.0.1, for the whole session."""
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    import s3server
+    server = s3server.start_moto()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch):
+    """This process (and the CLI it runs) talks to the moto server."""
+    for key, value in moto_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    return moto_server
+
+
+@pytest.fixture
+def s3_root(s3_env):
+    """An S3 checkpoint root: s3://<a new bucket>/run1."""
+    return f"s3://{s3_env.bucket()}/run1"
+
+
+@pytest.fixture(scope="session")
+def ceph_server(tmp_path_factory):
+    """A one-node Ceph and its RADOS gateway (atomic conditional PUT), for the whole
+    session; skipped where Ceph's packages are missing (tools/setup-host installs them)."""
+    pytest.importorskip("boto3")
+    import s3server
+    server = s3server.start_ceph(str(tmp_path_factory.mktemp("ceph")))
+    if server is None:  # CI installs it (tools/setup-host): there, missing is a failure
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(
+            "no radosgw on this machine (tools/setup-host installs ceph-mon ceph-osd radosgw)")
+    yield server
+    server.stop()

@@ -4,6 +4,7 @@ Exit codes: 0 success; 1 a negative answer (`latest`: nothing published, `ceased
 not ceased); 2 an error, printed as one line on stderr naming what was wrong and how
 to fix it, never a traceback (a traceback is a bug)."""
 
+import os
 import sys
 
 import click
@@ -14,9 +15,19 @@ from . import admin, job, protocol, report, supervise
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dispatch-slurm")
-def dispatch():
+@click.option("--endpoint-url", metavar="URL", help="S3 endpoint for s3:// roots (sets AWS_ENDPOINT_URL_S3, "
+              "which boto3 reads)  [default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's, AWS's]")
+@click.option("--profile", metavar="NAME", help="AWS profile for s3:// roots (sets AWS_PROFILE)")
+def dispatch(endpoint_url, profile):
     """Make overlapping executions of a Slurm job harmless: each execution writes its
-    own folder, and saves become visible only by append-only publication."""
+    own folder, and saves become visible only by append-only publication.
+
+    A root is a path or s3://bucket/prefix (pip install 'dispatch-slurm[s3]')."""
+    # set in the environment, so that boto3 and every command this one runs see them
+    if endpoint_url:
+        os.environ["AWS_ENDPOINT_URL_S3"] = endpoint_url
+    if profile:
+        os.environ["AWS_PROFILE"] = profile
 
 
 for _cmd in (*protocol.COMMANDS, *job.COMMANDS, *supervise.COMMANDS, *admin.COMMANDS, *report.COMMANDS):

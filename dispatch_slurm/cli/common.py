@@ -33,6 +33,8 @@ def finite(ctx, param, value):
 
 
 def _normalize_root(ctx, param, value):
+    if value is not None and value.startswith(names.S3_SCHEME):
+        return names.normalize_root(value)  # checked, never rewritten into another prefix
     return value if value is None else value.rstrip("/") or "/"
 
 

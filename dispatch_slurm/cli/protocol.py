@@ -73,7 +73,7 @@ def ls_(root, as_json):
     rows = []
     for p in store.publications(root):
         d = common.publication_json(root, p)
-        d["exists"] = os.path.lexists(d["abspath"])
+        d["exists"] = store.save_exists(root, p.path)
         rows.append(d)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

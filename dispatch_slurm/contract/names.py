@@ -28,6 +28,8 @@ _PUB_RE = re.compile(r"([0-9]{20})-([0-9]{20})-([A-Z2-7]+)")
 _SUB_RE = re.compile(r"[0-9]{6}")
 _TOKEN_SAFE = re.compile(r"[^A-Za-z0-9_-]")
 _DEC = re.compile(r"[0-9]+")
+S3_SCHEME = "s3://"
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # unpadded base32 length mod 8 -> number of zero bits in the last character
 _PAD_BITS = {0: 0, 2: 2, 4: 4, 5: 1, 7: 3}
 
@@ -178,13 +180,37 @@ def submission_dir(root: str) -> str:
     return root.rpartition("/")[0] or "/" if "%a" in root else root
 
 
+def split_s3(root: str) -> tuple[str, str]:
+    """(bucket, key prefix) of an S3 root ``s3://bucket[/prefix]``; the prefix is ''
+    or ends in '/'. On S3 'a//b' and 'a/b' are different keys, so an empty, '.' or '..'
+    component is refused rather than normalized away (only a trailing '/' is dropped)."""
+    if not root.startswith(S3_SCHEME):
+        raise EnvError(f"checkpoint root {root!r} is not an S3 root (s3://bucket/prefix)")
+    bucket, _, prefix = root[len(S3_SCHEME):].partition("/")
+    if _BUCKET.fullmatch(bucket) is None:
+        raise EnvError(f"checkpoint root {root!r}: {bucket!r} is not an S3 bucket name "
+                       "(3-63 characters: a-z 0-9 . -)")
+    prefix = prefix.rstrip("/")
+    if "\0" in prefix or "%a" in prefix.rpartition("/")[0]:
+        raise EnvError(f"checkpoint root {root!r}: a NUL byte, or %a outside the last component")
+    if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
+        raise EnvError(f"checkpoint root {root!r}: an empty, '.' or '..' component names another prefix "
+                       "on S3; write the prefix exactly")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
 def normalize_root(root: str) -> str:
     """An absolute root with '//', '/./' and a trailing '/' removed; '..' refused.
 
     Lexical only: the root's symlinks are the user's business and are kept, so the
-    value is the same on every node whatever the node resolves them to."""
+    value is the same on every node whatever the node resolves them to. An S3 root
+    (``s3://bucket/prefix``) is checked by ``split_s3`` and kept as written, less a
+    trailing '/'."""
+    if root and root.startswith(S3_SCHEME):
+        bucket, prefix = split_s3(root)
+        return f"{S3_SCHEME}{bucket}" + (f"/{prefix[:-1]}" if prefix else "")
     if not root or not root.startswith("/"):
-        raise EnvError(f"checkpoint root {root!r} must be an absolute path")
+        raise EnvError(f"checkpoint root {root!r} must be an absolute path or s3://bucket/prefix")
     if "\0" in root:
         raise EnvError("checkpoint root contains a NUL byte")
     parts = [p for p in root.split("/") if p not in ("", ".")]

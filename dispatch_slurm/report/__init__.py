@@ -26,7 +26,7 @@ from typing import Any, Optional
 from ..contract import layout, names
 from ..contract.epoch import decompose
 from ..store import events as eventsmod
-from ..store import posix
+from ..store import roots
 from ..supervisor.record import Record
 from . import render, timeline
 from .scan import exec_folders
@@ -85,7 +85,7 @@ def _pub_times(root: str, pubs: list, evs: list[dict]) -> list:
     out = []
     for p in pubs:
         t = by_name.get(p.name)
-        if t is None:
+        if t is None and not roots.is_s3(root):  # on S3 the event is the only time
             try:
                 t = os.stat(os.path.join(root, layout.PUB, p.name)).st_mtime
             except OSError:
@@ -105,7 +105,7 @@ def _resume_point(pubs: list, before: Optional[float], epoch: int) -> Optional[d
 
 def build(root: str) -> dict[str, Any]:
     """The report's data (what `report --json` prints)."""
-    pubs = _pub_times(root, posix.publications(root), evs := eventsmod.read(root))
+    pubs = _pub_times(root, roots.publications(root), evs := eventsmod.read(root))
     facts = [f for f in Record(root).read() if f["type"] in RECORD_TYPES]
     folders = exec_folders(root)
     execs = sorted((_execution(a, folders[a], evs, facts, pubs) for a in folders),

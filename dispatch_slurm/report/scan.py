@@ -8,8 +8,10 @@ import stat
 
 from ..contract import layout, names
 from ..errors import BadPath
+from ..store import s3
 from ..store.durable import DirFds, open_dir
 from ..store.posix import open_entry, open_root
+from ..store.roots import is_s3
 
 
 def _walk_times(fd: int) -> tuple[float | None, float | None]:
@@ -33,8 +35,12 @@ def _walk_times(fd: int) -> tuple[float | None, float | None]:
 
 
 def _saves(fd: int) -> list[dict]:
+    return _steps(os.listdir(fd))
+
+
+def _steps(entries) -> list[dict]:
     out = []
-    for name in sorted(os.listdir(fd)):
+    for name in sorted(entries):
         try:
             step = names.step_of(name)
         except BadPath:
@@ -43,8 +49,31 @@ def _saves(fd: int) -> list[dict]:
     return sorted(out, key=lambda s: s["step"])
 
 
+def _s3_folders(root: str) -> dict[str, dict]:
+    """exec_folders on an S3 root: one listing of exec/ (LastModified for mtimes; the
+    saves are the names one level under each attempt) and one of ceased/."""
+    out: dict[str, dict] = {}
+    for name, obj in s3.walk(root, layout.EXEC):
+        attempt, _, rest = name.partition("/")
+        if not rest:
+            continue  # an object right under exec/: not an execution's folder
+        info = out.setdefault(attempt, {"first": None, "last": None, "saves": set(), "ceased": []})
+        t = obj["LastModified"].timestamp()
+        info["first"], info["last"] = min(info["first"] or t, t), max(info["last"] or t, t)
+        info["saves"].add(rest.split("/", 1)[0])
+    for info in out.values():
+        info["saves"] = _steps(info["saves"])
+    for entry in s3.list_names(root, layout.CEASED):
+        for attempt, info in out.items():
+            if entry.startswith(attempt + "."):
+                info["ceased"].append(entry[len(attempt) + 1:])
+    return out
+
+
 def exec_folders(root: str) -> dict[str, dict]:
     """attempt -> {first, last (mtimes), saves [{step, name}], ceased [nodes]}."""
+    if is_s3(root):
+        return _s3_folders(root)
     out: dict[str, dict] = {}
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))

@@ -73,7 +73,8 @@ from .. import store  # imported now: an import inside the handler could deadloc
 from ..contract.names import step_of
 from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
 from ..errors import DispatchError
-from ..store import events
+from ..store import events, s3
+from ..store.roots import is_s3
 from . import distributed
 
 SENTINEL = "dispatch-checkpoint-complete"
@@ -149,6 +150,8 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     if _s.ranks is None and distributed.rank() is not None:
         _s.ranks = distributed.Ranks(_s.grace)
     _s.defer = defer or fn is None or _s.ranks is not None  # collectives never run in a signal frame
+    if is_s3(os.environ.get("DISPATCH_CHECKPOINT")):
+        s3.client()  # import boto3 and build the client now, not inside the handler (see store above)
     for sig in sigs:
         signal.signal(sig, _on_signal)
 

@@ -21,6 +21,11 @@ between is seen by that scan, one written later wakes us. inotify sees only this
 writes, so a slow rescan (``rescan``) runs anyway; without inotify, or with ``poll``,
 the folder is rescanned every ``interval`` seconds. ``until_pid`` uses a pidfd, so the
 trainer's exit wakes the watch at once.
+
+On an S3 root (``s3://...``) the exec folder is a prefix: each scan is one delimited
+ListObjectsV2 of it (paginated to the end) and one HEAD or GET per unfinished save, every
+``interval`` seconds (no inotify for S3); a scan that does not finish within
+``timeout`` ends the watch with an error, as on POSIX.
 """
 
 import ctypes
@@ -38,7 +43,9 @@ from .. import store
 from ..contract import names
 from ..contract.epoch import decompose
 from ..errors import BadPath, DispatchError
+from ..store import s3
 from ..store.publish import owner
+from ..store.roots import is_s3
 
 HF_STATE = "trainer_state.json"
 IN_CREATE, IN_CLOSE_WRITE, IN_MOVED_TO = 0x100, 0x08, 0x80
@@ -72,19 +79,47 @@ class Layout:
             raise DispatchError(f"--pattern group matched {m[1]!r} in {entry!r}, not a step number")
         return int(m[1])
 
-    def complete(self, path: str, is_dir: bool) -> bool:
+    def complete(self, path: str, is_dir: bool, fs=None) -> bool:
+        fs = fs or Local
         if self.marker is not None:
-            return os.path.lexists(os.path.join(path, self.marker) if is_dir else f"{path}.{self.marker}")
+            return fs.exists(os.path.join(path, self.marker) if is_dir else f"{path}.{self.marker}")
         if not is_dir:
             return False
+        data = fs.read(os.path.join(path, HF_STATE))
         try:
-            with open(os.path.join(path, HF_STATE), "rb") as f:
-                json.load(f)
-            return True
-        except FileNotFoundError:
-            return False
+            return data is not None and json.loads(data) is not None
         except ValueError:  # still being written
             return False
+
+
+class Local:
+    """An exec folder on a POSIX filesystem."""
+
+    @staticmethod
+    def entries(folder: str):
+        with os.scandir(folder) as it:
+            for e in it:
+                yield e.name, e.is_dir(follow_symlinks=False)
+
+    exists = present = staticmethod(os.path.lexists)
+
+    @staticmethod
+    def read(path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+
+class Remote:
+    """An exec prefix on S3: a save is complete when its marker object appears (a PUT
+    is all or nothing, so a half-written marker is never seen)."""
+
+    entries = staticmethod(s3.entries)
+    exists = staticmethod(s3.object_exists)
+    read = staticmethod(s3.read)
+    present = staticmethod(s3.present)
 
 
 class Watcher:
@@ -94,19 +129,23 @@ class Watcher:
                  on_publish=None):
         self.exec_dir, self.root, self.epoch, self.layout = exec_dir, root, epoch, layout
         self.sync, self.on_publish = sync, on_publish or (lambda pub: None)
-        if not os.path.isdir(exec_dir):
+        self.fs = Remote if is_s3(root) else Local
+        if self.fs is Remote:  # a prefix exists once something is written under it
+            self.exec_dir, root = exec_dir.rstrip("/"), names.normalize_root(root)
+            rel = self.exec_dir[len(root) + 1:] if self.exec_dir.startswith(f"{root}/") else ".."
+        elif not os.path.isdir(exec_dir):
             raise DispatchError(f"exec folder {exec_dir} does not exist or is not a folder")
-        rel = os.path.relpath(os.path.realpath(exec_dir), os.path.realpath(root))
+        else:
+            rel = os.path.relpath(os.path.realpath(exec_dir), os.path.realpath(root))
         if rel == "." or rel.startswith(".."):
             raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}")
+        self.root, self.rel = root, rel
         decompose(epoch)  # an epoch nothing can be published at fails now, not at the first save
         why = owner(f"{rel}/save", epoch, os.environ.get("DISPATCH_ATTEMPT") or None)
         if why:
             raise DispatchError(f"cannot watch {exec_dir} at epoch {epoch}: its saves could not be published: "
                                 f"{why.replace('it was', 'they are')}")
-        # saves this execution published before (an earlier watch, the trainer itself)
-        self.done = {p.path.rsplit("/", 1)[-1] for p in store.publications(root)
-                     if p.epoch == epoch and p.path.rsplit("/", 1)[0] == rel}
+        self.done: set[str] | None = None  # read by the first scan, within its timeout
         self.pending: list[str] = []  # saves seen but not complete: folders to watch
         self.published = 0  # by this watch
 
@@ -114,27 +153,28 @@ class Watcher:
         """What this watch does, in one line (watch says it when it starts)."""
         done = self.layout.marker and f"<save>/{self.layout.marker} exists" or f"<save>/{HF_STATE} parses"
         return (f"watching {self.exec_dir} for saves named {self.layout.regex.pattern} (complete when {done}); "
-                f"publishing each at epoch {self.epoch} into {self.root}/pub ({len(self.done)} already published)")
+                f"publishing each at epoch {self.epoch} into {self.root}/pub")
 
     def scan(self) -> list[names.Publication]:
         """Publish every complete, unpublished save in step order; the first error raises."""
+        if self.done is None:  # saves this execution published before (an earlier watch, the trainer)
+            self.done = {p.path.rsplit("/", 1)[-1] for p in store.publications(self.root)
+                         if p.epoch == self.epoch and p.path.rsplit("/", 1)[0] == self.rel}
         found, pending = [], []
-        with os.scandir(self.exec_dir) as it:
-            for e in it:
-                if e.name in self.done or (step := self.layout.step(e.name)) is None:
-                    continue
-                is_dir = e.is_dir(follow_symlinks=False)
-                if self.layout.complete(e.path, is_dir):
-                    found.append((step, e.name))
-                elif is_dir:
-                    pending.append(e.name)
+        for name, is_dir in self.fs.entries(self.exec_dir):
+            if name in self.done or (step := self.layout.step(name)) is None:
+                continue
+            if self.layout.complete(os.path.join(self.exec_dir, name), is_dir, self.fs):
+                found.append((step, name))
+            elif is_dir:
+                pending.append(name)
         out = []
         for step, name in sorted(found):
             path = os.path.join(self.exec_dir, name)
             try:
                 res = store.publish(path, step, root=self.root, epoch=self.epoch, by="watch", sync=self.sync)
             except BadPath:
-                if os.path.lexists(path):
+                if self.fs.present(path):
                     raise
                 res = None  # rotated away before we got to it: never the latest, nothing to do
             self.done.add(name)
@@ -197,8 +237,14 @@ class Inotify:
         os.close(self.fd)
 
 
+class _Expired(BaseException):
+    """The scan's time ran out. A BaseException, like KeyboardInterrupt, because it
+    interrupts library code: boto3 wraps any Exception raised while it waits for an
+    answer into a retryable HTTPClientError and waits again; this one passes through."""
+
+
 def _alarm(signum, frame):
-    raise ScanTimeout("a scan did not finish within --timeout (is the filesystem hung?)")
+    raise _Expired
 
 
 def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
@@ -208,7 +254,7 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
     (after one final scan). Errors raise; a scan longer than ``timeout`` raises ScanTimeout
     (enforced with SIGALRM, so only from the main thread)."""
     ino = None
-    if not poll and not once:
+    if not poll and not once and w.fs is Local:  # inotify sees local writes only
         try:
             ino = Inotify()
         except OSError as e:
@@ -236,6 +282,9 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
                     if ino is None or not ino.watch_only(
                             {w.exec_dir} | {os.path.join(w.exec_dir, n) for n in w.pending}):
                         break
+            except _Expired:
+                raise ScanTimeout("a scan did not finish within --timeout (is the filesystem or the "
+                                  "S3 endpoint hung?)") from None
             finally:
                 if timed:
                     signal.setitimer(signal.ITIMER_REAL, 0)

@@ -1,7 +1,10 @@
 """Execution events: one JSON-lines schema for everything that happens to an execution.
 
-Layout: ``<root>/events/<attempt>.<host>.<pid>.jsonl``. Every process writes only its
-own file, so writers on different nodes (or ranks on one node) never share a file and
+Layout: ``<root>/events/<attempt>.<host>.<pid>.jsonl``. On an S3 root, which cannot
+append, each event is its own object ``events/<attempt>.<host>.<pid>.<ns>.jsonl`` (one
+PUT, no lock, no read-modify-write; ``read`` merges them the same way): the events stay
+with the root, where every node's and the report's readers find them, and a publish
+costs one more PUT. Every process writes only its own file, so writers on different nodes (or ranks on one node) never share a file and
 nothing relies on O_APPEND being atomic across NFS clients; each line is still one
 ``write()`` on an O_APPEND descriptor. ``read(root)`` merges all files by time.
 Events are observability, not protocol: they are not fsynced (a handler in its grace
@@ -34,8 +37,10 @@ import time
 
 from ..contract.layout import EVENTS
 from ..errors import DispatchError
+from . import s3
 from .durable import DirFds, append, open_dir
 from .posix import open_entry
+from .roots import is_s3
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
@@ -60,6 +65,9 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
            "host": host, "pid": os.getpid(), **fields}
     line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
     name = f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}.jsonl"
+    if is_s3(root):  # S3 cannot append: one object per event, named apart by time
+        s3.put_event(root, f"{name[:-len('.jsonl')]}.{time.time_ns()}.jsonl", line)
+        return rec
     with DirFds() as fds:
         ev_fd = fds.add(open_entry(root, fds.add(open_dir(root, follow=True)), EVENTS, create=True))
         append(name, ev_fd, line, sync=False)
@@ -76,21 +84,31 @@ def record(type_: str, **kwargs) -> dict | None:
         return None
 
 
+def _files(root: str):
+    """(name, content) of every events file (on S3: object) under ``root``, in name order."""
+    if is_s3(root):
+        yield from s3.event_objects(root)
+        return
+    folder = os.path.join(root, EVENTS)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name), "rb") as f:
+            yield name, f.read()
+
+
 def read(root: str) -> list[dict]:
     """Every event under ``root``, ordered by time; a line that is not an event (not a
     JSON object with a time) is an error naming its file and line: a torn line means a
     writer broke the contract."""
-    folder = os.path.join(root, EVENTS)
+    folder = os.path.join(os.fspath(root), EVENTS)
     out = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        with open(os.path.join(folder, name), "rb") as f:
-            for no, line in enumerate(f, 1):
-                try:
-                    ev = json.loads(line)
-                    if not isinstance(ev, dict) or not isinstance(ev.get("t"), (int, float)) or \
-                            not isinstance(ev.get("type"), str):
-                        raise ValueError("not an object with a type and a time t")
-                except ValueError as e:
-                    raise DispatchError(f"{folder}/{name}:{no}: not an event ({e})") from None
-                out.append(ev)
+    for name, data in _files(os.fspath(root)):
+        for no, line in enumerate(data.splitlines(), 1):
+            try:
+                ev = json.loads(line)
+                if not isinstance(ev, dict) or not isinstance(ev.get("t"), (int, float)) or \
+                        not isinstance(ev.get("type"), str):
+                    raise ValueError("not an object with a type and a time t")
+            except ValueError as e:
+                raise DispatchError(f"{folder}/{name}:{no}: not an event ({e})") from None
+            out.append(ev)
     return sorted(out, key=lambda r: r["t"])

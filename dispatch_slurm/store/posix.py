@@ -19,7 +19,8 @@ from typing import Iterator
 
 from ..contract import layout, names
 from ..contract.names import Publication
-from ..errors import BadPath, DispatchError, StoreError
+from ..errors import BadPath, StoreError
+from . import protocol
 from .durable import DirFds, create_new, ensure_dir, open_dir, walk_to
 
 
@@ -29,6 +30,9 @@ def open_root(root: str) -> int:
     try:
         return open_dir(root, follow=True)
     except FileNotFoundError:
+        if str(root).startswith("s3://"):  # only the error path pays for the question
+            raise StoreError(f"checkpoint root {root}: this command needs a POSIX root; s3:// roots serve "
+                             "publish, latest, ls, watch, env and submit") from None
         raise StoreError(f"checkpoint root {root} does not exist (create it first)") from None
     except NotADirectoryError:
         raise StoreError(f"checkpoint root {root} is not a directory") from None
@@ -147,29 +151,14 @@ def _list_pub(root: str) -> list[str]:
         return os.listdir(pub_fd)
 
 
-def _checked(root: str) -> list[str]:
-    """Every entry of pub/, all validated; the first bad one (in name order) raises."""
-    entries = _list_pub(root)
-    if not names.all_valid(entries):
-        where = f"{root}/{layout.PUB}"
-        for entry in sorted(entries):
-            names.parse(entry, where)
-        raise DispatchError(f"{where}: bulk and per-entry validation disagree (a bug; please report)")
-    return entries
-
-
 def publications(root: str) -> list[Publication]:
     """All publications, ordered by (epoch, step), ties broken by name."""
-    where = f"{root}/{layout.PUB}"
-    return [names.parse(e, where) for e in sorted(_checked(root))]
+    return protocol.publications(_list_pub(root), f"{root}/{layout.PUB}")
 
 
 def latest(root: str) -> Publication | None:
-    """The publication with the greatest (epoch, step), or None if there is none.
-
-    Every entry is parsed; fixed-width digits make the greatest name the latest."""
-    entries = _checked(root)
-    return names.parse(max(entries), f"{root}/{layout.PUB}") if entries else None
+    """The publication with the greatest (epoch, step), or None if there is none."""
+    return protocol.latest(_list_pub(root), f"{root}/{layout.PUB}")
 
 
 def check_owner(root: str, root_fd: int) -> None:
@@ -191,16 +180,14 @@ def allocate_submission(root: str) -> int:
         root_fd = fds.add(open_root(root))
         check_owner(root, root_fd)
         sub_fd = fds.add(open_entry(root, root_fd, layout.SUB, create=True))
-        taken = [names.parse_submission(e, where) for e in os.listdir(sub_fd)]
-        n = max(taken, default=0) + 1
-        while True:
-            if n > 999_999:
-                raise StoreError(f"{where}: no submission number left (N must be <= 999,999)")
+
+        def create(name: str) -> bool:
             try:
-                create_new(names.submission_name(n), sub_fd)
-                break
+                create_new(name, sub_fd)
+                return True
             except FileExistsError:
-                n += 1
+                return False
+        n = protocol.allocate(os.listdir(sub_fd), create, where)
         os.fsync(root_fd)
     return n
 

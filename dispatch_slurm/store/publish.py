@@ -2,8 +2,9 @@
 integration call ``publish()``; nothing else creates a publication.
 
 One guarantee, whoever calls: when ``publish`` returns, the save's files, its
-publication entry, ``pub/`` and the root are fsynced, and a ``published`` event is
-written. A retry of a publication that already exists fsyncs everything again and
+publication entry, ``pub/`` and the root are fsynced (on S3: the publication's
+conditional PUT returned, and S3's PUTs are durable on return), and a ``published``
+event is written. A retry of a publication that already exists fsyncs everything again and
 returns ``existed=True``: after a failed fsync (EIO), the retry is how durability is
 finally confirmed, never a silent success.
 
@@ -21,9 +22,10 @@ from ..contract import layout, names
 from ..contract.epoch import EPOCH_MAX, decompose, parse_part
 from ..contract.names import Publication
 from ..errors import BadPath, DispatchError
-from . import events
+from . import events, s3
 from .durable import DirFds, sync_tree, walk_to
 from .posix import check_name_fits, create_publication, open_root, save_relpath
+from .roots import is_s3
 
 
 class Published(NamedTuple):
@@ -77,11 +79,46 @@ def _sync(fds: DirFds, root_fd: int, rel: str, save: str) -> None:
 def sync(save: str, *, root: str | None = None) -> None:
     """fsync a save (files, then folders) without publishing it. Each rank of a sharded
     save calls it on what it wrote before the publishing rank publishes: on a shared
-    filesystem an fsync flushes only the calling client's own writes."""
+    filesystem an fsync flushes only the calling client's own writes. On S3 there is
+    nothing to flush: an object is durable when its PUT returns."""
     root = env_root(root)
+    if is_s3(root):
+        return
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
         _sync(fds, root_fd, save_relpath(root, root_fd, save), save)
+
+
+def _decide(rel: str, save, epoch: int, step: int, attempt: str | None, adopt: bool) -> tuple[str, str | None]:
+    """The publication name of ``rel`` and why it is not this execution's own (None if
+    it is); refuses what may not be published (see the module doc)."""
+    why = owner(rel, epoch, attempt)
+    if why and (not adopt or rel.split("/")[0] in layout.PROTOCOL):
+        hint = "" if rel.split("/")[0] in layout.PROTOCOL else \
+            "; to publish it deliberately as this execution's save, pass --adopt (adopt=True)"
+        raise BadPath(f"refusing to publish {save} at epoch {epoch}: {why}{hint}")
+    return names.encode(epoch, step, rel), why
+
+
+def _on_posix(root: str, save: str, decide, sync: bool) -> tuple[str, str, str | None, bool]:
+    """The save's files fsynced, then O_EXCL-create pub/<name>, fsync pub/ and the root."""
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        rel = save_relpath(root, root_fd, save)
+        name, why = decide(rel)
+        check_name_fits(root_fd, name, rel)
+        if sync:
+            _sync(fds, root_fd, rel, save)
+        created = create_publication(root, root_fd, name)
+    return rel, name, why, created
+
+
+def _on_s3(root: str, save: str, decide) -> tuple[str, str, str | None, bool]:
+    """PUT pub/<name> with If-None-Match: *. Nothing to fsync: the save's objects were
+    durable when their PUTs returned, and so is the publication when this one does."""
+    rel = s3.save_relpath(root, save)
+    name, why = decide(rel)
+    return rel, name, why, s3.create_publication(root, s3.pub_key(root, name, rel))
 
 
 def publish(save: str, step: int | None = None, *, root: str | None = None, epoch: int | None = None,
@@ -95,19 +132,14 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
     decompose(epoch)  # an epoch no (G, N, R) composes is refused before anything else
     step = names.step_of(save, pattern) if step is None else step
     attempt = os.environ.get("DISPATCH_ATTEMPT") or None
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        rel = save_relpath(root, root_fd, save)
-        why = owner(rel, epoch, attempt)
-        if why and (not adopt or rel.split("/")[0] in layout.PROTOCOL):
-            hint = "" if rel.split("/")[0] in layout.PROTOCOL else \
-                "; to publish it deliberately as this execution's save, pass --adopt (adopt=True)"
-            raise BadPath(f"refusing to publish {save} at epoch {epoch}: {why}{hint}")
-        name = names.encode(epoch, step, rel)
-        check_name_fits(root_fd, name, rel)
-        if sync:
-            _sync(fds, root_fd, rel, save)
-        created = create_publication(root, root_fd, name)
+
+    def decide(rel):
+        return _decide(rel, save, epoch, step, attempt, adopt)
+    if is_s3(root):
+        root = names.normalize_root(root)
+        rel, name, why, created = _on_s3(root, os.fspath(save), decide)
+    else:
+        rel, name, why, created = _on_posix(root, save, decide, sync)
     pub = Publication(epoch, step, rel, name)
     parts = rel.split("/")
     writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None

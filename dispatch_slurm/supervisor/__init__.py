@@ -55,6 +55,9 @@ def normalize(root: str) -> str:
     if "%a" in root:
         raise DispatchError(f"checkpoint root {root!r}: array roots (%a) are not supervised; "
                             "run one supervisor per task root")
+    if root.startswith(names.S3_SCHEME):
+        raise DispatchError(f"checkpoint root {root}: the supervisor needs a POSIX root (its record is "
+                            "appended and fsynced); s3:// roots serve publish, latest, ls, watch, env and submit")
     if not os.path.isdir(root):
         raise DispatchError(f"checkpoint root {root} does not exist (create it first)")
     return root
