@@ -1,6 +1,7 @@
 """docker-slurm: a real Slurm cluster in containers, for tests and for `dispatch-slurm trial`.
 
-One controller (slurmctld) and N nodes (slurmd) from the image that
+One accounting host (``db``: slurmdbd with MariaDB, what ``sacct`` reads), one
+controller (slurmctld) and N nodes (slurmd) from the image that
 ``docker-slurm/build-images`` makes, on an *internal* Docker network (the
 containers reach nothing but each other), with ``/checkpoints`` bind-mounted from
 a host directory so a test reads what jobs wrote without going through a container.
@@ -37,8 +38,10 @@ from .slurm import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
 
 __all__ = [
     "CONTROLLER",
+    "DBD",
     "PROFILES",
     "SUITES",
+    "TRACKINGS",
     "Cluster",
     "ClusterError",
     "build_image",
@@ -47,10 +50,13 @@ __all__ = [
 ]
 
 #: Debian suite -> the Slurm release it ships.
-SUITES = {"bookworm": "22.05", "trixie": "24.11"}
+SUITES = {"bookworm": "22.05", "trixie": "24.11", "sid": "26.05"}
 #: Timing profiles (docker-slurm/profile-*.env): fast for CI, site = Slurm's defaults.
 PROFILES = ("fast", "site")
+#: Process tracking: by parent pid, or in cgroups (the profile's choice when not given).
+TRACKINGS = ("linuxproc", "cgroup")
 CONTROLLER = "ctl"
+DBD = "db"
 LABEL = "dispatch-slurm.cluster"
 OWNER_LABEL = "dispatch-slurm.owner"
 
@@ -143,9 +149,11 @@ class _Partition:
 class Cluster:
     """A docker-slurm cluster: ``Cluster('bookworm', 'fast').start()`` ... ``.stop()``.
 
-    Containers are named ``<id>-ctl``, ``<id>-c1`` ...; inside, hostnames are ``ctl``,
-    ``c1`` ... (the Slurm NodeNames). ``checkpoints`` is the host directory mounted at
-    ``/checkpoints`` on every container. ``timings`` records build and boot seconds."""
+    Containers are named ``<id>-db``, ``<id>-ctl``, ``<id>-c1`` ...; inside, hostnames are
+    ``db``, ``ctl``, ``c1`` ... (the Slurm NodeNames). ``checkpoints`` is the host directory
+    mounted at ``/checkpoints`` on every container. ``timings`` records build and boot
+    seconds. ``tracking`` (linuxproc, cgroup; None: the profile's) is read back from
+    slurmctld once the cluster is up."""
 
     def __init__(
         self,
@@ -158,6 +166,7 @@ class Cluster:
         name: Optional[str] = None,
         log: Optional[Callable[[str], None]] = None,
         volumes: Optional[Mapping[str, str]] = None,
+        tracking: Optional[str] = None,
     ):
         if suite not in SUITES:
             raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
@@ -165,8 +174,11 @@ class Cluster:
             raise ClusterError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
         if not 1 <= nodes <= 9:
             raise ClusterError(f"nodes must be 1..9, not {nodes}")
+        if tracking is not None and tracking not in TRACKINGS:
+            raise ClusterError(f"unknown tracking {tracking!r}: one of {', '.join(TRACKINGS)}")
         self.suite = suite
         self.profile = profile
+        self.tracking = tracking
         self.slurm_release = SUITES[suite]
         self.image = image
         self.id = name or f"dslurm-{suite}-{uuid.uuid4().hex[:6]}"
@@ -237,21 +249,31 @@ class Cluster:
             env = {
                 "DOCKER_SLURM_PROFILE": self.profile,
                 "DOCKER_SLURM_CONTROLLER": CONTROLLER,
+                "DOCKER_SLURM_DBD": DBD,
                 "DOCKER_SLURM_NODES": f"c[1-{len(self.node_names)}]" if len(self.node_names) > 1 else "c1",
                 "DOCKER_SLURM_NODE_CPUS": str(self.node_cpus),
                 "DOCKER_SLURM_CLUSTER_NAME": self.id.replace("-", "_")[:40],
                 "DOCKER_SLURM_KEY_DIR": "/run/munge-key",
             }
-            for host in [CONTROLLER, *self.node_names]:
-                role = "controller" if host == CONTROLLER else "node"
+            if self.tracking:
+                env["DOCKER_SLURM_TRACKING"] = self.tracking
+            # The controller starts once slurmdbd answers, the nodes once the controller does.
+            for host in [DBD, CONTROLLER, *self.node_names]:
+                role = {DBD: "db", CONTROLLER: "controller"}.get(host, "node")
                 # NET_ADMIN: partition() drops traffic with iptables in the container's own
                 # namespace. SYS_ADMIN (nodes): slurmd 24.11 loads a user's login environment
                 # (sbatch --export=ALL,VAR or NONE sets SLURM_GET_USER_ENV) in a clone() with
                 # new pid+mount namespaces; without the capability the clone fails and slurmd
                 # exits ("fatal: clone: Operation not permitted"). AppArmor's docker-default
-                # profile would refuse the /proc mount in that clone.
-                caps = ["NET_ADMIN"] + (["SYS_ADMIN"] if role == "node" else [])
-                security = ["apparmor=unconfined"] if role == "node" else []
+                # profile would refuse the /proc mount in that clone. A private cgroup
+                # namespace (nodes): cgroup tracking makes the node's own cgroup mounts
+                # writable and builds its hierarchy there, never in the host's view.
+                # SYS_NICE: task/affinity binds the job user's tasks to their CPUs
+                # (sched_setaffinity on another user's process).
+                node = role == "node"
+                caps = ["NET_ADMIN"] + (["SYS_ADMIN", "SYS_NICE"] if node else [])
+                security = ["apparmor=unconfined"] if node else []
+                extra = {"cgroupns": "private"} if node else {}
                 c = (
                     DockerContainer(self.image)
                     .with_name(f"{self.id}-{host}")
@@ -261,7 +283,8 @@ class Cluster:
                     .with_volume_mapping(str(key_dir), "/run/munge-key", "ro")
                     .with_volume_mapping(str(self.checkpoints), "/checkpoints", "rw")
                     .with_envs(**env)
-                    .with_kwargs(hostname=host, init=True, cap_add=caps, security_opt=security, labels=labels)
+                    .with_kwargs(hostname=host, init=True, cap_add=caps, security_opt=security, labels=labels,
+                                 **extra)
                 )
                 for src, dst in self.volumes.items():
                     c = c.with_volume_mapping(src, dst, "ro")
@@ -270,7 +293,9 @@ class Cluster:
             self._log(f"{self.id}: containers started, waiting for {len(self.node_names)} idle nodes")
             self.wait_nodes(lambda ns: len(ns) == len(self.node_names) and all(n.state == {"IDLE"} for n in ns),
                             timeout=timeout, what="every node IDLE")
-        except ClusterError as e:
+            proctrack = self.slurm.config().get("ProctrackType", "")
+            self.tracking = "cgroup" if proctrack == "proctrack/cgroup" else "linuxproc"
+        except Exception as e:  # a wait ran out, a container died (docker refuses the exec): show why
             logs = self._tail_logs()
             self.stop()
             raise ClusterError(f"{e}\n{logs}") from e
@@ -569,4 +594,5 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "running" if self._containers else "stopped"
-        return f"Cluster({self.suite!r} = Slurm {self.slurm_release}, {self.profile!r}, {self.id}, {state})"
+        return (f"Cluster({self.suite!r} = Slurm {self.slurm_release}, {self.profile!r}, {self.tracking or 'default'} "
+                f"tracking, {self.id}, {state})")

@@ -441,13 +441,17 @@ class Slurm:
         """Jobs in slurmctld's memory whose ``--comment`` is exactly ``comment``."""
         return [j for j in self.jobs() if j.comment == comment and (user is None or j.user == user)]
 
+    def config(self) -> dict[str, str]:
+        """``scontrol show config`` as {name: value} (the text form: 22.05 has no JSON for it)."""
+        out = self.run(["scontrol", "show", "config"])
+        return {m.group(1): m.group(2).strip() for m in re.finditer(r"^(\w+)\s*=\s*(.*)$", out, re.M)}
+
     def cluster_name(self) -> str:
         """ClusterName from ``scontrol show config`` (part of every DISPATCH_ATTEMPT)."""
-        out = self.run(["scontrol", "show", "config"])
-        m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.M)
-        if not m:
+        name = self.config().get("ClusterName", "")
+        if not name:
             raise SlurmError(["scontrol", "show", "config"], 0, "no ClusterName", what="printed no ClusterName")
-        return m.group(1)
+        return name
 
     def hold(self, job_id: int) -> None:
         """``scontrol hold``: a pending job stays pending until released (users may hold their own)."""
