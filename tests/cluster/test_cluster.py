@@ -236,6 +236,7 @@ srun --quiet bash -c 'trap "echo checkpointed >> {cdir}/log; exit 0" TERM; while
     c.cancel(pre)
 
 
+@pytest.mark.one_release
 def test_partition_requeues_then_heal_returns_node(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     d = deadlines(c)

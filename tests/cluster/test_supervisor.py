@@ -18,7 +18,7 @@ import pytest
 from dispatch_slurm.dockerslurm import CONTROLLER, Cluster
 from dispatch_slurm.supervisor import Record
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
 # fast profile: SlurmdTimeout=15 (node DOWN ~26 s after a partition), cred_expire=10
 # (a requeued job restarts ~11 s later), a healed node is back ~45 s later.
