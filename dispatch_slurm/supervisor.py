@@ -358,6 +358,7 @@ class State:
     g: Optional[int] = None
     n: Optional[int] = None
     tag: Optional[str] = None
+    intent_t: Optional[float] = None
     job: Optional[int] = None
     intent_open: bool = False
     need_submit: bool = False
@@ -397,7 +398,7 @@ class State:
             self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
             self.finished = None
         elif t == "intent":
-            self.n, self.tag = f["n"], f["tag"]
+            self.n, self.tag, self.intent_t = f["n"], f["tag"], f["t"]
             self.intent_open, self.need_submit = True, False
         elif t == "submit_failed":
             self.submit_failures += 1
@@ -726,12 +727,14 @@ class Supervisor:
 
     def _recover_intent(self) -> float:
         """An intent without a job id: sbatch may or may not have queued the job. Slurm
-        knows (the tag is the job's comment): record the job, or that the intent was lost
-        (then a fresh N is allocated: reusing N for a job that may have run would give two
-        executions one epoch)."""
+        knows (the tag is the job's comment; sacct too, for a job that ended and left
+        slurmctld's memory while no supervisor ran): record the job, or that the intent was
+        lost (then a fresh N is allocated: reusing N for a job that may have run would give
+        two executions one epoch). The minute of slack covers clocks that disagree."""
         st = self.state
         try:
-            found = sorted(self.slurm.jobs_with_comment(st.tag), key=lambda j: j.job_id)
+            found = sorted(self.slurm.jobs_with_comment(st.tag, since=(st.intent_t or 0) - 60),
+                           key=lambda j: j.job_id)
         except SlurmError as e:
             self._slurm_trouble(e)
             return self.poll
@@ -772,7 +775,7 @@ class Supervisor:
                 fields = self._exec_fields(r, (st.started or {}).get("nodes", []),
                                            (st.started or {}).get("start_time"))
                 self.fact("ended", **fields, state="UNKNOWN",
-                          reason="no longer known to slurmctld (purged after MinJobAge)")
+                          reason="known neither to slurmctld (purged after MinJobAge) nor to sacct")
                 return 0
             return self.poll
         r = j.restart_count
@@ -789,8 +792,9 @@ class Supervisor:
                           late=j.state not in ("RUNNING", "SUSPENDED"))
                 return 0
         if j.state in TERMINAL and r not in st.ended:
+            via = {"via": "sacct"} if j.source == "sacct" else {}
             self.fact("ended", **self._exec_fields(r, j.nodes, j.start_time), state=j.state,
-                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags))
+                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags), **via)
             return 0
         return self.poll
 
@@ -816,8 +820,8 @@ class Supervisor:
             self.finish("done", f"job {ended['job']} completed")
         if ended["state"] == "UNKNOWN":
             self.fact("rule", rule="fail", cause="unknown", **ref)
-            self.finish("failed", f"job {ended['job']} is no longer known to slurmctld, so how it ended "
-                                  "cannot be told; not resubmitting blindly (check sacct, then supersede)")
+            self.finish("failed", f"job {ended['job']} is known neither to slurmctld nor to sacct, so how it "
+                                  "ended cannot be told; not resubmitting blindly (supersede to go on)")
         cause = CAUSES.get(ended["state"], "failure")
         left = defn["resubmit"] - st.used
         if left > 0:
