@@ -180,12 +180,16 @@ def _processes_with(attempt: str) -> list[int]:
     return found
 
 
-def _record_cessation(values: dict, node: str, stdout_path: str | None) -> dict:
-    """As the job user: the cessation entry (O_EXCL, durable) and event lines."""
+def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: str | None) -> dict:
+    """As the job user: the cessation entry (O_EXCL, durable) and, when this run created it,
+    the event lines. Slurm may run the Epilog more than once for one execution (TERMINATE_JOB
+    retries, before 26.05): a second run changes nothing. ``sluid``: Slurm's own id of this
+    run (SLURM_JOB_SLUID, 25.11 on), recorded as evidence beside DISPATCH_ATTEMPT."""
     os.environ.update(values)
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
-    store.record_cessation(root, attempt, node)
-    events.emit("cessation", root, attempt, node=node, source="epilog")
+    if not store.record_cessation(root, attempt, node):
+        return {"sentinel": None, "already": True}
+    events.emit("cessation", root, attempt, node=node, source="epilog", **({"sluid": sluid} if sluid else {}))
     sentinel = False
     if stdout_path:
         try:
@@ -240,7 +244,8 @@ def epilog(environ) -> int:
         log(f"{attempt}: processes {left[:5]} still alive; no cessation recorded")
         return 0
     node = environ.get("SLURMD_NODENAME") or os.uname().nodename
-    result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"))
+    result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"),
+                         environ.get("SLURM_JOB_SLUID"))
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
     try:  # a later execution of the job on this node has written its own by now? keep it
