@@ -8,9 +8,11 @@ the profile's: linuxproc for fast). Which tests run on which cluster:
 - unmarked tests check what differs per release (the contract, the hooks, parsing, the
   cessation evidence, Slurm's own behaviour): every cluster;
 - ``@pytest.mark.one_release`` (trials, long supervisor scenarios): only the last cluster
-  of the list (default: 26.05 with cgroup tracking), so adding a release costs only what
-  differs between releases;
-- ``@pytest.mark.only_on("bookworm")``: only the clusters of those suites.
+  of the list (default: 26.05 with cgroup tracking) that the other markers allow, so adding
+  a release costs only what differs between releases;
+- ``@pytest.mark.only_on("bookworm")``: only the clusters of those suites;
+- ``@pytest.mark.tracking("linuxproc")``: only the clusters with that process tracking (a
+  process that escapes its job by double-forking outlives the job only without cgroups).
 
 Without a reachable Docker engine the tests are skipped, except under CI (CI=true) or
 DISPATCH_REQUIRE_CLUSTER=1, where that is a failure.
@@ -37,8 +39,15 @@ def _suite(entry: str) -> str:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "one_release: runs on the last cluster of DISPATCH_CLUSTER_SUITES only")
+    config.addinivalue_line("markers", "one_release: runs on one cluster: the last of DISPATCH_CLUSTER_SUITES "
+                                       "that the test's other markers allow")
     config.addinivalue_line("markers", "only_on(*suites): runs on the clusters of these Debian suites only")
+    config.addinivalue_line("markers", "tracking(mode): runs on the clusters with this process tracking only "
+                                       "(linuxproc, cgroup; an entry without one is the profile's)")
+
+
+def _tracking(entry: str) -> str:
+    return entry.partition(":")[2] or {"fast": "linuxproc", "site": "cgroup"}[PROFILE]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,15 +55,15 @@ def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:
         entry = getattr(item, "callspec", None) and item.callspec.params.get("cluster")
-        only = item.get_closest_marker("only_on")
         if entry is None:
             keep.append(item)
-        elif item.get_closest_marker("one_release") and entry != CLUSTERS[-1]:
-            drop.append(item)
-        elif only and _suite(entry) not in only.args:
-            drop.append(item)
-        else:
-            keep.append(item)
+            continue
+        only, tracking = item.get_closest_marker("only_on"), item.get_closest_marker("tracking")
+        allowed = [e for e in CLUSTERS if (not only or _suite(e) in only.args)
+                   and (not tracking or _tracking(e) == tracking.args[0])]
+        if item.get_closest_marker("one_release"):
+            allowed = allowed[-1:]
+        (keep if entry in allowed else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

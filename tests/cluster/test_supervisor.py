@@ -309,7 +309,8 @@ ESCAPING_JOB = """#!/bin/bash
 #SBATCH -N 1 -o {cdir}/slurm-%j.out -e {cdir}/slurm-%j.err
 if [ "$DISPATCH_SUBMISSION" = 1 ]; then
   # a helper that leaves the job's process tree (double fork + setsid), as a daemonized
-  # loader would: Slurm's process tracking (proctrack/linuxproc here) does not kill it
+  # loader would: proctrack/linuxproc does not kill it (proctrack/cgroup does: the
+  # test runs where tracking is linuxproc)
   ( setsid bash -c 'echo $$ > {cdir}/escaped.pid
     while [ ! -e {cdir}/stop ]; do echo "$DISPATCH_ATTEMPT $(date +%s.%N)" >> {cdir}/writes; sleep 0.2; done' \\
     < /dev/null > /dev/null 2>&1 & )
@@ -318,6 +319,7 @@ while [ ! -e {cdir}/stop ]; do echo "$DISPATCH_ATTEMPT $(date +%s.%N)" >> {cdir}
 """
 
 
+@pytest.mark.tracking("linuxproc")
 def test_an_idle_responding_node_is_no_evidence_and_a_person_releases(sup: Sup):
     """Slurm says the job ended, nothing is completing, the node is IDLE and responding,
     and yet a process of the old execution still writes: the cessation signal keeps
