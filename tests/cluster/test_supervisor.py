@@ -372,3 +372,47 @@ def test_an_idle_responding_node_is_no_evidence_and_a_person_releases(sup: Sup):
     (hdir / "stop").touch()
     assert sup.wait_rc(k, T_START) == 0, sup.log(k)
     assert [f["by"] for f in sup.facts("release")] == ["person"]
+
+
+FAIL_FIRST_JOB = """#!/bin/bash
+#SBATCH -N 1 -o /dev/null
+while [ ! -e {cdir}/go ]; do sleep 0.5; done
+[ "$DISPATCH_SUBMISSION" = 1 ] && exit 3
+exit 0
+"""
+
+
+def decisions(s: Sup) -> list[tuple]:
+    """What a supervisor recorded and decided, without when and by which process."""
+    keep = ("intent", "submitted", "started", "ended", "rule", "finished")
+    return [(f["type"], f.get("n"), f.get("r"), f.get("state"), f.get("exit_code"), f.get("rule"), f.get("cause"),
+             f.get("budget_left"), f.get("outcome")) for f in s.facts() if f["type"] in keep]
+
+
+def test_stopped_longer_than_min_job_age_decides_as_if_it_never_stopped(sup: Sup):
+    """Two supervisors of the same job on two roots; one is killed while its first
+    execution runs and stays down until slurmctld has forgotten the job (MinJobAge after
+    it ended). `run ROOT` then reads the job from sacct: the same facts, the same rules,
+    the same outcome as the supervisor that never stopped."""
+    c, cdir, hdir = sup.c, sup.cdir, sup.hdir
+    bdir, bhost = f"{cdir}/b", hdir / "b"
+    c.exec(CONTROLLER, f"mkdir -m 755 {bdir} && mkdir -m 700 {bdir}/root", user="alice")
+    other = Sup(c, bdir, bhost, f"{bdir}/root")
+    for s in (sup, other):
+        (s.hdir / "job.sh").write_text(FAIL_FIRST_JOB.format(cdir=cdir))
+    ka = sup.start("run", "--resubmit", "1", "--poll", "1", "--", f"{cdir}/job.sh")
+    kb = other.start("run", "--resubmit", "1", "--poll", "1", "--", f"{bdir}/job.sh")
+    first = other.wait_fact(lambda f: f["type"] == "started", T_START, "B's first execution")
+    sup.wait_fact(lambda f: f["type"] == "started", T_START, "A's first execution")
+    other.kill(other.pid())
+    (hdir / "go").touch()  # both first executions fail (exit 3) now, B's while nobody watches
+    assert sup.wait_rc(ka, 2 * T_START) == 0, sup.log(ka)
+    c.wait_until(lambda: "Invalid job id" in c.exec(CONTROLLER, ["scontrol", "show", "job", str(first["job"])],
+                                                    check=False).stderr,
+                 timeout=200, what="slurmctld to forget B's first job (MinJobAge + its purge interval)")
+    kb = other.start("run", "--poll", "1")
+    assert other.wait_rc(kb, 2 * T_START) == 0, other.log(kb)
+    assert decisions(other) == decisions(sup)
+    assert [f.get("via") for f in other.facts("ended")] == ["sacct", None]
+    assert [(f["state"], f["exit_code"]) for f in sup.facts("ended")] == [("FAILED", 3), ("COMPLETED", 0)]
+    assert [f["rule"] for f in sup.facts("rule")] == ["resubmit", "done"]
