@@ -21,6 +21,7 @@ the ``docker-slurm/build-images`` script of a source checkout; this module calls
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -61,6 +62,8 @@ LABEL = "dispatch-slurm.cluster"
 OWNER_LABEL = "dispatch-slurm.owner"
 
 T = TypeVar("T")
+# Slurm commands that only read (the runner may ask them twice).
+_QUERY = re.compile(r"^(scontrol (show|--version)|squeue|sinfo|sacct) ")
 
 
 class ClusterError(DispatchError):
@@ -399,7 +402,15 @@ class Cluster:
         def run(
             argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, input: Optional[str] = None
         ) -> CommandResult:
-            return self.exec(host, list(argv), user=user, env=env, input=input, check=False)
+            try:
+                return self.exec(host, list(argv), user=user, env=env, input=input, check=False)
+            except ValueError as e:
+                # docker SDK 7.x sometimes cannot split an exec's output into stdout/stderr
+                # ("44 is not a valid stream"; seen polling scontrol during partitions). A
+                # query is asked again; anything that changes state is not.
+                if not _QUERY.match(" ".join(argv)):
+                    raise ClusterError(f"{self.id}-{host}: `{' '.join(argv)}`: docker exec output unreadable: {e}")
+                return self.exec(host, list(argv), user=user, env=env, input=input, check=False)
 
         return run
 
