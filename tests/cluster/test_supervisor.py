@@ -10,6 +10,7 @@ Every wait polls real state with a deadline."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 
@@ -96,11 +97,20 @@ def describe(f: dict) -> str:
 
 
 def dispatch_jobs(c: Cluster, root: str) -> dict[str, list[int]]:
-    """tag -> job ids, for every job slurmctld holds that the supervisor tagged for ROOT."""
+    """tag -> job ids, for every job the supervisor tagged for ROOT: those slurmctld holds
+    and, as it forgets ended jobs after MinJobAge, those sacct recorded (its submit line
+    names the tag, 24.11 on)."""
+    found = {j.job_id: j.comment for j in c.slurm.jobs() if j.comment.startswith(f"dispatch-slurm:{root}:")}
+    if c.slurm_release != "22.05":
+        lines = c.exec(CONTROLLER, ["sacct", "--allusers", "-X", "-n", "--parsable2", "-S", "2000-01-01",
+                                    "-o", "JobID,SubmitLine"]).stdout.splitlines()
+        for job, _, line in (row.partition("|") for row in lines):
+            m = re.search(rf"--comment=(dispatch-slurm:{re.escape(root)}:g\d+:n\d+)(\s|$)", line)
+            if m and job.isdigit():
+                found.setdefault(int(job), m[1])
     out: dict[str, list[int]] = {}
-    for j in c.slurm.jobs():
-        if j.comment.startswith(f"dispatch-slurm:{root}:"):
-            out.setdefault(j.comment, []).append(j.job_id)
+    for job, tag in sorted(found.items()):
+        out.setdefault(tag, []).append(job)
     return out
 
 
