@@ -172,8 +172,8 @@ def test_shared_checkpoint_partition_holds_until_the_old_execution_ceased(sup: S
         c.wait_until(lambda: max(t for a, t in writes(hdir) if a == a0) > hold["t"] + 3, timeout=30,
                      what="the cut-off execution to keep writing after the hold")
         # ...the cessation signal says so, and nothing new was submitted
-        sup.wait_fact(lambda f: f["type"] == "cessation" and f["answer"] == "not_ceased", 30,
-                      "a 'not ceased' answer")
+        c.wait_until(lambda: len([f for f in sup.facts("cessation") if f["answer"] == "not_ceased"]) >= 2,
+                     timeout=30, what="two 'not ceased' answers (asked every 3 s)")
         res = c.exec(CONTROLLER, ["dispatch-slurm", "ceased", str(job), "--restart", "0", "--root", sup.root,
                                   "--json"], user="alice", check=False)
         ans = json.loads(res.stdout)
