@@ -2,7 +2,7 @@
 job, and the Slurm client reads a job slurmctld no longer holds from ``sacct`` with the
 same facts slurmctld gave while it held it. The ``--json`` data_parser version is pinned.
 
-Slurm forgets an ended job MinJobAge after it ended (fast profile: 30 s, Slurm's
+Slurm forgets an ended job MinJobAge after it ended (fast profile: 180 s, Slurm's
 default 300 s; its purge runs every minute), so these tests also wait for that."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dispatch_slurm.slurm import SlurmError
 
 pytestmark = pytest.mark.cluster
 
-T_PURGE = 200  # MinJobAge (30 s) + the purge interval (60 s) + a loaded machine
+T_PURGE = 330  # MinJobAge (180 s) + the purge interval (60 s) + a loaded machine
 
 
 def facts(j) -> tuple:

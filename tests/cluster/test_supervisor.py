@@ -419,7 +419,7 @@ def test_stopped_longer_than_min_job_age_decides_as_if_it_never_stopped(sup: Sup
     assert sup.wait_rc(ka, 2 * T_START) == 0, sup.log(ka)
     c.wait_until(lambda: "Invalid job id" in c.exec(CONTROLLER, ["scontrol", "show", "job", str(first["job"])],
                                                     check=False).stderr,
-                 timeout=200, what="slurmctld to forget B's first job (MinJobAge + its purge interval)")
+                 timeout=330, what="slurmctld to forget B's first job (MinJobAge + its purge interval)")
     kb = other.start("run", "--poll", "1")
     assert other.wait_rc(kb, 2 * T_START) == 0, other.log(kb)
     assert decisions(other) == decisions(sup)
