@@ -249,16 +249,19 @@ def _processes_with(attempt: str) -> list[int]:
     return found
 
 
-def _record_cessation(values: dict, node: str, stdout_path: str | None) -> dict:
+def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: str | None = None) -> dict:
     """As the job user: the cessation entry (O_EXCL, durable) and its events, once.
 
     Slurm may run the Epilog twice for one execution (TERMINATE_JOB retries, before
-    26.05): the second run finds the entry and changes nothing."""
+    26.05): the second run finds the entry and changes nothing. ``sluid``: Slurm's own
+    id of this run (SLURM_JOB_SLUID, 25.11 on), recorded as evidence beside
+    DISPATCH_ATTEMPT (which stays the same derived token on every release)."""
     os.environ.update(values)
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
     if not ceased.record(root, attempt, node):
         return {"recorded": False}
-    events.record("cessation", root=root, attempt=attempt, node=node, source="epilog")
+    events.record("cessation", root=root, attempt=attempt, node=node, source="epilog",
+                  **({"sluid": sluid} if sluid else {}))
     sentinel = bool(stdout_path) and SENTINEL in stdout_tail(stdout_path)
     if sentinel:
         events.record("checkpoint_complete", root=root, attempt=attempt, source="epilog")
@@ -325,7 +328,8 @@ def epilog(environ) -> int:
         log(f"{attempt}: processes {left[:5]} still alive; no cessation recorded")
         return 0
     node = environ.get("SLURMD_NODENAME") or os.uname().nodename
-    result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"))
+    result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"),
+                         environ.get("SLURM_JOB_SLUID"))
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
     if recorded_execution(job) == values:  # a later execution's own files (requeued here) stay

@@ -226,10 +226,13 @@ class Supervisor:
         knows (the tag is the job's comment): record the job, or that the intent was lost.
         After a crash a fresh N is allocated: reusing N for a job that may have run (and
         been purged since) would give two executions one epoch. Right after sbatch itself
-        refused (``refused``), no job used N, and N is reused."""
+        refused (``refused``), no job used N, and N is reused. sacct is asked too, for a job
+        that ended and left slurmctld's memory while no supervisor ran; the minute of slack
+        covers clocks that disagree."""
         st = self.state
         try:
-            found = sorted(self.slurm.jobs_with_comment(st.tag), key=lambda j: j.job_id)
+            found = sorted(self.slurm.jobs_with_comment(st.tag, since=(st.intent_t or 0) - 60),
+                           key=lambda j: j.job_id)
         except SlurmError as e:
             self._slurm_trouble(e)
             return self.poll
@@ -270,7 +273,7 @@ class Supervisor:
                 fields = self._exec_fields(r, (st.started or {}).get("nodes", []),
                                            (st.started or {}).get("start_time"))
                 self.fact("ended", **fields, state="UNKNOWN",
-                          reason="no longer known to slurmctld (purged after MinJobAge)")
+                          reason="known neither to slurmctld (purged after MinJobAge) nor to sacct")
                 return 0
             return self.poll
         r = j.restart_count
@@ -287,10 +290,11 @@ class Supervisor:
                           late=j.state not in ("RUNNING", "SUSPENDED"))
                 return 0
         if j.ended and r not in st.ended:
-            by = self.slurm.cancelled_by(j.job_id) if j.state == "CANCELLED" else None
+            extra = {"via": "sacct"} if j.source == "sacct" else {}
+            if j.state == "CANCELLED":
+                extra["cancelled_by"] = self.slurm.cancelled_by(j.job_id)
             self.fact("ended", **self._exec_fields(r, j.nodes, j.start_time), state=j.state,
-                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags),
-                      **({"cancelled_by": by} if j.state == "CANCELLED" else {}))
+                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags), **extra)
             return 0
         return self.poll
 
@@ -326,8 +330,8 @@ class Supervisor:
             self.finish("done", f"job {ended['job']} completed")
         if ended["state"] == "UNKNOWN":
             self.fact("rule", rule="fail", cause="unknown", **ref)
-            self.finish("failed", f"job {ended['job']} is no longer known to slurmctld, so how it ended "
-                                  "cannot be told; not resubmitting blindly (check sacct, then supersede)")
+            self.finish("failed", f"job {ended['job']} is known neither to slurmctld nor to sacct, so how it "
+                                  "ended cannot be told; not resubmitting blindly (supersede to go on)")
         cause = CAUSES.get(ended["state"], "failure")
         left = defn["resubmit"] - st.used
         if left > 0:

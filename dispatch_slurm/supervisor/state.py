@@ -19,6 +19,7 @@ class State:
     g: Optional[int] = None
     n: Optional[int] = None
     tag: Optional[str] = None
+    intent_t: Optional[float] = None
     job: Optional[int] = None
     intent_open: bool = False
     need_submit: bool = False
@@ -61,7 +62,7 @@ class State:
             self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
             self.finished = self.stopping = self.retry_n = None
         elif t == "intent":
-            self.n, self.tag = f["n"], f["tag"]
+            self.n, self.tag, self.intent_t = f["n"], f["tag"], f["t"]
             self.intent_open, self.need_submit, self.retry_n = True, False, None
         elif t == "submit_failed":
             self.submit_failures += 1

@@ -1,9 +1,20 @@
 """Session fixtures for the docker-slurm cluster tests.
 
-One cluster per Slurm version (Debian suite) for the whole session: pytest runs
-every test with the bookworm (22.05) cluster, tears it down, then with trixie
-(24.11). DISPATCH_CLUSTER_SUITES=trixie narrows the set. Without a reachable
-Docker engine the tests are skipped, except under CI (CI=true) or
+One cluster per entry of DISPATCH_CLUSTER_SUITES for the whole session, one after the
+other: ``suite[:tracking]``, default ``bookworm,trixie:cgroup,sid:cgroup`` = Slurm 22.05
+with linuxproc tracking, 24.11 and 26.05 with cgroup tracking (the tracking left out is
+the profile's: linuxproc for fast). Which tests run on which cluster:
+
+- unmarked tests check what differs per release (the contract, the hooks, parsing, the
+  cessation evidence, Slurm's own behaviour): every cluster;
+- ``@pytest.mark.one_release`` (trials, long supervisor scenarios): only the last cluster
+  of the list (default: 26.05 with cgroup tracking) that the other markers allow, so adding
+  a release costs only what differs between releases;
+- ``@pytest.mark.only_on("bookworm")``: only the clusters of those suites;
+- ``@pytest.mark.tracking("linuxproc")``: only the clusters with that process tracking (a
+  process that escapes its job by double-forking outlives the job only without cgroups).
+
+Without a reachable Docker engine the tests are skipped, except under CI (CI=true) or
 DISPATCH_REQUIRE_CLUSTER=1, where that is a failure.
 """
 
@@ -16,11 +27,46 @@ import pytest
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # the reaper image cannot be pulled
 
-SUITES = [s for s in os.environ.get("DISPATCH_CLUSTER_SUITES", "bookworm,trixie").split(",") if s]
+CLUSTERS = [s for s in os.environ.get("DISPATCH_CLUSTER_SUITES", "bookworm,trixie:cgroup,sid:cgroup").split(",") if s]
 PROFILE = os.environ.get("DISPATCH_CLUSTER_PROFILE", "fast")
 USERS = ("alice", "bob")
 
 _timings: list[tuple[str, dict[str, float]]] = []
+
+
+def _suite(entry: str) -> str:
+    return entry.partition(":")[0]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "one_release: runs on one cluster: the last of DISPATCH_CLUSTER_SUITES "
+                                       "that the test's other markers allow")
+    config.addinivalue_line("markers", "only_on(*suites): runs on the clusters of these Debian suites only")
+    config.addinivalue_line("markers", "tracking(mode): runs on the clusters with this process tracking only "
+                                       "(linuxproc, cgroup; an entry without one is the profile's)")
+
+
+def _tracking(entry: str) -> str:
+    return entry.partition(":")[2] or {"fast": "linuxproc", "site": "cgroup"}[PROFILE]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Drop the (test, cluster) pairs the markers exclude (see the module docstring)."""
+    keep, drop = [], []
+    for item in items:
+        entry = getattr(item, "callspec", None) and item.callspec.params.get("cluster")
+        if entry is None:
+            keep.append(item)
+            continue
+        only, tracking = item.get_closest_marker("only_on"), item.get_closest_marker("tracking")
+        allowed = [e for e in CLUSTERS if (not only or _suite(e) in only.args)
+                   and (not tracking or _tracking(e) == tracking.args[0])]
+        if item.get_closest_marker("one_release"):
+            allowed = allowed[-1:]
+        (keep if entry in allowed else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _docker_problem() -> str | None:
@@ -38,9 +84,9 @@ def _docker_problem() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session", params=SUITES)
+@pytest.fixture(scope="session", params=CLUSTERS, ids=lambda e: e.replace(":", "-"))
 def cluster(request):
-    """A running docker-slurm cluster (controller ctl + nodes c1..c3), all nodes idle."""
+    """A running docker-slurm cluster (slurmdbd db, controller ctl, nodes c1..c3), all nodes idle."""
     problem = _docker_problem()
     if problem:
         if os.environ.get("CI") or os.environ.get("DISPATCH_REQUIRE_CLUSTER") == "1":
@@ -49,13 +95,17 @@ def cluster(request):
     from testbed.cluster import Cluster
     from support import host_torch
 
-    c = Cluster(request.param, PROFILE, log=lambda s: print(s, flush=True), volumes=host_torch(request.param))
+    suite, _, tracking = request.param.partition(":")
+    t0 = time.monotonic()
+    c = Cluster(suite, PROFILE, tracking=tracking or None, log=lambda s: print(s, flush=True),
+                volumes=host_torch(suite))
     c.start()
-    _timings.append((f"{request.param} (Slurm {c.slurm_release}, {PROFILE})", c.timings))
+    _timings.append((f"{request.param} (Slurm {c.slurm_release}, {PROFILE}, {c.tracking} tracking)", c.timings))
     try:
         yield c
     finally:
         c.stop()
+        c.timings["session_s"] = time.monotonic() - t0
 
 
 @pytest.fixture
@@ -86,5 +136,6 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("docker-slurm timings")
     for name, t in _timings:
         terminalreporter.write_line(
-            f"{name}: image build/check {t.get('build_s', 0):.1f} s, boot to all nodes idle {t.get('boot_s', 0):.1f} s"
+            f"{name}: image build/check {t.get('build_s', 0):.1f} s, boot to all nodes idle "
+            f"{t.get('boot_s', 0):.1f} s, the cluster's whole session (its tests too) {t.get('session_s', 0):.0f} s"
         )

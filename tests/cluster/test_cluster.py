@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, DBD, Cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -73,7 +73,7 @@ def test_network_is_internal_and_key_not_in_image(slurm_cluster: Cluster):
     info = c.network_info()
     assert info["Internal"] is True
     assert sorted(v["Name"] for v in info["Containers"].values()) == sorted(
-        f"{c.id}-{h}" for h in [CONTROLLER, *c.node_names]
+        f"{c.id}-{h}" for h in [DBD, CONTROLLER, *c.node_names]
     )
     # The containers reach each other by name (slurmd listens on c2).
     assert c.exec("c1", "exec 3<>/dev/tcp/c2/6818 && echo open").stdout.strip() == "open"
@@ -158,6 +158,39 @@ def test_cancel_gives_cancelled(slurm_cluster: Cluster, workdir):
     assert any(line.startswith("step TERM") for line in log_lines(hdir))
 
 
+# A helper that leaves the job's process tree (double fork + setsid), as a daemonized
+# data loader would, and writes until it is killed.
+ESCAPING_JOB = """#!/bin/bash
+#SBATCH -o /dev/null
+( setsid bash -c 'echo $$ > {dir}/escaped.pid; while :; do date +%s >> {dir}/escaped; sleep 0.2; done' \\
+  < /dev/null > /dev/null 2>&1 & )
+sleep 300
+"""
+
+
+def test_escaped_process_outlives_a_cancel_only_without_cgroup_tracking(slurm_cluster: Cluster, workdir):
+    """What the tracking mode changes for an old execution: proctrack/cgroup kills every
+    process of the job's cgroup when the job ends, wherever it moved in the process tree;
+    proctrack/linuxproc follows parent pids and loses a process that left the tree."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    jid = c.submit("alice", ESCAPING_JOB.format(dir=cdir))
+    node = c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"]).batch_host
+    c.wait_until(lambda: (hdir / "escaped.pid").exists() and log_lines(hdir, "escaped"), timeout=30,
+                 what="the escaped helper to write")
+    pid = (hdir / "escaped.pid").read_text().strip()
+    c.cancel(jid, user="alice")
+    c.wait_job(jid, lambda j: j.state == "CANCELLED" and "COMPLETING" not in j.flags, timeout=deadlines(c)["end"])
+    alive = lambda: c.exec(node, ["kill", "-0", pid], check=False).returncode == 0  # noqa: E731
+    if c.tracking == "cgroup":
+        assert not alive(), "proctrack/cgroup killed the escaped helper with the job"
+        return
+    n = len(log_lines(hdir, "escaped"))
+    c.wait_until(lambda: len(log_lines(hdir, "escaped")) > n + 2, timeout=30, what="the escaped helper to go on")
+    c.exec(node, ["kill", pid], user="alice")
+    c.wait_until(lambda: not alive(), timeout=10, what="the escaped helper to stop")
+
+
 def test_preempt_cancel_mode_gives_preempted(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
@@ -236,6 +269,7 @@ srun --quiet bash -c 'trap "echo checkpointed >> {cdir}/log; exit 0" TERM; while
     c.cancel(pre)
 
 
+@pytest.mark.one_release
 def test_partition_requeues_then_heal_returns_node(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     d = deadlines(c)

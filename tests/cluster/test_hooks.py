@@ -1,4 +1,4 @@
-"""Issue 4 on the real cluster (Slurm 22.05 and 24.11): the SPANK plugin, the Prolog,
+"""Issue 4 on the real cluster (Slurm 22.05, 24.11 and 26.05): the SPANK plugin, the Prolog,
 TaskProlog and Epilog give every task the same DISPATCH_* values as
 `dispatch-slurm env` and the shared contract; bad input is refused without draining
 a node or touching anything outside the user's own tree."""
@@ -14,6 +14,8 @@ import shutil
 import pytest
 
 from dispatch_slurm.contract import env as envmod
+from dispatch_slurm.slurm.hooks import SPANK_OPT
+from dispatch_slurm.store import events
 from testbed.cluster import CONTROLLER, Cluster
 
 pytestmark = pytest.mark.cluster
@@ -110,6 +112,46 @@ sleep 300
     assert runs()[3].split()[1:3] == ["0", "2"], "a resubmission raises N and starts at R=0"
     c.cancel(second)
     assert sorted(p.name for p in (hdir / "root" / "sub").iterdir()) == ["000001", "000002"]
+
+
+
+def snapshot(root) -> dict[str, tuple[int, int, int]]:
+    """path -> (inode, size, mtime) of everything under ROOT/ceased and ROOT/events."""
+    return {str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+            for d in ("ceased", "events") for p in sorted((root / d).rglob("*"))}
+
+
+def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, workdir):
+    """Slurm may run the Epilog again for one execution (TERMINATE_JOB retries; fixed in
+    26.05). A second run, even one that finds the Prolog's record still there (as if the
+    first died before removing it), adds no entry and no event. From 25.11 on the Epilog
+    knows Slurm's own id of the run (SLURM_JOB_SLUID; 26.05 gives the job it too): the
+    cessation event carries it as evidence, DISPATCH_ATTEMPT stays the contract's token."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    job = c.submit("alice", f"#!/bin/bash\n#SBATCH -w c1 -o {cdir}/out\necho $DISPATCH_ATTEMPT $SLURM_JOB_SLUID\n",
+                   args=[f"--dispatch-checkpoint={root}"])
+    c.wait_job(job, "COMPLETED", timeout=90)
+    attempt, *sluid = (hdir / "out").read_text().split()
+    assert attempt == expected(c, root, job, n=1)["DISPATCH_ATTEMPT"]
+    entry = hdir / "root" / "ceased" / f"{attempt}.c1"
+    c.wait_until(lambda: entry.exists(), timeout=60, what="the Epilog's cessation entry")
+    c.wait_until(lambda: c.exec("c1", f"test -e /run/dispatch-slurm/{job}.json", check=False).returncode,
+                 timeout=30, what="the Epilog to remove the Prolog's record")
+    (ceased,) = [e for e in events.read(str(hdir / "root")) if e["type"] == "cessation"]
+    assert ceased["attempt"] == attempt and ceased["node"] == "c1"
+    assert ceased.get("sluid") == (sluid[0] if sluid else None), "SLURM_JOB_SLUID: the Epilog's equals the job's"
+    before = snapshot(hdir / "root")
+
+    # the Prolog's record back (root's, 0644, as the Prolog writes it), then the Epilog again
+    record = json.dumps({"DISPATCH_CHECKPOINT": root, "DISPATCH_ATTEMPT": attempt})
+    c.exec("c1", f"printf '%s' '{record}' > /run/dispatch-slurm/{job}.json && chmod 0644 /run/dispatch-slurm/{job}.json")
+    c.exec("c1", ["/etc/slurm/dispatch/epilog"],
+           env={"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001", "SLURM_JOB_USER": "alice",
+                "SLURMD_NODENAME": "c1", f"{SPANK_OPT}checkpoint": root, **({"SLURM_JOB_SLUID": sluid[0]} if sluid else {})})
+    assert snapshot(hdir / "root") == before
+    assert c.exec("c1", f"test -e /run/dispatch-slurm/{job}.json", check=False).returncode, "record removed again"
 
 
 def test_node_failure_requeue_changes_attempt(slurm_cluster: Cluster, workdir):

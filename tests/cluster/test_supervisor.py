@@ -10,6 +10,7 @@ Every wait polls real state with a deadline."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 
@@ -18,7 +19,7 @@ import pytest
 from testbed.cluster import CONTROLLER, Cluster
 from dispatch_slurm.supervisor.record import Record
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 CRASH = "/src/dispatch-slurm/tests/testbed/crash.py"  # the test bed's copy in docker-slurm's image
 
 # fast profile: SlurmdTimeout=15 (node DOWN ~26 s after a partition), cred_expire=10
@@ -103,11 +104,20 @@ def describe(f: dict) -> str:
 
 
 def dispatch_jobs(c: Cluster, root: str) -> dict[str, list[int]]:
-    """tag -> job ids, for every job slurmctld holds that the supervisor tagged for ROOT."""
+    """tag -> job ids, for every job the supervisor tagged for ROOT: those slurmctld holds
+    and, as it forgets ended jobs after MinJobAge, those sacct recorded (its submit line
+    names the tag, 24.11 on)."""
+    found = {j.job_id: j.comment for j in c.slurm.jobs() if j.comment.startswith(f"dispatch-slurm:{root}:")}
+    if c.slurm_release != "22.05":
+        lines = c.exec(CONTROLLER, ["sacct", "--allusers", "-X", "-n", "--parsable2", "-S", "2000-01-01",
+                                    "-o", "JobID,SubmitLine"]).stdout.splitlines()
+        for job, _, line in (row.partition("|") for row in lines):
+            m = re.search(rf"--comment=(dispatch-slurm:{re.escape(root)}:g\d+:n\d+)(\s|$)", line)
+            if m and job.isdigit():
+                found.setdefault(int(job), m[1])
     out: dict[str, list[int]] = {}
-    for j in c.slurm.jobs():
-        if j.comment.startswith(f"dispatch-slurm:{root}:"):
-            out.setdefault(j.comment, []).append(j.job_id)
+    for job, tag in sorted(found.items()):
+        out.setdefault(tag, []).append(job)
     return out
 
 
@@ -169,10 +179,8 @@ def test_shared_checkpoint_partition_holds_until_the_old_execution_ceased(sup: S
         c.wait_until(lambda: max(t for a, t in writes(hdir) if a == a0) > hold["t"] + 3, timeout=30,
                      what="the cut-off execution to keep writing after the hold")
         # ...the cessation signal says so, and nothing new was submitted
-        first_no = sup.wait_fact(lambda f: f["type"] == "cessation" and f["answer"] == "not_ceased", 30,
-                                 "a 'not ceased' answer")
-        sup.wait_fact(lambda f: f["type"] == "cessation" and f["seq"] > first_no["seq"], 30,
-                      "the signal asked again during the hold")
+        c.wait_until(lambda: len([f for f in sup.facts("cessation") if f["answer"] == "not_ceased"]) >= 2,
+                     timeout=30, what="two 'not ceased' answers (asked every 3 s)")
         res = c.exec(CONTROLLER, ["dispatch-slurm", "ceased", str(job), "--restart", "0", "--root", sup.root,
                                   "--json"], user="alice", check=False)
         ans = json.loads(res.stdout)
@@ -356,7 +364,8 @@ ESCAPING_JOB = """#!/bin/bash
 #SBATCH -N 1 -o {cdir}/slurm-%j.out -e {cdir}/slurm-%j.err
 if [ "$DISPATCH_SUBMISSION" = 1 ]; then
   # a helper that leaves the job's process tree (double fork + setsid), as a daemonized
-  # loader would: Slurm's process tracking (proctrack/linuxproc here) does not kill it
+  # loader would: proctrack/linuxproc does not kill it (proctrack/cgroup does: the
+  # test runs where tracking is linuxproc)
   ( setsid bash -c 'echo $$ > {cdir}/escaped.pid
     while [ ! -e {cdir}/stop ]; do echo "$DISPATCH_ATTEMPT $(date +%s.%N)" >> {cdir}/writes; sleep 0.2; done' \\
     < /dev/null > /dev/null 2>&1 & )
@@ -367,6 +376,7 @@ done
 """
 
 
+@pytest.mark.tracking("linuxproc")
 def test_an_idle_responding_node_is_no_evidence_and_a_person_releases(sup: Sup):
     """Slurm says the job ended, nothing is completing, the node is IDLE and responding,
     and yet a process of the old execution still writes: the cessation signal keeps
@@ -420,3 +430,47 @@ def test_an_idle_responding_node_is_no_evidence_and_a_person_releases(sup: Sup):
     (hdir / "stop").touch()
     assert sup.wait_rc(k, T_START) == 0, sup.log(k)
     assert [f["by"] for f in sup.facts("release")] == ["person"]
+
+
+FAIL_FIRST_JOB = """#!/bin/bash
+#SBATCH -N 1 -o /dev/null
+while [ ! -e {cdir}/go ]; do sleep 0.5; done
+[ "$DISPATCH_SUBMISSION" = 1 ] && exit 3
+exit 0
+"""
+
+
+def decisions(s: Sup) -> list[tuple]:
+    """What a supervisor recorded and decided, without when and by which process."""
+    keep = ("intent", "submitted", "started", "ended", "rule", "finished")
+    return [(f["type"], f.get("n"), f.get("r"), f.get("state"), f.get("exit_code"), f.get("rule"), f.get("cause"),
+             f.get("budget_left"), f.get("outcome")) for f in s.facts() if f["type"] in keep]
+
+
+def test_stopped_longer_than_min_job_age_decides_as_if_it_never_stopped(sup: Sup):
+    """Two supervisors of the same job on two roots; one is killed while its first
+    execution runs and stays down until slurmctld has forgotten the job (MinJobAge after
+    it ended). `run ROOT` then reads the job from sacct: the same facts, the same rules,
+    the same outcome as the supervisor that never stopped."""
+    c, cdir, hdir = sup.c, sup.cdir, sup.hdir
+    bdir, bhost = f"{cdir}/b", hdir / "b"
+    c.exec(CONTROLLER, f"mkdir -m 755 {bdir} && mkdir -m 700 {bdir}/root", user="alice")
+    other = Sup(c, bdir, bhost, f"{bdir}/root")
+    for s in (sup, other):
+        (s.hdir / "job.sh").write_text(FAIL_FIRST_JOB.format(cdir=cdir))
+    ka = sup.start("run", "--resubmit", "1", "--poll", "1", "--", f"{cdir}/job.sh")
+    kb = other.start("run", "--resubmit", "1", "--poll", "1", "--", f"{bdir}/job.sh")
+    first = other.wait_fact(lambda f: f["type"] == "started", T_START, "B's first execution")
+    sup.wait_fact(lambda f: f["type"] == "started", T_START, "A's first execution")
+    other.kill(other.pid())
+    (hdir / "go").touch()  # both first executions fail (exit 3) now, B's while nobody watches
+    assert sup.wait_rc(ka, 2 * T_START) == 0, sup.log(ka)
+    c.wait_until(lambda: "Invalid job id" in c.exec(CONTROLLER, ["scontrol", "show", "job", str(first["job"])],
+                                                    check=False).stderr,
+                 timeout=330, what="slurmctld to forget B's first job (MinJobAge + its purge interval)")
+    kb = other.start("run", "--poll", "1")
+    assert other.wait_rc(kb, 2 * T_START) == 0, other.log(kb)
+    assert decisions(other) == decisions(sup)
+    assert [f.get("via") for f in other.facts("ended")] == ["sacct", None]
+    assert [(f["state"], f["exit_code"]) for f in sup.facts("ended")] == [("FAILED", 3), ("COMPLETED", 0)]
+    assert [f["rule"] for f in sup.facts("rule")] == ["resubmit", "done"]

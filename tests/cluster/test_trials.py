@@ -1,8 +1,9 @@
 """Issue 5 in CI: one short overlap trial of each scenario (fast profile) with both
 modes side by side. Dispatch mode: no wrong resume, no mixed folder, no lost save.
-Naive mode: the failure shows (the test can see it). Trials run on the 24.11 cluster
-only: they measure Slurm's timings, which tests/cluster/test_cluster.py already
-checks on both versions, and a trial costs minutes."""
+Naive mode: the failure shows (the test can see it). Trials run on one cluster only
+(one_release: the newest release, with cgroup tracking): they measure Slurm's timings,
+which tests/cluster/test_cluster.py already checks on every release, and a trial costs
+minutes."""
 
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ import pytest
 from testbed import trial
 from testbed.cluster import Cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
 
 @pytest.mark.parametrize("scenario", trial.SCENARIOS)
 def test_overlap_is_harmless_in_dispatch_mode(slurm_cluster: Cluster, scenario):
     c = slurm_cluster
-    if c.suite != "trixie":
-        pytest.skip("trials run on the Slurm 24.11 cluster only (see the module doc)")
     t = trial.DockerTarget(c)
     base = f"/checkpoints/trial-{scenario}-{int(time.time())}"
     t.mkdir(base)

@@ -26,6 +26,8 @@ def main():
 @click.option("--target", type=click.Choice(["docker-slurm", "slurm"]), default="docker-slurm", show_default=True,
               help="docker-slurm: build and start the embedded cluster; slurm: the cluster your sbatch reaches")
 @click.option("--suite", type=click.Choice(sorted(SUITES)), default="trixie", show_default=True)
+@click.option("--tracking", type=click.Choice(["linuxproc", "cgroup"]),
+              help="docker-slurm's process tracking  [default: the profile's: fast linuxproc, site cgroup]")
 @click.option("--profile", type=click.Choice(["fast", "site"]), default="fast", show_default=True,
               help="docker-slurm timings: fast (CI) or site (Slurm's defaults)")
 @click.option("--dir", "base", help="--target slurm: a folder on a filesystem every node shares")
@@ -36,7 +38,8 @@ def main():
               help="seconds a replacement loads before its first step")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write every result as JSON")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="a PNG timeline (needs matplotlib)")
-def trial(scenarios, mode, trials, target, suite, profile, base, nodes, interval, warmup, json_path, plot_path):
+def trial(scenarios, mode, trials, target, suite, tracking, profile, base, nodes, interval, warmup, json_path,
+          plot_path):
     """Overlap trials: run a job, cancel / preempt / partition it, start the replacement
     as soon as Slurm says the old execution ended, and measure what the overlap did:
     how long the old one kept writing, mixed folders, lost saves, wrong resumes."""
@@ -45,7 +48,7 @@ def trial(scenarios, mode, trials, target, suite, profile, base, nodes, interval
     modes = ("naive", "dispatch") if mode == "both" else (mode,)
     results = trialmod.run(list(scenarios), modes, trials, target, suite, profile, base,
                            nodes.split(",") if nodes else None, interval, warmup,
-                           log=lambda m: click.echo(m, err=True))
+                           log=lambda m: click.echo(m, err=True), tracking=tracking)
     click.echo(trialmod.summarize(results))
     if json_path:
         with open(json_path, "w") as f:

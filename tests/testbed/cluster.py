@@ -1,6 +1,7 @@
 """docker-slurm: a real Slurm cluster in containers, for tests and for `dispatch-slurm trial`.
 
-One controller (slurmctld) and N nodes (slurmd) from the image that
+One accounting host (``db``: slurmdbd with MariaDB, what ``sacct`` reads), one
+controller (slurmctld) and N nodes (slurmd) from the image that
 ``docker-slurm/build-images`` makes, on an *internal* Docker network (the
 containers reach nothing but each other), with ``/checkpoints`` bind-mounted from
 a host directory so a test reads what jobs wrote without going through a container.
@@ -40,8 +41,10 @@ from .wait import WaitTimeout
 
 __all__ = [
     "CONTROLLER",
+    "DBD",
     "PROFILES",
     "SUITES",
+    "TRACKINGS",
     "Cluster",
     "ClusterError",
     "build_image",
@@ -50,10 +53,13 @@ __all__ = [
 ]
 
 #: Debian suite -> the Slurm release it ships.
-SUITES = {"bookworm": "22.05", "trixie": "24.11"}
+SUITES = {"bookworm": "22.05", "trixie": "24.11", "sid": "26.05"}
 #: Timing profiles (docker-slurm/profile-*.env): fast for CI, site = Slurm's defaults.
 PROFILES = ("fast", "site")
+#: Process tracking: by parent pid, or in cgroups (the profile's choice when not given).
+TRACKINGS = ("linuxproc", "cgroup")
 CONTROLLER = "ctl"
+DBD = "db"
 LABEL = "dispatch-slurm.cluster"
 OWNER_LABEL = "dispatch-slurm.owner"
 
@@ -138,9 +144,11 @@ class _Partition:
 class Cluster:
     """A docker-slurm cluster: ``Cluster('bookworm', 'fast').start()`` ... ``.stop()``.
 
-    Containers are named ``<id>-ctl``, ``<id>-c1`` ...; inside, hostnames are ``ctl``,
-    ``c1`` ... (the Slurm NodeNames). ``checkpoints`` is the host directory mounted at
-    ``/checkpoints`` on every container. ``timings`` records build and boot seconds."""
+    Containers are named ``<id>-db``, ``<id>-ctl``, ``<id>-c1`` ...; inside, hostnames are
+    ``db``, ``ctl``, ``c1`` ... (the Slurm NodeNames). ``checkpoints`` is the host directory
+    mounted at ``/checkpoints`` on every container. ``timings`` records build and boot
+    seconds. ``tracking`` (linuxproc, cgroup; None: the profile's) is read back from
+    slurmctld once the cluster is up."""
 
     def __init__(
         self,
@@ -153,6 +161,7 @@ class Cluster:
         name: Optional[str] = None,
         log: Optional[Callable[[str], None]] = None,
         volumes: Optional[Mapping[str, str]] = None,
+        tracking: Optional[str] = None,
     ):
         if suite not in SUITES:
             raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
@@ -160,8 +169,11 @@ class Cluster:
             raise ClusterError(f"unknown profile {profile!r}: one of {', '.join(PROFILES)}")
         if not 1 <= nodes <= 9:
             raise ClusterError(f"nodes must be 1..9, not {nodes}")
+        if tracking is not None and tracking not in TRACKINGS:
+            raise ClusterError(f"unknown tracking {tracking!r}: one of {', '.join(TRACKINGS)}")
         self.suite = suite
         self.profile = profile
+        self.tracking = tracking
         self.slurm_release = SUITES[suite]
         self.image = image
         self.id = name or f"dslurm-{suite}-{uuid.uuid4().hex[:6]}"
@@ -232,21 +244,31 @@ class Cluster:
             env = {
                 "DOCKER_SLURM_PROFILE": self.profile,
                 "DOCKER_SLURM_CONTROLLER": CONTROLLER,
+                "DOCKER_SLURM_DBD": DBD,
                 "DOCKER_SLURM_NODES": f"c[1-{len(self.node_names)}]" if len(self.node_names) > 1 else "c1",
                 "DOCKER_SLURM_NODE_CPUS": str(self.node_cpus),
                 "DOCKER_SLURM_CLUSTER_NAME": self.id.replace("-", "_")[:40],
                 "DOCKER_SLURM_KEY_DIR": "/run/munge-key",
             }
-            for host in [CONTROLLER, *self.node_names]:
-                role = "controller" if host == CONTROLLER else "node"
+            if self.tracking:
+                env["DOCKER_SLURM_TRACKING"] = self.tracking
+            # The controller starts once slurmdbd answers, the nodes once the controller does.
+            for host in [DBD, CONTROLLER, *self.node_names]:
+                role = {DBD: "db", CONTROLLER: "controller"}.get(host, "node")
                 # NET_ADMIN: partition() drops traffic with iptables in the container's own
                 # namespace. SYS_ADMIN (nodes): slurmd 24.11 loads a user's login environment
                 # (sbatch --export=ALL,VAR or NONE sets SLURM_GET_USER_ENV) in a clone() with
                 # new pid+mount namespaces; without the capability the clone fails and slurmd
                 # exits ("fatal: clone: Operation not permitted"). AppArmor's docker-default
-                # profile would refuse the /proc mount in that clone.
-                caps = ["NET_ADMIN"] + (["SYS_ADMIN"] if role == "node" else [])
-                security = ["apparmor=unconfined"] if role == "node" else []
+                # profile would refuse the /proc mount in that clone. A private cgroup
+                # namespace (nodes): cgroup tracking makes the node's own cgroup mounts
+                # writable and builds its hierarchy there, never in the host's view.
+                # SYS_NICE: task/affinity binds the job user's tasks to their CPUs
+                # (sched_setaffinity on another user's process).
+                node = role == "node"
+                caps = ["NET_ADMIN"] + (["SYS_ADMIN", "SYS_NICE"] if node else [])
+                security = ["apparmor=unconfined"] if node else []
+                extra = {"cgroupns": "private"} if node else {}
                 c = (
                     DockerContainer(self.image)
                     .with_name(f"{self.id}-{host}")
@@ -256,7 +278,8 @@ class Cluster:
                     .with_volume_mapping(str(key_dir), "/run/munge-key", "ro")
                     .with_volume_mapping(str(self.checkpoints), "/checkpoints", "rw")
                     .with_envs(**env)
-                    .with_kwargs(hostname=host, init=True, cap_add=caps, security_opt=security, labels=labels)
+                    .with_kwargs(hostname=host, init=True, cap_add=caps, security_opt=security, labels=labels,
+                                 **extra)
                 )
                 for src, dst in self.volumes.items():
                     c = c.with_volume_mapping(src, dst, "ro")
@@ -265,7 +288,9 @@ class Cluster:
             self._log(f"{self.id}: containers started, waiting for {len(self.node_names)} idle nodes")
             self.wait_nodes(lambda ns: len(ns) == len(self.node_names) and all(n.state == {"IDLE"} for n in ns),
                             timeout=timeout, what="every node IDLE")
-        except ClusterError as e:
+            proctrack = self.slurm.config().get("ProctrackType", "")
+            self.tracking = "cgroup" if proctrack == "proctrack/cgroup" else "linuxproc"
+        except Exception as e:  # a wait ran out, a container died (docker refuses the exec): show why
             logs = self._tail_logs()
             self.stop()
             raise ClusterError(f"{e}\n{logs}") from e
@@ -337,24 +362,27 @@ class Cluster:
         check: bool = True,
     ) -> CommandResult:
         """Run ``cmd`` (a string goes to ``bash -c``) in container ``host``, as ``user``
-        (default root). ``input`` is fed on stdin. ``check``: raise on a non-zero exit."""
+        (default root). ``input`` is fed on stdin. ``check``: raise on a non-zero exit.
+
+        Through the ``docker exec`` command, not the SDK: under load the SDK (7.x) reads an
+        exec's multiplexed output short (an EWOULDBLOCK taken for the end: an sbatch whose
+        job id never arrived) or misaligned ("44 is not a valid stream")."""
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         environment = dict(env or {})
         if user and user != "root":
             environment.update({"HOME": f"/home/{user}", "USER": user, "LOGNAME": user})
+        docker = ["docker", "exec", "-u", user or "root",
+                  "-w", workdir or (f"/home/{user}" if user and user != "root" else "/")]
+        for k, v in environment.items():
+            docker += ["-e", f"{k}={v}"]
         if input is not None:
-            # docker exec has no simple stdin: pass it in the environment and pipe it in,
-            # keeping the variable out of the command's own environment.
-            environment["DOCKER_SLURM_STDIN"] = input
-            argv = ["bash", "-c", 'printf "%s" "$DOCKER_SLURM_STDIN" | env -u DOCKER_SLURM_STDIN "$@"', "bash", *argv]
-        code, (out, err) = self._container(host).exec_run(
-            argv,
-            user=user or "root",
-            workdir=workdir or (f"/home/{user}" if user and user != "root" else "/"),
-            environment=environment,
-            demux=True,
-        )
-        res = CommandResult(code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace"))
+            docker.append("-i")
+        p = subprocess.run([*docker, self._container(host).name, *argv], input=(input or "").encode(),
+                           capture_output=True, check=False)
+        res = CommandResult(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+        if res.stderr.startswith("Error response from daemon") or (p.returncode in (125, 126, 127) and
+                                                                   res.stderr.startswith("OCI runtime")):
+            raise ClusterError(f"{self.id}-{host}: docker exec failed: {res.stderr.strip()[-500:]}")
         if check and res.returncode != 0:
             shown = cmd if isinstance(cmd, str) else " ".join(cmd)
             raise ClusterError(
@@ -564,4 +592,5 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "running" if self._containers else "stopped"
-        return f"Cluster({self.suite!r} = Slurm {self.slurm_release}, {self.profile!r}, {self.id}, {state})"
+        return (f"Cluster({self.suite!r} = Slurm {self.slurm_release}, {self.profile!r}, {self.tracking or 'default'} "
+                f"tracking, {self.id}, {state})")

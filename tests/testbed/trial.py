@@ -392,7 +392,7 @@ def plot(results: list[Result], path: str) -> None:
 
 def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: str = "trixie",
         profile: str = "fast", base: str | None = None, nodes: list[str] | None = None,
-        interval: float = 1.0, warmup: float = 3.0, log=print) -> list[Result]:
+        interval: float = 1.0, warmup: float = 3.0, log=print, tracking: str | None = None) -> list[Result]:
     """Every trial of every scenario; starts (and stops) a docker-slurm cluster for the
     default target."""
     results = []
@@ -408,7 +408,7 @@ def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: 
     cluster = None
     if target == "docker-slurm":
         from .cluster import Cluster
-        cluster = Cluster(suite, profile, log=log).start()
+        cluster = Cluster(suite, profile, log=log, tracking=tracking).start()
         t, base = DockerTarget(cluster), "/checkpoints/trials"
         t.mkdir(base)
     else:

@@ -1,0 +1,79 @@
+"""Accounting on the real cluster (every release): slurmdbd with MariaDB records every
+job, and the Slurm client reads a job slurmctld no longer holds from ``sacct`` with the
+same facts slurmctld gave while it held it. The ``--json`` data_parser version is pinned.
+
+Slurm forgets an ended job MinJobAge after it ended (fast profile: 180 s, Slurm's
+default 300 s; its purge runs every minute), so these tests also wait for that."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatch_slurm.slurm import client as slurmmod
+from testbed.cluster import CONTROLLER, Cluster
+from dispatch_slurm.slurm.client import SlurmError
+
+pytestmark = pytest.mark.cluster
+
+T_PURGE = 330  # MinJobAge (180 s) + the purge interval (60 s) + a loaded machine
+
+
+def facts(j) -> tuple:
+    return (j.job_id, j.state, j.restart_count, j.nodes, j.exit_code, j.exit_signal, j.start_time, j.end_time,
+            j.partition, j.user, j.name)
+
+
+def forgotten(c: Cluster, job: int) -> bool:
+    """slurmctld itself says it does not hold the job (not the client, which would ask sacct)."""
+    res = c.exec(CONTROLLER, ["scontrol", "show", "job", str(job)], check=False)
+    return res.returncode != 0 and "Invalid job id" in res.stderr
+
+
+def test_sacct_gives_the_facts_slurmctld_gave(slurm_cluster: Cluster, workdir):
+    """A failed job, a cancelled one and one requeued once: read while slurmctld holds them,
+    then again once it forgot them; every fact the supervisor uses is the same. (Not the
+    exit status of a cancelled job, which the supervisor records but never decides by:
+    slurmctld shows how the batch script ended, the accounting record the 0:0 it had
+    when it was cancelled.)"""
+    c = slurm_cluster
+    cdir, _ = workdir
+    alice = c.slurm_as("alice")
+    failed = c.submit("alice", args=["-o", "/dev/null", "-w", "c1", "--wrap", "exit 3"])
+    cancelled = c.submit("alice", args=["-o", "/dev/null", "-w", "c2", "--wrap", "sleep 300"])
+    requeued = c.submit("alice", args=["-o", "/dev/null", "-w", "c3", "--requeue", "--wrap",
+                                       f"if [ -e {cdir}/again ]; then exit 0; fi; touch {cdir}/again; sleep 300"])
+    c.wait_job(cancelled, "RUNNING")
+    c.wait_job(requeued, "RUNNING")
+    c.cancel(cancelled, user="alice")
+    c.exec(CONTROLLER, ["scontrol", "requeue", str(requeued)])
+    held = {}
+    for job, state in ((failed, "FAILED"), (cancelled, "CANCELLED"), (requeued, "COMPLETED")):
+        j = c.wait_job(job, lambda j, s=state: j.state == s and "COMPLETING" not in j.flags, timeout=120)
+        assert j.source == "slurmctld"
+        held[job] = facts(j)
+    assert held[failed][4:6] == (3, None) and held[requeued][2] == 1
+    c.wait_until(lambda: all(forgotten(c, j) for j in held), timeout=T_PURGE, what="slurmctld to forget the jobs")
+    for job, want in held.items():
+        got = alice.job(job)
+        if job == cancelled:  # its record keeps the exit status of the moment it was cancelled (0:0)
+            want = want[:4] + (got.exit_code, got.exit_signal) + want[6:]
+        assert got.source == "sacct" and facts(got) == want, (got, want)
+        assert alice.find_job(job) == got
+    assert alice.find_job(999_999) is None
+    with pytest.raises(SlurmError, match="not known to slurmctld nor to sacct"):
+        alice.job(999_999)
+
+
+def test_the_json_version_is_pinned(slurm_cluster: Cluster, monkeypatch):
+    """24.11 and 26.05 print data_parser v0.0.42 when asked (26.05's default is v0.0.45);
+    a version the release lacks is refused with a message naming it. 22.05 has none."""
+    c = slurm_cluster
+    s = c.slurm_as("alice")
+    if c.slurm_release == "22.05":
+        assert not s._scontrol_json
+        return
+    data = s._pinned_json(["scontrol", "show", "nodes"])
+    assert data["meta"]["plugin"]["data_parser"] == f"data_parser/{slurmmod.DATA_PARSER}"
+    monkeypatch.setattr(slurmmod, "DATA_PARSER", "v0.0.39")
+    with pytest.raises(SlurmError, match=r"has no data_parser v0\.0\.39, the JSON version dispatch-slurm reads"):
+        s.nodes()
