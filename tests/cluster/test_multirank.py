@@ -18,7 +18,7 @@ from dispatch_slurm.store import events
 from testbed.cluster import Cluster
 from support import HOST_SITE, REPO
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.only_on("bookworm")]  # the host's torch runs there
 
 SENTINEL = "dispatch-checkpoint-complete"
 GRACE = {"fast": 5, "site": 60}

@@ -93,7 +93,7 @@ def test_preempted_job_checkpoints_in_grace_and_resumes(slurm_cluster: Cluster, 
     assert any(n.startswith(attempts[0][1] + ".") for n in ceased), ceased
 
 
-@pytest.mark.only_on("bookworm")
+@pytest.mark.only_on("bookworm")  # the host's torch runs there only
 def test_pytorch_example_preempted_and_resumed(slurm_cluster: Cluster, workdir):
     """examples/pytorch_train.py under Slurm: model + optimizer state saved in the grace
     window, published, and the requeued execution resumes from it. Needs torch in the

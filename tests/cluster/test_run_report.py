@@ -14,7 +14,7 @@ import pytest
 
 from testbed.cluster import CONTROLLER, Cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.one_release]  # the report reads the root, not Slurm
 WORKLOAD = "/src/dispatch-slurm/tests/testbed/workload.py"
 JOB = """#!/bin/bash
 #SBATCH -N 1 -p normal -o {cdir}/job-%j.out
@@ -24,8 +24,6 @@ srun python3 {workload} --mode dispatch --handler --log-dir {cdir}/logs --interv
 
 def test_report_of_a_preempted_requeued_and_cancelled_job(slurm_cluster: Cluster, workdir, tmp_path):
     c = slurm_cluster
-    if c.suite != "trixie":
-        pytest.skip("one release suffices for the report: it reads the root, not Slurm")
     cdir, hdir = workdir
     root = f"{cdir}/root"
     c.exec(CONTROLLER, f"mkdir -m 700 {root}", user="alice")
