@@ -714,6 +714,17 @@ def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
     assert not (root / "sub").exists() and not (root / "record.jsonl").exists()
 
 
+def test_run_sets_sbatch_signal_from_the_grace_and_warns_when_saves_do_not_fit(root):
+    """Issue 13: `run --signal` (as `submit --signal`): SIG the grace before the time limit."""
+    p = cli("plan", root, "--via", "spank", "--grace", "90", "--signal", "B:USR2", "--", "t.sbatch", check=True).stdout
+    assert "--signal=B:USR2@90" in p and "WARNING" not in p
+    (root / "events").mkdir()
+    (root / "events" / "a.h.1.jsonl").write_text(json.dumps({"t": 1.0, "type": "checkpoint_complete",
+                                                             "elapsed": 120.0}) + "\n")
+    slow = cli("plan", root, "--via", "spank", "--grace", "90", "--signal", "TERM", "--", "t.sbatch", check=True)
+    assert "WARNING: saves of this root took up to 120.0 s" in slow.stdout
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--", "--comment=mine", "x.sh"], "--comment"),
     (["--", "--dispatch-generation=3", "x.sh"], "--dispatch-"),
@@ -723,6 +734,9 @@ def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
     (["--hold-for", "soon", "--", "x.sh"], "--hold-for"),
     (["--cessation-cmd", "ceased {jobid}", "--", "x.sh"], "placeholders"),
     ([], "no sbatch arguments"),
+    (["--signal", "TERM", "--", "x.sh"], "--signal needs --grace"),
+    (["--grace", "60", "--signal", "TERM@30", "--", "x.sh"], "the time is the grace"),
+    (["--grace", "60", "--signal", "TERM", "--", "--signal=USR1@9", "x.sh"], "--signal is set from run's own"),
 ])
 def test_bad_input_is_refused_with_a_message_naming_it(root, args, needle):
     p = cli("run", root, *args)

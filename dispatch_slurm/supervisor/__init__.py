@@ -71,6 +71,16 @@ def plugin_options(slurm: Slurm) -> Optional[set[str]]:
         return None
 
 
+def signal_warning(root: str, defn: dict) -> Optional[str]:
+    """With --signal: a warning when the saves measured under ROOT do not fit the grace."""
+    if defn.get("signal") is None:
+        return None
+    from ..contract.signals import fit_warning, slowest_save
+    from ..store import events
+    warning = fit_warning(defn["grace"], slowest_save(events.read(root)))
+    return warning and warning.removeprefix("warning: ")
+
+
 def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
     """Generation 0's definition, with ``--via auto`` resolved here and now; `--via spank`
     where the plugin is missing is refused before anything is submitted."""
@@ -94,6 +104,8 @@ def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[
                 os.chdir(st.defn["cwd"])
         else:
             defn = new_defn(options, args, sup.slurm)
+        if (warning := signal_warning(root, defn or st.defn)):
+            sup.say(f"warning: {warning}")
         sup.start(defn)
         return sup.run(once=once)
     except Finished as f:
@@ -180,5 +192,5 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "stop", "NoHold", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS",
+           "release", "stop", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

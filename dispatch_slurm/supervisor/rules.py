@@ -10,13 +10,14 @@ import re
 import shlex
 from typing import Optional
 
+from ..contract.signals import signal_option
 from ..errors import DispatchError
 from .render import fmt_duration
 from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
 DEFAULTS = {"resubmit": 0, "shared": False, "via": "auto", "hold_for": 24 * 3600.0,
-            "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None}
+            "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None, "signal": None}
 SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given up
 # Slurm's end state -> the cause a rule is chosen for.
 CAUSES = {"FAILED": "failure", "TIMEOUT": "failure", "OUT_OF_MEMORY": "failure", "BOOT_FAIL": "failure",
@@ -54,6 +55,10 @@ def make_defn(options: dict, args: list[str], base: Optional[dict] = None) -> di
                             f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})") from None
     if not parts:
         raise DispatchError("--cessation-cmd is empty")
+    if d["signal"] is not None:
+        if d["grace"] is None:
+            raise DispatchError("--signal needs --grace: the seconds the save needs before the time limit")
+        signal_option(d["signal"], d["grace"])  # refuses a malformed signal here, not at the first sbatch
     d["args"] = list(args) or list(base.get("args", []))
     check_sbatch_args(d["args"], d)
     d["cwd"] = os.getcwd()
@@ -101,6 +106,8 @@ def check_sbatch_args(args: list[str], defn: dict) -> None:
         if opt in ("--array", "-a") or (a.startswith("-a") and len(a) > 2 and not a.startswith("--")):
             raise DispatchError(f"sbatch argument {a!r}: array jobs are not supervised; every task is "
                                 "its own job (run one supervisor per task root)")
+        if defn.get("signal") is not None and opt == "--signal":
+            raise DispatchError(f"sbatch argument {a!r}: --signal is set from run's own --signal and --grace")
         if defn["via"] == "env" and opt == "--export":
             raise DispatchError(f"sbatch argument {a!r}: --via env sets --export itself")
         if defn["shared"] and opt == "--requeue":
@@ -112,6 +119,8 @@ def sbatch_argv(defn: dict, root: str, g: int, n: int, tag: str) -> tuple[list[s
     """The sbatch arguments and the environment additions of one submission."""
     argv = [f"--comment={tag}"]
     env: dict[str, str] = {}
+    if defn.get("signal") is not None:
+        argv.append(signal_option(defn["signal"], defn["grace"]))
     if defn["shared"]:
         # Slurm's own requeue (node failure with JobRequeue=1, PreemptMode=REQUEUE,
         # `scontrol requeue`) would start a new execution with no decision of ours: the
