@@ -36,7 +36,7 @@ demo: host venv
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass. The wheel
 # users install is built first (dist/): CI's artifact.
 test: host venv wheel
-	@rc=0; $(PY) -m pytest -ra $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -ra --durations=40 $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # What users install: the package alone (no test bed), as CI builds it.
