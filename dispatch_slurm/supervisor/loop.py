@@ -17,7 +17,7 @@ from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
-from . import holds, requests
+from . import holds, requests, retention
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
 from .render import describe
@@ -298,6 +298,8 @@ class Supervisor:
 
     def _decide(self, ended: dict) -> None:
         st, defn = self.state, self.state.defn
+        if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
+            self.fact("gc", **retention.after_execution(self.root, defn["keep_last"], self.slurm))
         ref = {k: ended[k] for k in ("job", "r")}
         if st.stopping is not None:
             self.fact("rule", rule="stop", cause="stop", **ref)
