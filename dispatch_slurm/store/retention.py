@@ -127,11 +127,13 @@ def _exec_folders(root: str, root_fd: int, saves: dict[str, Save], pattern: re.P
     limit = os.fpathconf(root_fd, "PC_NAME_MAX")
     try:
         for attempt in os.listdir(exec_fd):
-            st = os.stat(attempt, dir_fd=exec_fd, follow_symlinks=False)
             epoch = names.attempt_epoch(attempt)
-            if not stat.S_ISDIR(st.st_mode) or epoch is None:
+            try:
+                if epoch is None or not stat.S_ISDIR(os.stat(attempt, dir_fd=exec_fd, follow_symlinks=False).st_mode):
+                    continue
+                fd = open_dir(attempt, dir_fd=exec_fd)
+            except FileNotFoundError:  # removed by another gc meanwhile
                 continue
-            fd = open_dir(attempt, dir_fd=exec_fd)
             try:
                 newest[attempt] = _usage(".", fd)[1]
                 entries = os.listdir(fd)
@@ -139,8 +141,7 @@ def _exec_folders(root: str, root_fd: int, saves: dict[str, Save], pattern: re.P
                     empty.add(attempt)
                 for e in entries:
                     m, rel = pattern.fullmatch(e), f"{layout.EXEC}/{attempt}/{e}"
-                    if m and m[1].isdigit() and rel not in known \
-                            and stat.S_ISDIR(os.stat(e, dir_fd=fd, follow_symlinks=False).st_mode):
+                    if m and m[1].isdigit() and rel not in known and _is_dir(e, fd):
                         s = saves[rel] = Save(rel, attempt, step=int(m[1]))
                         if len(names.encode(epoch, s.step, rel)) > limit:
                             s.problem = "its retired/ name would be over the filesystem's limit: left alone"
@@ -149,6 +150,14 @@ def _exec_folders(root: str, root_fd: int, saves: dict[str, Save], pattern: re.P
     finally:
         os.close(exec_fd)
     return newest
+
+
+def _is_dir(name: str, dir_fd: int) -> bool:
+    """A real folder (not a symlink to one); False when it is gone meanwhile."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def scan(root: str, pattern: str = names.STEP_PATTERN) -> Inventory:
