@@ -467,28 +467,37 @@ def test_ceased_resolution_asks_slurm_with_the_record_and_keeps_what_it_cannot_s
     assert sup_gc.ceased(str(root), ["x.1.1000000"], Slurm(fake), said=["x.1.1000000"])["x.1.1000000"][0]
 
 
-def test_run_keep_last_collects_after_each_execution_ends(root):
+def test_run_keep_last_collects_after_each_execution_ends_and_again_once_it_ceased(root):
     from test_supervisor_rules import FakeSlurm, defn, drive, facts, new
     from dispatch_slurm.store import ceased as ceased_store
     fake = FakeSlurm()
     sup = new(root, fake, start_defn=defn(resubmit=2, keep_last=1))
-    attempts = []
-    for jid in (100, 101):
+    gcs = lambda: facts(root, "gc")  # noqa: E731
+
+    def execution(jid) -> str:
         drive(sup, lambda: sup.state.job == jid)
         fake.start(jid, ["c1"])
         drive(sup, lambda: sup.state.started)
-        a = sup.state.started["attempt"]
-        attempts.append(a)
+        attempt = sup.state.started["attempt"]
         for s in (1, 2, 3):
-            mksave(root, a, 10 * s + jid)
-        age(root / "exec" / a)
-        ceased_store.record(str(root), a, "c1")  # the Epilog on c1
-        fake.end(jid, "CANCELLED")
-    drive(sup, lambda: len(facts(root, "gc")) == 2)
-    first, second = facts(root, "gc")
-    assert first["removed"] == 2 and second["removed"] == 3, (first, second)
-    assert sorted(os.listdir(root / "exec")) == [attempts[1]]
-    assert sorted(os.listdir(root / "exec" / attempts[1])) == ["checkpoint-131"]
+            mksave(root, attempt, 10 * s + jid)
+        age(root / "exec" / attempt)
+        return attempt
+
+    first = execution(100)
+    fake.end(100, "CANCELLED")  # ended, but its Epilog has recorded nothing yet
+    drive(sup, lambda: len(gcs()) == 1)
+    assert (gcs()[0]["removed"], gcs()[0]["waiting"]) == (0, 2), "kept: the latest, and 2 waiting"
+    second = execution(101)
+    ceased_store.record(str(root), first, "c1")  # the Epilog, later
+    drive(sup, lambda: len(gcs()) == 2)  # the retry, --cessation-interval later
+    assert gcs()[1]["removed"] == 3 and gcs()[1]["t"] >= gcs()[0]["t"] + 60, "101's save is the latest now"
+    ceased_store.record(str(root), second, "c1")
+    fake.end(101, "CANCELLED")
+    drive(sup, lambda: len(gcs()) == 3)
+    assert gcs()[2]["removed"] == 2
+    assert sorted(os.listdir(root / "exec")) == [second]
+    assert sorted(os.listdir(root / "exec" / second)) == ["checkpoint-131"]
 
 
 def test_keep_last_is_checked_in_the_job_definition(root):

@@ -23,7 +23,7 @@ def _say_pins(root: str, pin: tuple, unpin: tuple) -> None:
 def _summary(verdicts, dry_run: bool) -> str:
     gone = [v for v in verdicts if v.action == REMOVE]
     kept = [v for v in verdicts if v.action == KEEP and v.save.exists]
-    waiting = [v for v in kept if "not shown to have ceased" in v.why or "still being written" in v.why]
+    waiting = [v for v in kept if v.waiting]
     did = "would remove" if dry_run else "removed"
     freed = sum(v.save.size if dry_run else v.freed for v in gone)
     return (f"dispatch-slurm gc: {did} {len(gone)} saves ({common.size(freed)}); kept {len(kept)} saves "

@@ -91,12 +91,13 @@ class Verdict:
     save: Save
     action: str
     why: str
+    waiting: bool = False  # kept only until its execution is shown to have ceased and goes quiet
     freed: int = 0
 
     def as_dict(self, latest: Optional[Publication] = None) -> dict:
         s = self.save
         return {"path": s.path, "attempt": s.attempt, "state": STATES[self.action], "action": self.action,
-                "why": self.why, "size": s.size, "exists": s.exists, "freed": self.freed,
+                "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
                 "latest": latest is not None and latest.path == s.path}
 
@@ -139,7 +140,7 @@ def ceased_by_retirement(inv: Inventory) -> dict[str, str]:
 
 
 def _verdict(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str],
-             ceased: Mapping[str, tuple[bool, str]], now: float) -> tuple[str, str]:
+             ceased: Mapping[str, tuple[bool, str]], now: float) -> tuple:
     if inv.latest is not None and s.path == inv.latest.path:
         return KEEP, "the latest publication's save"
     if s.problem or s.attempt is None:
@@ -151,13 +152,13 @@ def _verdict(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str],
         return GONE, "retired: its save is removed"
     ok, why = ceased.get(s.attempt, (None, "not asked"))
     if ok is False:
-        return KEEP, f"execution {s.attempt} is not shown to have ceased: {why}"
+        return KEEP, f"execution {s.attempt} is not shown to have ceased: {why}", True
     if done and ok:
         return REMOVE, "retired: finishing its removal"
     age = now - inv.newest.get(s.attempt, 0.0)
     if age < policy.min_age:
         return KEEP, f"still being written: exec/{s.attempt} was modified {max(age, 0):.0f} s ago " \
-                     f"(--min-age {policy.min_age:g})"
+                     f"(--min-age {policy.min_age:g})", True
     if s.path in keep:
         return KEEP, keep[s.path]
     if ok is None:
@@ -170,7 +171,7 @@ def _verdict(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str],
 
 def decide(inv: Inventory, policy: Policy, ceased: Mapping[str, tuple[bool, str]], now: float) -> list[Verdict]:
     """Every save's verdict, in publication order (leftovers after). ``ceased``: attempt ->
-    (ceased?, the evidence or why not); an attempt missing from it has not ceased."""
+    (ceased?, the evidence or why not); an attempt missing from it was not asked about."""
     keep = keep_set(inv, policy)
     known = {**ceased, **{a: (True, why) for a, why in ceased_by_retirement(inv).items()}}
     order = sorted(inv.saves.values(), key=lambda s: (not s.pubs, min(p.name for p in s.pubs) if s.pubs else "",

@@ -59,6 +59,7 @@ class Supervisor:
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
+        self._gc_at, self._gc_waiting = 0.0, 0
 
     # -- record ---------------------------------------------------------------------------
 
@@ -292,14 +293,30 @@ class Supervisor:
                       reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags),
                       **({"cancelled_by": by} if j.state == "CANCELLED" else {}))
             return 0
+        self._collect_again()
         return self.poll
+
+    # -- retention (run --keep-last K) ----------------------------------------------------
+
+    def _collect(self) -> dict:
+        f = retention.after_execution(self.root, self.state.defn["keep_last"], self.slurm)
+        self._gc_at, self._gc_waiting = self.clock(), f.get("waiting", 0)
+        return f
+
+    def _collect_again(self) -> None:
+        """While saves wait only for their execution to cease and go quiet, gc again every
+        --cessation-interval; recorded when it removes something (or fails)."""
+        if self._gc_waiting and self.clock() - self._gc_at >= self.state.defn["cessation_interval"]:
+            f = self._collect()
+            if f["removed"] or f.get("error"):
+                self.fact("gc", **f)
 
     # -- rules ----------------------------------------------------------------------------
 
     def _decide(self, ended: dict) -> None:
         st, defn = self.state, self.state.defn
         if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
-            self.fact("gc", **retention.after_execution(self.root, defn["keep_last"], self.slurm))
+            self.fact("gc", **self._collect())
         ref = {k: ended[k] for k in ("job", "r")}
         if st.stopping is not None:
             self.fact("rule", rule="stop", cause="stop", **ref)

@@ -88,8 +88,9 @@ def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterab
 
 
 def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
-    """The supervisor's gc once an execution has ended: the fields of its ``gc`` fact.
-    A failure is recorded, never the supervisor's end."""
+    """The supervisor's gc (``run --keep-last``): the fields of its ``gc`` fact; ``waiting``
+    counts the saves kept only until their execution is shown to have ceased and goes
+    quiet. A failure is recorded, never the supervisor's end."""
     try:
         verdicts = gc(root, Policy(keep_last=keep_last), slurm=slurm)
     except (DispatchError, OSError) as e:
@@ -97,7 +98,8 @@ def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
     gone = [v for v in verdicts if v.action == REMOVE]
     return {"removed": len(gone), "freed": sum(v.freed for v in gone), "keep_last": keep_last,
             "paths": [v.save.path for v in gone][:50],
-            "kept": sum(v.action != REMOVE and v.save.exists for v in verdicts)}
+            "kept": sum(v.action != REMOVE and v.save.exists for v in verdicts),
+            "waiting": sum(v.waiting and v.save.exists for v in verdicts)}
 
 
 def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None) -> dict:
