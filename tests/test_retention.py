@@ -430,6 +430,7 @@ def test_cli_gc_dry_run_explains_and_removes_nothing(root, three):
     assert all(d.exists() for d in three.values()) and not (root / "retired").exists()
     real = cli("gc", root, "--keep-last", "1", "--ceased", A, "--json", env=env, check=True)
     removed = {v["path"] for v in json.loads(real.stdout) if v["action"] == "remove"}
+    assert [v["path"] for v in json.loads(real.stdout) if v["latest"]] == [rel(three[(LIVE, 90)], root)]
     assert removed == {f"exec/{A}/checkpoint-{s}" for s in (10, 20, 30)}
     said = [e for e in events.read(str(root)) if e["type"] == "cessation" and e.get("source") == "person"]
     assert [e["attempt"] for e in said] == [A]
@@ -505,3 +506,36 @@ def test_keep_last_is_checked_in_the_job_definition(root):
     with pytest.raises(DispatchError, match="--keep-last must be 1 or more"):
         make_defn({"keep_last": 0}, ["job.sh"])
     assert "--keep-last" in cli("run", root, "--help").stdout
+
+
+def test_status_for_the_report_uses_the_records_policy_and_slurms_answers(root, three):
+    from test_supervisor_rules import FakeSlurm
+    from dispatch_slurm.slurm.client import Slurm
+    from dispatch_slurm.supervisor.record import Record
+    rec = Record(str(root))
+    rec.open_for_append()
+    rec.append({"type": "job", "g": 0, "resubmit": 0, "shared": False, "via": "spank", "hold_for": 1.0,
+                "cessation_interval": 1.0, "cessation_cmd": "x", "args": ["job.sh"], "keep_last": 1})
+    age(root / "exec")
+    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()))  # FakeSlurm's cluster is not "c": nothing ceased
+    assert st["policy"]["keep_last"] == 1 and st["totals"]["reclaimable"]["saves"] == 0
+    run_gc(root, ceased(A), keep_last=1)
+    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()))
+    assert st["totals"]["retired"]["saves"] == 3 and st["totals"]["retired"]["bytes"] == 0
+    assert st["totals"]["kept"]["saves"] == 6 and st["totals"]["kept"]["bytes"] >= 6 * 3 * 4096
+    by = {r["path"]: r for r in st["saves"]}
+    b40 = by[rel(three[(B, 40)], root)]
+    assert b40["waiting"] and "cluster c, not on this one" in b40["why"]
+    st = sup_gc.status(str(root), Policy(keep_last=1, min_age=0), slurm=Slurm(FakeSlurm()))
+    assert st["policy"]["min_age"] == 0
+    rows = gc.state(str(root), Policy(keep_last=1, min_age=0), ceased(B))
+    reclaimable = {r["path"] for r in rows if r["state"] == "reclaimable"}
+    assert reclaimable == {rel(three[(B, s)], root) for s in (40, 50, 60, 70)}
+    assert all(three[(B, s)].exists() for s in (40, 50, 60, 70)), "the state is a view: nothing removed"
+
+
+def test_gc_refuses_a_root_that_is_not_yours(root, three, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 4242)
+    with pytest.raises(StoreError, match="not to you"):
+        run_gc(root, ceased(A, B), keep_last=1)
+    assert all(d.exists() for d in three.values()) and not (root / "retired").exists()

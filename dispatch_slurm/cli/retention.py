@@ -4,6 +4,7 @@ import json
 
 import click
 
+from .. import store
 from ..contract.names import STEP_PATTERN
 from ..contract.retention import GONE, KEEP, REMOVE, Policy
 from ..store import retention as store_gc
@@ -65,7 +66,8 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     policy = Policy(keep_last=keep_last, keep_every=keep_every, min_age=min_age, pattern=pattern)
     verdicts = retention.gc(root, policy, said=said, dry_run=dry_run)
     if as_json:
-        click.echo(json.dumps([v.as_dict() for v in verdicts], indent=2))
+        latest = store.latest(root)
+        click.echo(json.dumps([v.as_dict(latest) for v in verdicts], indent=2))
     else:
         did = {KEEP: "keep", REMOVE: "would remove" if dry_run else "removed"}
         rows = [(did[v.action], common.size(v.save.size), common.text(v.save.path), v.why)

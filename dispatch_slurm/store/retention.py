@@ -35,7 +35,7 @@ from ..contract import layout, names
 from ..contract.retention import KEEP, REMOVE, Inventory, Policy, Save, Verdict, decide, empty_folders, pinned
 from ..errors import BadPath
 from .durable import DirFds, create_new, open_dir, remove_tree
-from .posix import open_entry, open_root, publications, save_relpath
+from .posix import check_owner, open_entry, open_root, publications, save_relpath
 
 
 def _usage(name: str, dir_fd: int) -> tuple[int, float]:
@@ -245,6 +245,7 @@ def collect(root: str, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *
         return verdicts
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
+        check_owner(root, root_fd)  # removing under a root someone else controls is never ours to do
         if doomed:
             _retire(root, root_fd, doomed)
             now_pinned, now_pubs = pins(root, root_fd), publications(root)

@@ -30,7 +30,7 @@ while [ ! -e {base}/gc.stop ]; do
   dispatch-slurm gc {root} --keep-last 1 --min-age 0 --json > {base}/gc/$i.json 2> {base}/gc/$i.err
   echo $? > {base}/gc/$i.rc
   if p=$(dispatch-slurm latest {root} --resume 2>> {base}/latest.err); then
-    [ -z "$p" ] || [ -f "$p/trainer_state.json" ] || echo "$(date +%s.%N) latest names $p: not whole" >> {base}/latest.bad
+    [ -z "$p" ] || [ -f "$p/trainer_state.json" ] || echo "$(date +%s.%N) latest: $p not whole" >> {base}/latest.bad
   else
     echo "$(date +%s.%N) latest failed" >> {base}/latest.bad
   fi
