@@ -27,7 +27,10 @@ def _summary(verdicts, dry_run: bool) -> str:
     waiting = [v for v in kept if v.waiting]
     did = "would remove" if dry_run else "removed"
     freed = sum(v.save.size if dry_run else v.freed for v in gone)
-    return (f"dispatch-slurm gc: {did} {len(gone)} saves ({common.size(freed)}); kept {len(kept)} saves "
+    rotated = sum(not v.save.exists for v in gone)
+    return (f"dispatch-slurm gc: {did} {len(gone) - rotated} saves ({common.size(freed)}) and "
+            f"{'would retire' if dry_run else 'retired'} {rotated} publications whose save was already gone; "
+            f"kept {len(kept)} saves "
             f"({common.size(sum(v.save.size for v in kept))}), {len(waiting)} of them "
             f"({common.size(sum(v.save.size for v in waiting))}) only until their execution has ceased and "
             "gone quiet")
@@ -70,8 +73,8 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
         click.echo(json.dumps([v.as_dict(latest) for v in verdicts], indent=2))
     else:
         did = {KEEP: "keep", REMOVE: "would remove" if dry_run else "removed"}
-        rows = [(did[v.action], common.size(v.save.size), common.text(v.save.path), v.why)
-                for v in verdicts if v.action != GONE]
+        rows = [(did[v.action] if v.save.exists or v.action == KEEP else "retire" if dry_run else "retired",
+                 common.size(v.save.size), common.text(v.save.path), v.why) for v in verdicts if v.action != GONE]
         widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
         for r in rows:
             click.echo("  ".join([r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]), r[3]]))

@@ -28,7 +28,8 @@ Type-specific fields:
     execution_ended      exit (exit code)
     cessation, hold, release   for the admin side (Epilog, recovery); fields theirs; a
                          person's word to gc (gc --ceased) is a cessation with source "person"
-    gc                   removed (paths), freed (bytes on disk), keep_last, keep_every
+    gc                   removed (paths: removed, or retired when already gone), freed (bytes on
+                         disk), keep_last, keep_every
 """
 
 import json

@@ -305,10 +305,10 @@ class Supervisor:
 
     def _collect_again(self) -> None:
         """While saves wait only for their execution to cease and go quiet, gc again every
-        --cessation-interval; recorded when it removes something (or fails)."""
+        --cessation-interval; recorded when it removes or retires something (or fails)."""
         if self._gc_waiting and self.clock() - self._gc_at >= self.state.defn["cessation_interval"]:
             f = self._collect()
-            if f["removed"] or f.get("error"):
+            if f.get("retired") or f.get("error"):
                 self.fact("gc", **f)
 
     # -- rules ----------------------------------------------------------------------------

@@ -96,8 +96,8 @@ def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
     except (DispatchError, OSError) as e:
         return {"removed": 0, "freed": 0, "error": str(e)[-500:]}
     gone = [v for v in verdicts if v.action == REMOVE]
-    return {"removed": len(gone), "freed": sum(v.freed for v in gone), "keep_last": keep_last,
-            "paths": [v.save.path for v in gone][:50],
+    return {"removed": sum(v.save.exists for v in gone), "freed": sum(v.freed for v in gone),
+            "retired": len(gone), "keep_last": keep_last, "paths": [v.save.path for v in gone if v.save.exists][:50],
             "kept": sum(v.action != REMOVE and v.save.exists for v in verdicts),
             "waiting": sum(v.waiting and v.save.exists for v in verdicts)}
 
