@@ -6,10 +6,11 @@ layout, rotation like save_total_limit=1) and publishes it. Each execution is
 interrupted once it has saved for --run-for s, alternately by `scancel` (the
 supervisor resubmits) and `scontrol requeue` (Slurm restarts it, R+1), --interruptions
 times. Both modes run the same script: "gc" with `--keep-last K`, "none" without.
-Every second the bytes on disk under the root (st_blocks: what a quota counts) are
-sampled, with the executions gc may not collect yet ("live": started, and not yet
-both shown to have ceased, all their nodes' Epilog records, and quiet for gc's
---min-age of 60 s).
+Every second the bytes on disk (st_blocks: what a quota counts) of the saves (exec/)
+and of the whole root are sampled, with the executions gc may not collect yet
+("live": started, and not yet both shown to have ceased, all their nodes' Epilog
+records, and quiet for gc's --min-age of 60 s). Sampling stops before the supervisor
+does.
 
 Printed: per mode the maximum and final bytes; for gc the bound (K + live) x save
 size at every sample and how far the measurement ever went past it. Plotted (PNG):
@@ -62,7 +63,7 @@ class Run:
         self.base = f"/checkpoints/retention-{mode}-{int(time.time())}"
         self.root = f"{self.base}/root"
         self.host = str(c.path(self.base))
-        self.samples: list[tuple[float, int, int]] = []  # (t, bytes, live)
+        self.samples: list[tuple[float, int, int, int]] = []  # (t, bytes of saves, live, bytes of the root)
         self.interruptions: list[tuple[float, str]] = []
         self._stop = threading.Event()
 
@@ -91,7 +92,8 @@ class Run:
     def sample(self) -> None:
         while not self._stop.is_set():
             now = time.time()
-            self.samples.append((now, disk_bytes(f"{self.host}/root"), self.live(now)))
+            saves, total = disk_bytes(f"{self.host}/root/exec"), disk_bytes(f"{self.host}/root")
+            self.samples.append((now, saves, self.live(now), total))
             self._stop.wait(1.0)
 
     def start(self) -> None:
@@ -139,6 +141,7 @@ class Run:
               file=sys.stderr, flush=True)
 
     def stop(self) -> None:
+        self._stop.set()  # what happens once the supervisor is stopped is not gc's to answer for
         folder = f"{self.host}/root/supervisor"
         claims = sorted(x for x in os.listdir(folder) if x.isdigit())
         pid = json.loads(open(f"{folder}/{claims[-1]}").read() or "{}").get("pid")
@@ -146,7 +149,6 @@ class Run:
             self.c.exec(CONTROLLER, ["kill", "-TERM", str(pid)], user="alice", check=False)
         self.c.exec(CONTROLLER, ["scancel", "-u", "alice"], check=False)
         self.c.wait_nodes(lambda ns: all(n.state == {"IDLE"} for n in ns), timeout=240, what="nodes idle")
-        self._stop.set()
 
     def go(self) -> None:
         self.start()
@@ -170,13 +172,14 @@ def summarize(runs: dict, k: int, size: int) -> dict:
     out = {"keep_last": k, "save_bytes": size}
     for mode, r in runs.items():
         t0 = r.samples[0][0]
-        row = {"max_bytes": max(b for _, b, _ in r.samples), "final_bytes": r.samples[-1][1],
-               "samples": [(round(t - t0, 1), b, live) for t, b, live in r.samples],
+        row = {"max_bytes": max(b for _, b, _, _ in r.samples), "final_bytes": r.samples[-1][1],
+               "max_root_bytes": max(x for _, _, _, x in r.samples),
+               "samples": [(round(t - t0, 1), b, live) for t, b, live, _ in r.samples],
                "interruptions": [(round(t - t0, 1), how) for t, how in r.interruptions]}
         if mode == "gc":
-            bound = [(k + live) * size for _, _, live in r.samples]
-            over = [b - lim for (_, b, _), lim in zip(r.samples, bound) if b > lim]
-            row.update(max_live=max(live for _, _, live in r.samples), max_bound=max(bound),
+            bound = [(k + live) * size for _, _, live, _ in r.samples]
+            over = [b - lim for (_, b, _, _), lim in zip(r.samples, bound) if b > lim]
+            row.update(max_live=max(live for _, _, live, _ in r.samples), max_bound=max(bound),
                        samples_over_bound=len(over), total_samples=len(bound), max_excess=max(over, default=0))
         out[mode] = row
     return out
@@ -198,7 +201,7 @@ def plot(res: dict, path: str) -> None:
         for t, _ in res["gc"]["interruptions"]:
             ax.axvline(t / 60, color="grey", linewidth=0.5, alpha=0.5)
     ax.set_xlabel("minutes (grey: interruptions of the gc run: scancel / scontrol requeue, alternately)")
-    ax.set_ylabel("MB on disk under the root")
+    ax.set_ylabel("MB of saves on disk (exec/)")
     ax.legend(loc="upper left")
     ax.set_title(f"Bytes on disk over {len(res[next(iter(m for m in ('gc', 'none') if m in res))]['interruptions'])} "
                  f"interruptions of a job writing {res['save_bytes'] / mb:.0f} MB saves, with and without gc")
@@ -231,7 +234,8 @@ def main():
     print(f"save size on disk: {size / mb:.1f} MB; K = {a.keep_last}; {a.interruptions} interruptions")
     for mode in runs:
         r = res[mode]
-        line = f"{mode:>5}: max {r['max_bytes'] / mb:8.1f} MB, final {r['final_bytes'] / mb:8.1f} MB"
+        line = (f"{mode:>5}: saves max {r['max_bytes'] / mb:7.1f} MB, final {r['final_bytes'] / mb:7.1f} MB "
+                f"(the whole root: max {r['max_root_bytes'] / mb:.1f} MB)")
         if mode == "gc":
             line += (f"; bound (K + live) x save: max {r['max_bound'] / mb:.1f} MB (live at most {r['max_live']}); "
                      f"over the bound in {r['samples_over_bound']}/{r['total_samples']} samples, by at most "

@@ -468,7 +468,7 @@ def test_ceased_resolution_asks_slurm_with_the_record_and_keeps_what_it_cannot_s
     assert sup_gc.ceased(str(root), ["x.1.1000000"], Slurm(fake), said=["x.1.1000000"])["x.1.1000000"][0]
 
 
-def test_run_keep_last_collects_after_each_execution_ends_and_again_once_it_ceased(root):
+def test_run_keep_last_collects_after_each_end_when_the_latest_moves_and_once_it_ceased(root):
     from test_supervisor_rules import FakeSlurm, defn, drive, facts, new
     from dispatch_slurm.store import ceased as ceased_store
     fake = FakeSlurm()
@@ -489,14 +489,16 @@ def test_run_keep_last_collects_after_each_execution_ends_and_again_once_it_ceas
     fake.end(100, "CANCELLED")  # ended, but its Epilog has recorded nothing yet
     drive(sup, lambda: len(gcs()) == 1)
     assert (gcs()[0]["removed"], gcs()[0]["waiting"]) == (0, 2), "kept: the latest, and 2 waiting"
-    second = execution(101)
     ceased_store.record(str(root), first, "c1")  # the Epilog, later
     drive(sup, lambda: len(gcs()) == 2)  # the retry, --cessation-interval later
-    assert gcs()[1]["removed"] == 3 and gcs()[1]["t"] >= gcs()[0]["t"] + 60, "101's save is the latest now"
+    assert gcs()[1]["removed"] == 2 and gcs()[1]["t"] >= gcs()[0]["t"] + 60
+    second = execution(101)  # its saves push 100's last one out of --keep-last 1: gc at once
+    drive(sup, lambda: len(gcs()) == 3)
+    assert gcs()[2]["paths"] == [f"exec/{first}/checkpoint-130"] and gcs()[2]["t"] < gcs()[1]["t"] + 60
     ceased_store.record(str(root), second, "c1")
     fake.end(101, "CANCELLED")
-    drive(sup, lambda: len(gcs()) == 3)
-    assert gcs()[2]["removed"] == 2
+    drive(sup, lambda: len(gcs()) == 4)
+    assert gcs()[3]["removed"] == 2
     assert sorted(os.listdir(root / "exec")) == [second]
     assert sorted(os.listdir(root / "exec" / second)) == ["checkpoint-131"]
 

@@ -59,7 +59,7 @@ class Supervisor:
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
-        self._gc_at, self._gc_waiting = 0.0, 0
+        self._gc_at, self._gc_waiting, self._gc_latest = 0.0, 0, False  # False: no gc yet in this run
 
     # -- record ---------------------------------------------------------------------------
 
@@ -300,13 +300,23 @@ class Supervisor:
 
     def _collect(self) -> dict:
         f = retention.after_execution(self.root, self.state.defn["keep_last"], self.slurm)
-        self._gc_at, self._gc_waiting = self.clock(), f.get("waiting", 0)
+        self._gc_at, self._gc_waiting, self._gc_latest = self.clock(), f.get("waiting", 0), f.get("latest")
         return f
 
     def _collect_again(self) -> None:
-        """While saves wait only for their execution to cease and go quiet, gc again every
-        --cessation-interval; recorded when it removes or retires something (or fails)."""
-        if self._gc_waiting and self.clock() - self._gc_at >= self.state.defn["cessation_interval"]:
+        """While the job runs: gc again when a new publication pushes an older save out of
+        the K kept, and every --cessation-interval while saves wait only for their
+        execution to cease and go quiet. Recorded when it removes or retires something."""
+        if not self.state.defn.get("keep_last") or self._gc_latest is False:
+            return
+        due = self._gc_waiting and self.clock() - self._gc_at >= self.state.defn["cessation_interval"]
+        if not due:
+            try:
+                latest = store.latest(self.root)
+            except (DispatchError, OSError):
+                return  # gc would fail the same way; the next execution's end records it
+            due = latest is not None and latest.name != self._gc_latest
+        if due:
             f = self._collect()
             if f.get("retired") or f.get("error"):
                 self.fact("gc", **f)

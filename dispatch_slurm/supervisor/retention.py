@@ -18,6 +18,7 @@ import socket
 import time
 from typing import Iterable, Optional
 
+from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..contract.retention import REMOVE, STATES, Policy, Verdict, needs
@@ -90,8 +91,10 @@ def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterab
 def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
     """The supervisor's gc (``run --keep-last``): the fields of its ``gc`` fact; ``waiting``
     counts the saves kept only until their execution is shown to have ceased and goes
-    quiet. A failure is recorded, never the supervisor's end."""
+    quiet, ``latest`` names the latest publication before it ran. A failure is recorded,
+    never the supervisor's end."""
     try:
+        latest = store.latest(root)
         verdicts = gc(root, Policy(keep_last=keep_last), slurm=slurm)
     except (DispatchError, OSError) as e:
         return {"removed": 0, "freed": 0, "error": str(e)[-500:]}
@@ -99,7 +102,7 @@ def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
     return {"removed": sum(v.save.exists for v in gone), "freed": sum(v.freed for v in gone),
             "retired": len(gone), "keep_last": keep_last, "paths": [v.save.path for v in gone if v.save.exists][:50],
             "kept": sum(v.action != REMOVE and v.save.exists for v in verdicts),
-            "waiting": sum(v.waiting and v.save.exists for v in verdicts)}
+            "waiting": sum(v.waiting and v.save.exists for v in verdicts), "latest": latest and latest.name}
 
 
 def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None) -> dict:
