@@ -486,7 +486,7 @@ def test_run_keep_last_collects_after_each_end_when_the_latest_moves_and_once_it
         return attempt
 
     first = execution(100)
-    fake.end(100, "CANCELLED")  # ended, but its Epilog has recorded nothing yet
+    fake.end(100, "PREEMPTED")  # ended, but its Epilog has recorded nothing yet
     drive(sup, lambda: len(gcs()) == 1)
     assert (gcs()[0]["removed"], gcs()[0]["waiting"]) == (0, 2), "kept: the latest, and 2 waiting"
     ceased_store.record(str(root), first, "c1")  # the Epilog, later
@@ -496,7 +496,7 @@ def test_run_keep_last_collects_after_each_end_when_the_latest_moves_and_once_it
     drive(sup, lambda: len(gcs()) == 3)
     assert gcs()[2]["paths"] == [f"exec/{first}/checkpoint-130"] and gcs()[2]["t"] < gcs()[1]["t"] + 60
     ceased_store.record(str(root), second, "c1")
-    fake.end(101, "CANCELLED")
+    fake.end(101, "PREEMPTED")
     drive(sup, lambda: len(gcs()) == 4)
     assert gcs()[3]["removed"] == 2
     assert sorted(os.listdir(root / "exec")) == [second]
