@@ -541,3 +541,5 @@ def test_gc_refuses_a_root_that_is_not_yours(root, three, monkeypatch):
     with pytest.raises(StoreError, match="not to you"):
         run_gc(root, ceased(A, B), keep_last=1)
     assert all(d.exists() for d in three.values()) and not (root / "retired").exists()
+    offline = sup_gc.status(str(root), Policy(keep_last=1, min_age=0), ask=False)  # no Slurm asked
+    assert offline["totals"]["reclaimable"]["saves"] == 0 and offline["totals"]["retired"]["saves"] == 3

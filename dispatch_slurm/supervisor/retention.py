@@ -105,16 +105,17 @@ def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
             "waiting": sum(v.waiting and v.save.exists for v in verdicts), "latest": latest and latest.name}
 
 
-def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None) -> dict:
+def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True) -> dict:
     """The retention state of ROOT for the report: every save gc knows of as kept,
     reclaimable (a gc with ``policy`` would remove it now) or retired, with its size
     and why, and the totals. ``policy`` defaults to the record's ``run --keep-last``,
-    else none (every published save kept); Slurm is asked which executions ceased."""
+    else none (every published save kept). Slurm is asked which executions ceased,
+    unless ``ask`` is false (from the root alone: only what gc retired before counts)."""
     if policy is None:
         keep = next((f.get("keep_last") for f in reversed(Record(root).read()) if f["type"] == "job"), None)
         policy = Policy(keep_last=keep)
     want = needs(store_gc.scan(root, policy.pattern), policy, time.time())
-    rows = store_gc.state(root, policy, ceased(root, want, slurm) if want else {})
+    rows = store_gc.state(root, policy, ceased(root, want, slurm) if want and ask else {})
     totals = {state: {"saves": sum(r["state"] == state for r in rows),
                       "bytes": sum(r["size"] for r in rows if r["state"] == state)} for state in STATES.values()}
     return {"root": root, "policy": {"keep_last": policy.keep_last, "keep_every": policy.keep_every,
