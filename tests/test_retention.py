@@ -534,6 +534,8 @@ def test_status_for_the_report_uses_the_records_policy_and_slurms_answers(root, 
     reclaimable = {r["path"] for r in rows if r["state"] == "reclaimable"}
     assert reclaimable == {rel(three[(B, s)], root) for s in (40, 50, 60, 70)}
     assert all(three[(B, s)].exists() for s in (40, 50, 60, 70)), "the state is a view: nothing removed"
+    offline = sup_gc.status(str(root), Policy(keep_last=1, min_age=0), ask=False)  # no Slurm asked
+    assert offline["totals"]["reclaimable"]["saves"] == 0 and offline["totals"]["retired"]["saves"] == 3
 
 
 def test_gc_refuses_a_root_that_is_not_yours(root, three, monkeypatch):
@@ -541,5 +543,3 @@ def test_gc_refuses_a_root_that_is_not_yours(root, three, monkeypatch):
     with pytest.raises(StoreError, match="not to you"):
         run_gc(root, ceased(A, B), keep_last=1)
     assert all(d.exists() for d in three.values()) and not (root / "retired").exists()
-    offline = sup_gc.status(str(root), Policy(keep_last=1, min_age=0), ask=False)  # no Slurm asked
-    assert offline["totals"]["reclaimable"]["saves"] == 0 and offline["totals"]["retired"]["saves"] == 3
