@@ -59,7 +59,7 @@ class Supervisor:
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
-        self._gc_at, self._gc_waiting, self._gc_latest = 0.0, 0, False  # False: no gc yet in this run
+        self.gc = retention.Collector(root, self.slurm, clock)  # run --keep-last K
 
     # -- record ---------------------------------------------------------------------------
 
@@ -293,40 +293,17 @@ class Supervisor:
                       reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags),
                       **({"cancelled_by": by} if j.state == "CANCELLED" else {}))
             return 0
-        self._collect_again()
+        again = self.gc.again(self.state.defn)
+        if again:
+            self.fact("gc", **again)
         return self.poll
-
-    # -- retention (run --keep-last K) ----------------------------------------------------
-
-    def _collect(self) -> dict:
-        f = retention.after_execution(self.root, self.state.defn["keep_last"], self.slurm)
-        self._gc_at, self._gc_waiting, self._gc_latest = self.clock(), f.get("waiting", 0), f.get("latest")
-        return f
-
-    def _collect_again(self) -> None:
-        """While the job runs: gc again when a new publication pushes an older save out of
-        the K kept, and every --cessation-interval while saves wait only for their
-        execution to cease and go quiet. Recorded when it removes or retires something."""
-        if not self.state.defn.get("keep_last") or self._gc_latest is False:
-            return
-        due = self._gc_waiting and self.clock() - self._gc_at >= self.state.defn["cessation_interval"]
-        if not due:
-            try:
-                latest = store.latest(self.root)
-            except (DispatchError, OSError):
-                return  # gc would fail the same way; the next execution's end records it
-            due = latest is not None and latest.name != self._gc_latest
-        if due:
-            f = self._collect()
-            if f.get("retired") or f.get("error"):
-                self.fact("gc", **f)
 
     # -- rules ----------------------------------------------------------------------------
 
     def _decide(self, ended: dict) -> None:
         st, defn = self.state, self.state.defn
         if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
-            self.fact("gc", **self._collect())
+            self.fact("gc", **self.gc.run(defn["keep_last"]))
         ref = {k: ended[k] for k in ("job", "r")}
         if st.stopping is not None:
             self.fact("rule", rule="stop", cause="stop", **ref)

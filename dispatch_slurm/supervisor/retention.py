@@ -16,7 +16,7 @@ from __future__ import annotations
 import getpass
 import socket
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .. import store
 from ..contract import epoch as epochmod
@@ -103,6 +103,38 @@ def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
             "retired": len(gone), "keep_last": keep_last, "paths": [v.save.path for v in gone if v.save.exists][:50],
             "kept": sum(v.action != REMOVE and v.save.exists for v in verdicts),
             "waiting": sum(v.waiting and v.save.exists for v in verdicts), "latest": latest and latest.name}
+
+
+class Collector:
+    """The supervisor's gc (``run --keep-last K``): once an execution has ended (``run``),
+    and while the job runs (``again``) when a new publication pushes an older save out of
+    the K kept, and every --cessation-interval while saves wait only for their execution
+    to cease and go quiet."""
+
+    def __init__(self, root: str, slurm: Slurm, clock: Callable[[], float]):
+        self.root, self.slurm, self.clock = root, slurm, clock
+        self.at, self.waiting, self.latest = 0.0, 0, False  # latest False: no gc yet in this run
+
+    def run(self, keep_last: int) -> dict:
+        """The fields of a ``gc`` fact."""
+        f = after_execution(self.root, keep_last, self.slurm)
+        self.at, self.waiting, self.latest = self.clock(), f.get("waiting", 0), f.get("latest")
+        return f
+
+    def again(self, defn: dict) -> Optional[dict]:
+        """A ``gc`` fact's fields when a gc ran now and removed or retired something (or
+        failed); None otherwise."""
+        if not defn.get("keep_last") or self.latest is False:
+            return None
+        due = self.waiting and self.clock() - self.at >= defn["cessation_interval"]
+        if not due:
+            try:
+                latest = store.latest(self.root)
+            except (DispatchError, OSError):
+                return None  # gc would fail the same way; the next execution's end records it
+            due = latest is not None and latest.name != self.latest
+        f = self.run(defn["keep_last"]) if due else {}
+        return f if f.get("retired") or f.get("error") else None
 
 
 def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True) -> dict:
