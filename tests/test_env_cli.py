@@ -107,7 +107,7 @@ def test_cli_publish_latest_ls(root):
     assert cli("latest", "--path", env=e, check=True).stdout.strip() == str(late)
     assert json.loads(cli("latest", "--json", str(root), check=True).stdout)["step"] == 999
     table = cli("ls", str(root), check=True).stdout.splitlines()
-    assert table[0].split() == ["G", "N", "R", "STEP", "EXISTS", "PATH"]
+    assert table[0].split() == ["G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH"]
     assert [r.split()[3] for r in table[1:]] == ["10", "20", "999"]
     late.rmdir()
     assert cli("ls", str(root), check=True).stdout.splitlines()[-1].split()[4] == "NO"

@@ -10,7 +10,7 @@ import sys
 import click
 
 from ..errors import DispatchError
-from . import admin, job, protocol, report, supervise
+from . import admin, job, protocol, report, retention, supervise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +30,8 @@ def dispatch(endpoint_url, profile):
         os.environ["AWS_PROFILE"] = profile
 
 
-for _cmd in (*protocol.COMMANDS, *job.COMMANDS, *supervise.COMMANDS, *admin.COMMANDS, *report.COMMANDS):
+for _cmd in (*protocol.COMMANDS, *job.COMMANDS, *supervise.COMMANDS, *admin.COMMANDS, *report.COMMANDS,
+             *retention.COMMANDS):
     dispatch.add_command(_cmd)
 
 

@@ -78,3 +78,29 @@ def publication_json(root: str, p: names.Publication) -> dict:
     g, n, r = p.parts
     return {"name": p.name, "epoch": p.epoch, "generation": g, "submission": n, "restart": r,
             "step": p.step, "path": p.path, "abspath": os.path.join(root, p.path)}
+
+
+def size(n: float) -> str:
+    """Bytes for people, one word (a table column): 512B, 4.0KB, 50.0MB, 1.2GB (powers of
+    1000, as df -H)."""
+    if n < 1000:
+        return f"{n}B"
+    for unit in ("KB", "MB", "GB"):
+        n /= 1000
+        if n < 1000:
+            return f"{n:.1f}{unit}"
+    return f"{n / 1000:.1f}TB"
+
+
+def retention_summary(saves) -> str:
+    """One paragraph: what is kept, retired and reclaimable, with sizes (``ls``, ``gc``)."""
+    def total(pred):
+        rows = [r for r in saves if pred(r)]
+        return len(rows), size(sum(r["size"] for r in rows))
+    kept = total(lambda r: r["state"] == "kept")
+    unpublished = total(lambda r: not r["publications"] and not r["retired"])
+    retired = total(lambda r: r["retired"])
+    reclaimable = total(lambda r: r["state"] == "reclaimable")
+    return (f"kept: {kept[0]} saves, {kept[1]} (unpublished among them: {unpublished[0]}, {unpublished[1]}); "
+            f"retired: {retired[0]} saves, {retired[1]} still on disk; reclaimable now: {reclaimable[0]} saves, "
+            f"{reclaimable[1]}")

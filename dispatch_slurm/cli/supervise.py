@@ -30,6 +30,8 @@ def _supervisor_options(fn):
         click.option("--grace", type=click.IntRange(0, 300), help="seconds to checkpoint after SIGTERM"),
         click.option("--signal", "sig", metavar="[B:]SIG", help="sbatch --signal=[B:]SIG@GRACE: SIG the grace "
                      "before the time limit (needs --grace); warns when this root's measured saves do not fit"),
+        click.option("--keep-last", type=click.IntRange(1), metavar="K", help="after each execution ends, "
+                     "`dispatch-slurm gc ROOT --keep-last K`  [default: no gc]"),
         click.option("--poll", type=click.FloatRange(min=0.1, max=3600), default=supervisor.DEFAULT_POLL,
                      show_default=True, help="seconds between two looks at the job"),
     ]
@@ -38,10 +40,11 @@ def _supervisor_options(fn):
     return fn
 
 
-def _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig=None) -> dict:
+def _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig=None,
+             keep_last=None) -> dict:
     dur = supervisor.parse_duration
     return {"resubmit": resubmit, "shared": shared, "via": via, "grace": grace, "cessation_cmd": cessation_cmd,
-            "signal": sig,
+            "signal": sig, "keep_last": keep_last,
             "hold_for": None if hold_for is None else dur(hold_for, "--hold-for"),
             "cessation_interval": None if cessation_interval is None else dur(cessation_interval,
                                                                               "--cessation-interval")}
@@ -69,7 +72,8 @@ def _supervise(fn, *args):
 @click.option("--once", is_flag=True, help="do what needs doing now, then exit 0 (resumable: for scrontab "
               "or cron instead of a process that lives for days on a login node)")
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, poll, once, sbatch_args):
+def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last, poll, once,
+        sbatch_args):
     """Submit a job and supervise it: follow it through Slurm and, when an execution ends,
     apply the rules (`dispatch-slurm plan` shows them). Every fact goes to ROOT/record.jsonl;
     run again with only ROOT to resume after a crash (nothing is submitted twice).
@@ -78,7 +82,7 @@ def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via
 
     Exit 0 done (or, with --once, still running), 1 failed, 2 error, 3 held (a hold
     expired unanswered)."""
-    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig)
+    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
     _supervise(supervisor.run, root, opts, list(sbatch_args), poll, None, once)
 
 
@@ -87,13 +91,13 @@ def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via
 @_supervisor_options
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def plan(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, poll, as_json,
-         sbatch_args):
+def plan(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last, poll,
+         as_json, sbatch_args):
     """Show what each rule will do for this job, before it starts: the sbatch command,
     and for a shared checkpoint the holds that stand in for recovery. With a record
     under ROOT and no arguments: the plan from where the job stands."""
     from ..slurm.client import Slurm
-    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig)
+    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
     root = supervisor.normalize(root)
     state = supervisor.load_state(root)
     if state.g is not None and not sbatch_args:
@@ -111,13 +115,13 @@ def plan(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, vi
 @common.root_argument()
 @_supervisor_options
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def supersede(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, poll,
-              sbatch_args):
+def supersede(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last,
+              poll, sbatch_args):
     """Start generation G+1 of ROOT's job: record the supersession, cancel generation G's
     job (its supervisor stops), and carry on as the supervisor of G+1. Options and sbatch
     arguments left out are generation G's. Its saves outrank every save of G (the epoch's
     G part), and it can resume from them."""
-    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig)
+    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
     _supervise(supervisor.supersede, root, opts, list(sbatch_args), poll)
 
 

@@ -12,6 +12,8 @@ CEASED = "ceased"      # ceased/<attempt>.<node>: the Epilog's cessation evidenc
 RECORD = "record.jsonl"  # the supervisor's facts
 CLAIMS = "supervisor"  # supervisor/<NNNNNN>: who writes the record
 REQUESTS = "requests"  # requests/release.<k>, requests/supersede.<G>, requests/stop.<G>
+RETIRED = "retired"    # retired/<publication name>: gc removed (or is removing) that save
+PINNED = "pinned"      # pinned/<b32 path>: a save gc never removes
 
 #: (entry, who writes it, what it is): the on-disk contract, in README order.
 ENTRIES = (
@@ -24,10 +26,14 @@ ENTRIES = (
     ("record.jsonl", "the supervisor", "the supervisor's facts, one JSON object per line, fsynced"),
     ("supervisor/<NNNNNN>[.exited]", "the supervisor", "claims: who writes the record; .exited when one stops"),
     ("requests/<verb>.<k>", "a person (release, supersede, stop)", "requests the supervisor picks up"),
+    ("retired/<epoch>-<step>-<b32>", "gc", "a retired publication: its save is gone or being removed; "
+                                          "O_EXCL, fsynced before gc touches the save; never the latest"),
+    ("pinned/<b32>", "gc --pin, publish --adopt (while it adopts)", "a save (or a folder of saves) "
+                                                                     "gc never removes"),
 )
 
 #: entries a save may never be: publishing or adopting one of them is refused
-PROTOCOL = frozenset({PUB, SUB, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS})
+PROTOCOL = frozenset({PUB, SUB, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED})
 
 
 def exec_relpath(attempt: str) -> str:

@@ -108,6 +108,20 @@ def parse(name: str, where: str | None = None) -> Publication:
     return Publication(epoch, int(m[2]), path, name)
 
 
+def path_name(path: str) -> str:
+    """An entry naming a save by its path alone (``pinned/``): the path part of a
+    publication name, so the same paths fit and the same decoder reads it."""
+    return b32encode(os.fsencode(check_relpath(path)))
+
+
+def parse_path_name(name: str, where: str | None = None) -> str:
+    """The save path a ``path_name`` entry names; a bad name raises BadName naming it."""
+    try:
+        return check_relpath(os.fsdecode(b32decode(name)))
+    except (ValueError, BadPath) as e:
+        raise BadName(name, f"not a base32 save path ({e})", where) from None
+
+
 def submission_name(n: int) -> str:
     return f"{n:06d}"
 
@@ -130,7 +144,22 @@ def attempt_token(cluster: str, job_id: str, epoch: int) -> str:
     if _DEC.fullmatch(job_id or "") is None:
         raise EnvError(f"Slurm job id {job_id!r} must be decimal digits")
     decompose(epoch)
-    return f"{_TOKEN_SAFE.sub('_', cluster)}.{job_id}.{epoch}"
+    return f"{cluster_token(cluster)}.{job_id}.{epoch}"
+
+
+def attempt_parts(attempt: str) -> tuple[str, int, int] | None:
+    """(cluster as the token spells it, job id, epoch) of an attempt token, or None for
+    a name that is not one: what gc needs to ask Slurm about an execution."""
+    epoch = attempt_epoch(attempt)
+    cluster, _, job = attempt.rpartition(".")[0].rpartition(".")
+    if epoch is None or not cluster or _DEC.fullmatch(job) is None:
+        return None
+    return cluster, int(job), epoch
+
+
+def cluster_token(cluster: str) -> str:
+    """The cluster's name as attempt tokens spell it."""
+    return _TOKEN_SAFE.sub("_", cluster)
 
 
 def attempt_epoch(attempt: str) -> int | None:

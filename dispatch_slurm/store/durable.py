@@ -150,6 +150,28 @@ def walk_to(rel: str, root_fd: int) -> int:
     return fd
 
 
+def remove_tree(name: str, parent_fd: int) -> int:
+    """Remove ``name`` (a file or a folder and everything in it) under ``parent_fd``;
+    the bytes it held on disk. Never follows a symlink: folders are entered by fd with
+    O_NOFOLLOW (a folder swapped for a symlink is refused, ELOOP), and a symlink inside
+    is unlinked itself, its target untouched. Entries already gone (another gc) are
+    skipped. Not ``shutil.rmtree``: a path can be swapped under it, an fd cannot."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=parent_fd)
+            return st.st_blocks * 512
+        fd = open_dir(name, dir_fd=parent_fd)
+        try:
+            freed = st.st_blocks * 512 + sum(remove_tree(e, fd) for e in os.listdir(fd))
+        finally:
+            os.close(fd)
+        os.rmdir(name, dir_fd=parent_fd)
+        return freed
+    except FileNotFoundError:
+        return 0
+
+
 def truncate(name: str, dir_fd: int, length: int) -> None:
     """Cut ``name`` to ``length`` bytes (never through a symlink) and fsync it: how a
     writer drops a torn, never-acknowledged tail before appending again."""

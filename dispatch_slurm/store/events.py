@@ -26,7 +26,10 @@ Type-specific fields:
                          (a retry that re-confirmed durability); adopted, adopted_from
                          when the save was not this execution's own
     execution_ended      exit (exit code)
-    cessation, hold, release   for the admin side (Epilog, recovery); fields theirs
+    cessation, hold, release   for the admin side (Epilog, recovery); fields theirs; a
+                         person's word to gc (gc --ceased) is a cessation with source "person"
+    gc                   removed (paths: removed, or retired when already gone), freed (bytes on
+                         disk), keep_last, keep_every
 """
 
 import json
@@ -44,7 +47,7 @@ from .roots import is_s3
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
-                   "execution_ended", "cessation", "hold", "release"})
+                   "execution_ended", "cessation", "hold", "release", "gc"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -157,8 +157,27 @@ def publications(root: str) -> list[Publication]:
 
 
 def latest(root: str) -> Publication | None:
-    """The publication with the greatest (epoch, step), or None if there is none."""
-    return protocol.latest(_list_pub(root), f"{root}/{layout.PUB}")
+    """The publication with the greatest (epoch, step), or None if there is none. gc never
+    retires the latest publication (store/retention.py); one that is retired anyway (by
+    hand, or a bug) is an error, never a save to resume from."""
+    pub = protocol.latest(_list_pub(root), f"{root}/{layout.PUB}")
+    if pub is not None and _has(root, layout.RETIRED, pub.name):
+        raise StoreError(f"{root}/{layout.RETIRED}/{pub.name}: the latest publication is retired (its save is "
+                         "gone or going); gc never retires the latest: this was done by hand or is a bug "
+                         "(please report it)")
+    return pub
+
+
+def _has(root: str, name: str, entry: str) -> bool:
+    """Whether ``<root>/<name>/<entry>`` exists (never through a symlink)."""
+    with folder(root, name) as fd:
+        if fd is None:
+            return False
+        try:
+            os.stat(entry, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
 
 
 def check_owner(root: str, root_fd: int) -> None:

@@ -13,7 +13,7 @@ attempt token carries its epoch (``<cluster>.<job>.<epoch>``). Publishing it at 
 other epoch, or from another execution, would let an old execution's save outrank
 its replacement, so it is refused unless the caller adopts it explicitly
 (``adopt=True``, recorded in the event). Protocol entries (pub/, sub/, ...) are never
-saves."""
+saves. An adopted save is pinned while it is published, and refused if gc retired it."""
 
 import os
 from typing import NamedTuple
@@ -22,7 +22,7 @@ from ..contract import layout, names
 from ..contract.epoch import EPOCH_MAX, decompose, parse_part
 from ..contract.names import Publication
 from ..errors import BadPath, DispatchError
-from . import events, s3
+from . import events, retention, s3
 from .durable import DirFds, sync_tree, walk_to
 from .posix import check_name_fits, create_publication, open_root, save_relpath
 from .roots import is_s3
@@ -109,7 +109,11 @@ def _on_posix(root: str, save: str, decide, sync: bool) -> tuple[str, str, str |
         check_name_fits(root_fd, name, rel)
         if sync:
             _sync(fds, root_fd, rel, save)
-        created = create_publication(root, root_fd, name)
+        if why:  # another execution's save: gc may be removing it (store/retention.py)
+            with retention.adopting(root, root_fd, rel):
+                created = create_publication(root, root_fd, name)
+        else:
+            created = create_publication(root, root_fd, name)
     return rel, name, why, created
 
 

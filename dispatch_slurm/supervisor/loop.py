@@ -17,7 +17,7 @@ from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
-from . import holds, requests
+from . import holds, requests, retention
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
 from .render import describe
@@ -59,6 +59,7 @@ class Supervisor:
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
+        self.gc = retention.Collector(root, self.slurm, clock)  # run --keep-last K
 
     # -- record ---------------------------------------------------------------------------
 
@@ -296,12 +297,17 @@ class Supervisor:
             self.fact("ended", **self._exec_fields(r, j.nodes, j.start_time), state=j.state,
                       reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags), **extra)
             return 0
+        again = self.gc.again(self.state.defn)
+        if again:
+            self.fact("gc", **again)
         return self.poll
 
     # -- rules ----------------------------------------------------------------------------
 
     def _decide(self, ended: dict) -> None:
         st, defn = self.state, self.state.defn
+        if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
+            self.fact("gc", **self.gc.run(defn["keep_last"]))
         ref = {k: ended[k] for k in ("job", "r")}
         if st.stopping is not None:
             self.fact("rule", rule="stop", cause="stop", **ref)

@@ -57,6 +57,7 @@ FACTS: dict[str, dict[str, type | tuple[type, ...] | ListOf]] = {
     "finished": {"outcome": str},
     "note": {"text": str},
     "torn_tail_dropped": {"bytes": str},
+    "gc": {"removed": int, "freed": int},
 }
 _COMMON = {"type": str, "t": _NUM}
 
@@ -138,15 +139,25 @@ class Record:
         return fact
 
 
-def execution(root: str, job_id: int, restart: int) -> dict:
-    """What the record says about execution (job, R): G, N, epoch, attempt, nodes, start
-    time, and the cluster; what the cessation signal needs when asked by hand."""
-    info: dict = {}
-    for f in Record(root).read():
-        if f.get("job") == job_id and f.get("r") == restart and f["type"] in ("started", "ended", "hold"):
+def executions(facts: list[dict]) -> dict[tuple[int, int], dict]:
+    """(job, R) -> what the facts say about that execution: G, N, epoch, attempt, nodes
+    and start time (what the cessation signal needs)."""
+    out: dict[tuple[int, int], dict] = {}
+    for f in facts:
+        if f["type"] in ("started", "ended", "hold") and isinstance(f.get("job"), int) and isinstance(f.get("r"), int):
+            info = out.setdefault((f["job"], f["r"]), {})
             for k in ("g", "n", "epoch", "attempt", "nodes", "start_time"):
                 if f.get(k) not in (None, []):
                     info[k] = f[k]
+    return out
+
+
+def execution(root: str, job_id: int, restart: int) -> dict:
+    """What the record says about execution (job, R), and the cluster; what the
+    cessation signal needs when asked by hand."""
+    facts = Record(root).read()
+    info = executions(facts).get((job_id, restart), {})
+    for f in facts:
         if f["type"] == "supervisor" and f.get("cluster"):
             info["cluster"] = f["cluster"]
     return info

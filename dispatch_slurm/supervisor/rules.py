@@ -17,7 +17,8 @@ from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
 DEFAULTS = {"resubmit": 0, "shared": False, "via": "auto", "hold_for": 24 * 3600.0,
-            "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None, "signal": None}
+            "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None, "signal": None,
+            "keep_last": None}
 SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given up
 # Slurm's end state -> the cause a rule is chosen for.
 CAUSES = {"FAILED": "failure", "TIMEOUT": "failure", "OUT_OF_MEMORY": "failure", "BOOT_FAIL": "failure",
@@ -44,6 +45,8 @@ def make_defn(options: dict, args: list[str], base: Optional[dict] = None) -> di
     d = {k: (options[k] if options.get(k) is not None else base.get(k, DEFAULTS[k])) for k in DEFAULTS}
     if d["resubmit"] < 0:
         raise DispatchError(f"--resubmit must be 0 or more, got {d['resubmit']}")
+    if d["keep_last"] is not None and d["keep_last"] < 1:
+        raise DispatchError(f"--keep-last must be 1 or more, got {d['keep_last']}")
     if d["via"] not in ("auto", "spank", "env"):
         raise DispatchError(f"--via must be auto, spank or env, got {d['via']!r}")
     try:
@@ -182,6 +185,9 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
                                        else a.replace(":n1", ":n<N>") for a in argv)]
     env = {k: ("<N>" if k == "DISPATCH_SUBMISSION" else v) for k, v in env.items()}
     notes = [f"WARNING: {w}" for w in warnings]
+    if defn.get("keep_last"):
+        notes.append(f"after each execution ends: `dispatch-slurm gc {root} --keep-last {defn['keep_last']}` "
+                     "(saves of executions not shown to have ceased are kept)")
     if defn["via"] == "env" and shared:
         notes.append("--via env: the Epilog sees only the plugin's options, so it records no cessation "
                      "evidence; holds lift by a person, or when every node rebooted")

@@ -105,7 +105,7 @@ class State:
             self.stopping = f
         elif t == "finished":
             self.finished = f
-        # superseded, hold_expired, note, torn_tail_dropped: facts for people, no state
+        # superseded, hold_expired, note, torn_tail_dropped, gc: facts for people, no state
 
     @classmethod
     def replay(cls, facts: list[dict]) -> "State":

@@ -95,6 +95,7 @@ def main(argv=None):
                          "whole step on SIGTERM, then exit) instead of saving on through the grace window")
     ap.add_argument("--no-publish", action="store_true",
                     help="dispatch mode without publishing: `dispatch-slurm watch` publishes beside it")
+    ap.add_argument("--payload", type=int, default=4096, help="bytes of each data file of a save")
     ap.add_argument("--warmup", type=float, default=0.0,
                     help="seconds between choosing the resume point and the first step (model loading)")
     a = ap.parse_args(argv)
@@ -132,7 +133,7 @@ def main(argv=None):
     while not a.max_saves or saves < a.max_saves:
         time.sleep(a.interval)  # "training"
         step += a.steps
-        path = save(folder, step, lineage, log, shards=a.shards)
+        path = save(folder, step, lineage, log, a.payload, shards=a.shards)
         if root is not None and not a.no_publish:
             pub = store.publish(path, step, root=root, epoch=epoch, by="trial").publication
             log("publish", path=path, step=step, name=pub.name)

@@ -1,0 +1,342 @@
+"""gc: remove executions' saves the retention policy does not keep, safely.
+
+The rules are contract/retention.py's; this module reads a root into an inventory,
+removes what they say, pins saves, and gives the retention state for ``ls`` and the
+report. Whether an execution has ceased is an input (``ceased``): the store does not
+ask Slurm (supervisor/retention.py does).
+
+How a removal goes, so that a gc killed at any moment leaves every publication either
+intact or clearly retired:
+
+1. for every save to remove, ``retired/<publication name>`` is O_EXCL-created for each
+   of its publications (for an unpublished leftover: the name it would have had at
+   its execution's epoch and step), fsynced with retired/ and the root: the
+   publication is retired before a byte of its save is touched;
+2. pinned/ and pub/ are read again: a save pinned, or published again (adopted),
+   since the inventory is kept (an adopter pins the save before it checks retired/, so
+   one of the two always sees the other);
+3. the save is removed through directory fds, never following a symlink, then its
+   folders up to ``exec/<attempt>`` if they are left empty.
+
+gc never retires the latest publication, and pub/ only grows, so a publication below
+the latest stays below it: ``latest`` (the max of pub/) never names a retired save."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import time
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Optional
+
+from ..contract import layout, names
+from ..contract.retention import KEEP, REMOVE, Inventory, Policy, Save, Verdict, decide, empty_folders, pinned
+from ..errors import BadPath
+from .durable import DirFds, create_new, open_dir, remove_tree
+from .posix import check_owner, open_entry, open_root, publications, save_relpath
+
+
+def _usage(name: str, dir_fd: int) -> tuple[int, float]:
+    """(bytes on disk, newest mtime) of an entry and everything under it, never
+    following a symlink. FileNotFoundError if the entry itself is gone. The mtimes
+    counted are the files' and the empty folders': a folder's own mtime also moves
+    when gc removes entries from it, which is not a write."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_blocks * 512, st.st_mtime
+    size, newest = st.st_blocks * 512, 0.0
+    fd = open_dir(name, dir_fd=dir_fd)
+    try:
+        entries = os.listdir(fd)
+        for e in entries:
+            try:
+                s, n = _usage(e, fd)
+            except FileNotFoundError:
+                continue
+            size, newest = size + s, max(newest, n)
+    finally:
+        os.close(fd)
+    return size, newest if entries else st.st_mtime
+
+
+def _listing(root: str, root_fd: int, name: str) -> list[str]:
+    fd = open_entry(root, root_fd, name)
+    if fd is None:
+        return []
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def _attempt_of(path: str) -> Optional[str]:
+    parts = path.split("/")
+    return parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None
+
+
+def pins(root: str, root_fd: int) -> set[str]:
+    where = f"{root}/{layout.PINNED}"
+    return {names.parse_path_name(e, where) for e in _listing(root, root_fd, layout.PINNED)}
+
+
+def _measure(save: Save, root_fd: int) -> None:
+    try:
+        parent = _walk(save.path, root_fd)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            save.problem = "a component of its path is a symlink or not a folder: never followed"
+            return
+        raise
+    try:
+        save.size, _ = _usage(save.path.rsplit("/", 1)[-1], parent[-1])
+        save.exists = True
+    except FileNotFoundError:
+        pass
+    finally:
+        for fd in parent[1:]:
+            os.close(fd)
+
+
+def _walk(rel: str, root_fd: int) -> list[int]:
+    """[root_fd, fd of each folder on the way to ``rel``], never through a symlink."""
+    fds = [root_fd]
+    try:
+        for part in rel.split("/")[:-1]:
+            fds.append(open_dir(part, dir_fd=fds[-1]))
+    except BaseException:
+        for fd in fds[1:]:
+            os.close(fd)
+        raise
+    return fds
+
+
+def _exec_folders(root: str, root_fd: int, saves: dict[str, Save], pattern: re.Pattern,
+                  empty: set[str]) -> dict[str, float]:
+    """Each exec folder's newest mtime; adds its unpublished leftovers to ``saves`` and
+    the empty folders to ``empty``. A folder that is not an attempt token, or is a
+    symlink, is left alone."""
+    newest: dict[str, float] = {}
+    exec_fd = open_entry(root, root_fd, layout.EXEC)
+    if exec_fd is None:
+        return newest
+    known = {"/".join(p.split("/")[:3]) for p in saves}  # exec/<attempt>/<entry> holding a known save
+    limit = os.fpathconf(root_fd, "PC_NAME_MAX")
+    try:
+        for attempt in os.listdir(exec_fd):
+            epoch = names.attempt_epoch(attempt)
+            try:
+                if epoch is None or not stat.S_ISDIR(os.stat(attempt, dir_fd=exec_fd, follow_symlinks=False).st_mode):
+                    continue
+                fd = open_dir(attempt, dir_fd=exec_fd)
+            except FileNotFoundError:  # removed by another gc meanwhile
+                continue
+            try:
+                newest[attempt] = _usage(".", fd)[1]
+                entries = os.listdir(fd)
+                if not entries:
+                    empty.add(attempt)
+                for e in entries:
+                    m, rel = pattern.fullmatch(e), f"{layout.EXEC}/{attempt}/{e}"
+                    if m and m[1].isdigit() and rel not in known and _is_dir(e, fd):
+                        s = saves[rel] = Save(rel, attempt, step=int(m[1]))
+                        if len(names.encode(epoch, s.step, rel)) > limit:
+                            s.problem = "its retired/ name would be over the filesystem's limit: left alone"
+            finally:
+                os.close(fd)
+    finally:
+        os.close(exec_fd)
+    return newest
+
+
+def _is_dir(name: str, dir_fd: int) -> bool:
+    """A real folder (not a symlink to one); False when it is gone meanwhile."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def scan(root: str, pattern: str = names.STEP_PATTERN) -> Inventory:
+    """What is under the root: every publication, retired marker, pin, leftover and
+    exec folder, with sizes (bytes on disk) and the folders' newest mtimes."""
+    pubs = publications(root)
+    saves: dict[str, Save] = {}
+    for p in pubs:
+        saves.setdefault(p.path, Save(p.path, _attempt_of(p.path))).pubs.append(p)
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        where = f"{root}/{layout.RETIRED}"
+        retired = set(_listing(root, root_fd, layout.RETIRED))
+        for name in sorted(retired):
+            r = names.parse(name, where)
+            saves.setdefault(r.path, Save(r.path, _attempt_of(r.path), step=r.step)).retired.append(name)
+        empty: set[str] = set()
+        newest = _exec_folders(root, root_fd, saves, re.compile(pattern), empty)
+        for s in saves.values():
+            _measure(s, root_fd)
+        return Inventory(max(pubs, default=None, key=lambda p: p.name), saves, newest, retired,
+                         pins(root, root_fd), empty)
+
+
+def _marker(s: Save) -> list[str]:
+    """The retired/ names that retire save ``s``: its publications', or for a
+    leftover the name it would have had (its execution's epoch, its step)."""
+    if s.pubs:
+        return [p.name for p in s.pubs]
+    return [names.encode(names.attempt_epoch(s.attempt), s.step, s.path)]
+
+
+def _retire(root: str, root_fd: int, doomed: list[Verdict]) -> None:
+    fd = open_entry(root, root_fd, layout.RETIRED, create=True)
+    try:
+        for v in doomed:
+            for name in _marker(v.save):
+                try:
+                    create_new(name, fd)
+                except FileExistsError:
+                    pass  # an earlier gc, killed after retiring it
+    finally:
+        os.close(fd)
+    os.fsync(root_fd)
+
+
+def _rmdir(name: str, dir_fd: int) -> bool:
+    """Remove an empty folder; False when it is not empty (or already gone)."""
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            return False
+        raise
+
+
+def _remove(path: str, root_fd: int) -> int:
+    """Remove the save, then its folders up to exec/<attempt> while they are empty."""
+    parts = path.split("/")
+    try:
+        fds = _walk(path, root_fd)
+    except FileNotFoundError:
+        return 0
+    try:
+        freed = remove_tree(parts[-1], fds[-1])
+        for i in range(len(parts) - 2, 0, -1):  # parts[i] lives in fds[i]; never exec/ itself
+            if not _rmdir(parts[i], fds[i]):
+                break
+        return freed
+    finally:
+        for fd in fds[1:]:
+            os.close(fd)
+
+
+def collect(root: str, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *, dry_run: bool = False,
+            now: Optional[float] = None) -> list[Verdict]:
+    """Apply the policy to the root: every save's verdict, and what was freed. ``ceased``:
+    attempt -> (ceased?, evidence); ``dry_run``: decide only."""
+    now = time.time() if now is None else now
+    inv = scan(root, policy.pattern)
+    verdicts = decide(inv, policy, ceased, now)
+    doomed = [v for v in verdicts if v.action == REMOVE]
+    if dry_run:
+        return verdicts
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        check_owner(root, root_fd)  # removing under a root someone else controls is never ours to do
+        if doomed:
+            _retire(root, root_fd, doomed)
+            now_pinned, now_pubs = pins(root, root_fd), publications(root)
+        for v in doomed:
+            again = [p.name for p in now_pubs if p.path == v.save.path and p not in v.save.pubs]
+            if pinned(v.save.path, now_pinned) or again:
+                v.action = KEEP
+                v.why = (f"published again meanwhile ({again[0]}): kept, its older publications retired"
+                         if again else "pinned meanwhile: kept, its publications retired")
+                continue
+            v.freed = _remove(v.save.path, root_fd)
+        folders = empty_folders(inv, policy, ceased, now)
+        if folders:
+            exec_fd = fds.add(open_dir(layout.EXEC, dir_fd=root_fd))
+            for attempt in folders:
+                _rmdir(attempt, exec_fd)
+    return verdicts
+
+
+def state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[str, tuple[bool, str]]] = None,
+          now: Optional[float] = None) -> list[dict]:
+    """The retention state of every save gc knows of, as JSON-able rows: ``state`` kept,
+    reclaimable (a gc with this policy would remove it now) or retired (removed), with
+    ``size`` (bytes on disk), ``why``, its publications and retired markers. Without a
+    policy every published save counts as kept; without ``ceased`` only what gc
+    retired before is known to have ceased."""
+    policy = policy or Policy(min_age=0)
+    inv = scan(root, policy.pattern)
+    return [v.as_dict(inv.latest) for v in decide(inv, policy, ceased or {}, time.time() if now is None else now)]
+
+
+def pin(root: str, save: str) -> tuple[str, bool]:
+    """Pin ``save`` (a save or a folder of saves under the root) so gc never removes it;
+    (its path under the root, whether the pin is new)."""
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        rel = save_relpath(root, root_fd, save)
+        fd = fds.add(open_entry(root, root_fd, layout.PINNED, create=True))
+        try:
+            create_new(names.path_name(rel), fd)
+        except FileExistsError:
+            return rel, False
+        os.fsync(root_fd)
+    return rel, True
+
+
+def unpin(root: str, save: str) -> tuple[str, bool]:
+    """Drop the pin of ``save`` (which may be gone); (its path, whether a pin was there)."""
+    root_abs, save_abs = os.path.abspath(root).rstrip("/"), os.path.abspath(save)
+    if not save_abs.startswith(root_abs + "/"):
+        raise BadPath(f"{save} is not inside the checkpoint root {root}")
+    rel = names.check_relpath(save_abs[len(root_abs) + 1:])
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        fd = open_entry(root, root_fd, layout.PINNED)
+        if fd is None:
+            return rel, False
+        fds.add(fd)
+        try:
+            os.unlink(names.path_name(rel), dir_fd=fd)
+        except FileNotFoundError:
+            return rel, False
+        os.fsync(fd)
+    return rel, True
+
+
+@contextmanager
+def adopting(root: str, root_fd: int, rel: str) -> Iterator[None]:
+    """Around the publication of another execution's save: pin it, refuse it if gc has
+    retired it, unpin it once published. A gc retires before it reads the pins, and
+    this pins before it reads retired/, so a save is never both adopted and removed."""
+    name = names.path_name(rel)
+    fd = open_entry(root, root_fd, layout.PINNED, create=True)
+    try:
+        try:
+            create_new(name, fd)
+            mine = True
+        except FileExistsError:
+            mine = False  # pinned by a person: it stays pinned
+        try:
+            where = f"{root}/{layout.RETIRED}"
+            gone = [e for e in _listing(root, root_fd, layout.RETIRED) if names.parse(e, where).path == rel]
+            if gone:
+                raise BadPath(f"refusing to adopt {rel}: gc retired it ({layout.RETIRED}/{gone[0]}), so its "
+                              "files are gone or being removed")
+            yield
+        finally:
+            if mine:
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["Policy", "scan", "collect", "state", "pin", "unpin", "adopting", "pins"]

@@ -1,0 +1,154 @@
+"""gc with Slurm's answers: which executions have ceased, then the store's gc.
+
+gc removes saves of ceased executions only (contract/retention.py). The evidence is
+the cessation signal's (slurm/cessation.py): Slurm says the execution ended and nothing
+of it is completing, and every node that ran it recorded its Epilog
+(``ceased/<attempt>.<node>``) or booted after it started. Which nodes ran it comes
+from the supervisor's record, else from Slurm while it still shows the job at that
+restart count. When neither knows (a user-level job Slurm has since purged or
+requeued, an execution of another cluster, Slurm not answering), cessation cannot be
+shown and gc keeps the execution's saves and says why; a person who knows better says
+so with ``gc --ceased ATTEMPT`` (recorded as a ``cessation`` event; it counts for
+that gc, and once gc has retired a save of the execution, for every later one)."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+from typing import Callable, Iterable, Optional
+
+from .. import store
+from ..contract import epoch as epochmod
+from ..contract import names
+from ..contract.retention import REMOVE, STATES, Policy, Verdict, needs
+from ..errors import DispatchError
+from ..slurm import cessation
+from ..slurm.client import Slurm, SlurmError
+from ..store import events
+from ..store import retention as store_gc
+from .record import Record, executions
+
+
+def _by_attempt(facts: list[dict]) -> dict[str, dict]:
+    return {info["attempt"]: {**info, "job": job, "r": r}
+            for (job, r), info in executions(facts).items() if info.get("attempt")}
+
+
+def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, said: Iterable[str] = (),
+           facts: Optional[list[dict]] = None) -> dict[str, tuple[bool, str]]:
+    """attempt -> (ceased?, the evidence or why it cannot be shown), asking Slurm only
+    about the attempts not in ``said`` (a person's word)."""
+    said = set(said)
+    out = {a: (True, "a person said so (gc --ceased)") for a in attempts if a in said}
+    ask = sorted(set(attempts) - said)
+    if not ask:
+        return out
+    slurm = slurm or Slurm()
+    try:
+        here = names.cluster_token(slurm.cluster_name())
+    except SlurmError as e:
+        return {**out, **{a: (False, f"Slurm did not answer ({e}); if you know it has ceased: gc --ceased {a}")
+                          for a in ask}}
+    recs = _by_attempt(Record(root).read() if facts is None else facts)
+    for a in ask:
+        parts = names.attempt_parts(a)
+        if parts is None:
+            out[a] = (False, f"exec/{a} is not named by an attempt token; if you know it has ceased: "
+                             f"gc --ceased {a}")
+            continue
+        cluster, job, epoch = parts
+        if cluster != here:
+            out[a] = (False, f"it ran on cluster {cluster}, not on this one ({here}); if you know it "
+                             f"has ceased: gc --ceased {a}")
+            continue
+        g, n, r = epochmod.decompose(epoch)
+        ans = cessation.check(slurm, job, r, root=root, known={**recs.get(a, {}), "attempt": a, "g": g, "n": n})
+        ok = ans["answer"] == cessation.CEASED
+        out[a] = (ok, ans.get("why", ans["answer"]) + ("" if ok else f"; if you know it has: gc --ceased {a}"))
+    return out
+
+
+def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterable[str] = (),
+       dry_run: bool = False) -> list[Verdict]:
+    """Ask about the executions the policy would remove something of, then collect."""
+    said = list(said)
+    for a in said:
+        if not a or "/" in a or a in (".", ".."):
+            raise DispatchError(f"--ceased {a!r} is not an execution's name (a folder name under exec/)")
+        if not dry_run:
+            events.record("cessation", root=root, attempt=a, answer="ceased", source="person",
+                          by=getpass.getuser(), on=socket.gethostname())
+    want = needs(store_gc.scan(root, policy.pattern), policy, time.time())
+    verdicts = store_gc.collect(root, policy, ceased(root, want, slurm, said), dry_run=dry_run)
+    gone = [v for v in verdicts if v.action == REMOVE]
+    if gone and not dry_run:
+        events.record("gc", root=root, attempt="gc", removed=[v.save.path for v in gone],
+                      freed=sum(v.freed for v in gone), keep_last=policy.keep_last, keep_every=policy.keep_every)
+    return verdicts
+
+
+def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
+    """The supervisor's gc (``run --keep-last``): the fields of its ``gc`` fact; ``waiting``
+    counts the saves kept only until their execution is shown to have ceased and goes
+    quiet, ``latest`` names the latest publication before it ran. A failure is recorded,
+    never the supervisor's end."""
+    try:
+        latest = store.latest(root)
+        verdicts = gc(root, Policy(keep_last=keep_last), slurm=slurm)
+    except (DispatchError, OSError) as e:
+        return {"removed": 0, "freed": 0, "error": str(e)[-500:]}
+    gone = [v for v in verdicts if v.action == REMOVE]
+    return {"removed": sum(v.save.exists for v in gone), "freed": sum(v.freed for v in gone),
+            "retired": len(gone), "keep_last": keep_last, "paths": [v.save.path for v in gone if v.save.exists][:50],
+            "kept": sum(v.action != REMOVE and v.save.exists for v in verdicts),
+            "waiting": sum(v.waiting and v.save.exists for v in verdicts), "latest": latest and latest.name}
+
+
+class Collector:
+    """The supervisor's gc (``run --keep-last K``): once an execution has ended (``run``),
+    and while the job runs (``again``) when a new publication pushes an older save out of
+    the K kept, and every --cessation-interval while saves wait only for their execution
+    to cease and go quiet."""
+
+    def __init__(self, root: str, slurm: Slurm, clock: Callable[[], float]):
+        self.root, self.slurm, self.clock = root, slurm, clock
+        self.at, self.waiting, self.latest = 0.0, 0, False  # latest False: no gc yet in this run
+
+    def run(self, keep_last: int) -> dict:
+        """The fields of a ``gc`` fact."""
+        f = after_execution(self.root, keep_last, self.slurm)
+        self.at, self.waiting, self.latest = self.clock(), f.get("waiting", 0), f.get("latest")
+        return f
+
+    def again(self, defn: dict) -> Optional[dict]:
+        """A ``gc`` fact's fields when a gc ran now and removed or retired something (or
+        failed); None otherwise."""
+        if not defn.get("keep_last") or self.latest is False:
+            return None
+        due = self.waiting and self.clock() - self.at >= defn["cessation_interval"]
+        if not due:
+            try:
+                latest = store.latest(self.root)
+            except (DispatchError, OSError):
+                return None  # gc would fail the same way; the next execution's end records it
+            due = latest is not None and latest.name != self.latest
+        f = self.run(defn["keep_last"]) if due else {}
+        return f if f.get("retired") or f.get("error") else None
+
+
+def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True) -> dict:
+    """The retention state of ROOT for the report: every save gc knows of as kept,
+    reclaimable (a gc with ``policy`` would remove it now) or retired, with its size
+    and why, and the totals. ``policy`` defaults to the record's ``run --keep-last``,
+    else none (every published save kept). Slurm is asked which executions ceased,
+    unless ``ask`` is false (from the root alone: only what gc retired before counts)."""
+    if policy is None:
+        keep = next((f.get("keep_last") for f in reversed(Record(root).read()) if f["type"] == "job"), None)
+        policy = Policy(keep_last=keep)
+    want = needs(store_gc.scan(root, policy.pattern), policy, time.time())
+    rows = store_gc.state(root, policy, ceased(root, want, slurm) if want and ask else {})
+    totals = {state: {"saves": sum(r["state"] == state for r in rows),
+                      "bytes": sum(r["size"] for r in rows if r["state"] == state)} for state in STATES.values()}
+    return {"root": root, "policy": {"keep_last": policy.keep_last, "keep_every": policy.keep_every,
+                                     "min_age": policy.min_age}, "saves": rows, "totals": totals}

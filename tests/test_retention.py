@@ -1,0 +1,545 @@
+"""Retention (gc) on a real filesystem: the policy, every safety rule, gc killed at
+random moments, adoption racing gc, `ls`, the CLI, and the supervisor's gc after an
+execution ends. Which executions have ceased is given as data here (the store's
+contract); tests/cluster/test_retention.py asks real Slurm."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from support import cli
+
+from dispatch_slurm import store
+from dispatch_slurm.contract import names
+from dispatch_slurm.contract.retention import Policy
+from dispatch_slurm.errors import BadPath, DispatchError, StoreError
+from dispatch_slurm.store import durable, events
+from dispatch_slurm.store import retention as gc
+from dispatch_slurm.supervisor import retention as sup_gc
+
+A, B, C, LIVE = "c.1.1000000", "c.2.2000000", "c.3.3000000", "c.4.4000000"
+LATER = time.time() + 3600  # "now" for decisions where --min-age must not matter
+
+
+def mksave(root, attempt, step, files=3, size=4096, publish=True, name=None):
+    d = root / "exec" / attempt / (name or f"checkpoint-{step}")
+    d.mkdir(parents=True)
+    for i in range(files):
+        (d / f"f{i}").write_bytes(os.urandom(size))
+    if publish:
+        store.publish(str(d), step, root=str(root), epoch=names.attempt_epoch(attempt), sync=False)
+    return d
+
+
+def digest(path) -> str | None:
+    """A checksum of every file under a save (names and bytes), None if it is gone."""
+    if not os.path.isdir(path):
+        return None
+    h = hashlib.sha256()
+    for dirpath, dirs, files in sorted(os.walk(path)):
+        dirs.sort()
+        for f in sorted(files):
+            p = os.path.join(dirpath, f)
+            h.update(os.path.relpath(p, path).encode() + b"\0" + open(p, "rb").read())
+    return h.hexdigest()
+
+
+def ceased(*attempts):
+    return {a: (True, "said by the test") for a in attempts}
+
+
+def run_gc(root, ceased_, now=LATER, **policy):
+    return {v.save.path: v for v in gc.collect(str(root), Policy(**{"min_age": 0, **policy}), ceased_, now=now)}
+
+
+def age(folder, seconds=600):
+    """Make everything under ``folder`` look untouched for ``seconds`` (--min-age)."""
+    old = time.time() - seconds
+    for d, dirs, files in os.walk(folder):
+        for f in files + dirs + ["."]:
+            os.utime(os.path.join(d, f), (old, old), follow_symlinks=False)
+
+
+def rel(p, root):
+    return os.path.relpath(p, root)
+
+
+def retired_paths(root) -> set[str]:
+    d = root / "retired"
+    return {names.parse(e).path for e in os.listdir(d)} if d.exists() else set()
+
+
+@pytest.fixture
+def three(root):
+    """Executions A (steps 10-30), B (40-60, plus an unpublished checkpoint-70) and a live
+    one (80, 90): every save's path and checksum."""
+    saves = {}
+    for attempt, steps in ((A, (10, 20, 30)), (B, (40, 50, 60)), (LIVE, (80, 90))):
+        for s in steps:
+            saves[(attempt, s)] = mksave(root, attempt, s)
+    saves[(B, 70)] = mksave(root, B, 70, publish=False)
+    return saves
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+
+def test_keep_last_keeps_the_newest_existing_saves_and_removes_the_rest(root, three):
+    v = run_gc(root, ceased(A, B), keep_last=3)
+    kept = {p for p, x in v.items() if x.action == "keep"}
+    assert kept == {rel(three[k], root) for k in ((B, 60), (LIVE, 80), (LIVE, 90))}, v
+    for k, d in three.items():
+        assert d.exists() == (rel(d, root) in kept), k
+    assert "one of the 3 newest" in v[rel(three[(B, 60)], root)].why
+    assert "unpublished leftover" in v[rel(three[(B, 70)], root)].why
+    assert retired_paths(root) == {rel(three[k], root) for k in ((A, 10), (A, 20), (A, 30), (B, 40), (B, 50),
+                                                                 (B, 70))}
+    assert store.latest(str(root)).path == rel(three[(LIVE, 90)], root)
+
+
+def test_keep_every_keeps_the_first_save_of_each_window(root, three):
+    v = run_gc(root, ceased(A, B), keep_last=1, keep_every=25)
+    kept = {p for p, x in v.items() if x.action == "keep" and x.save.exists}
+    # windows of 25 steps: 0-24 -> 10, 25-49 -> 30, 50-74 -> 50; live saves are kept anyway
+    assert kept == {rel(three[k], root) for k in ((A, 10), (A, 30), (B, 50), (LIVE, 80), (LIVE, 90))}
+    assert "--keep-every 25" in v[rel(three[(A, 30)], root)].why
+
+
+def test_a_published_save_the_trainer_rotated_away_is_retired_not_counted(root, three):
+    import shutil
+    shutil.rmtree(three[(B, 60)])  # save_total_limit removed it; its publication stays
+    v = run_gc(root, ceased(A, B), keep_last=3)
+    assert v[rel(three[(B, 50)], root)].action == "keep", "a vanished save does not use up a --keep-last place"
+    assert rel(three[(B, 60)], root) in retired_paths(root)
+
+
+# ---- the safety rules ---------------------------------------------------------------------------
+
+def test_the_latest_publication_is_never_removed_nor_retired(root, three):
+    latest = store.latest(str(root))
+    # even when its execution has ceased, its save vanished and no policy place is left for it
+    import shutil
+    shutil.rmtree(three[(LIVE, 90)])
+    v = run_gc(root, ceased(A, B, LIVE), keep_last=1)
+    assert v[latest.path].action == "keep" and v[latest.path].why == "the latest publication's save"
+    assert latest.name not in os.listdir(root / "retired")
+    assert store.latest(str(root)) == latest
+    assert three[(LIVE, 80)].exists(), "the newest save still on disk is the one --keep-last 1 keeps"
+
+
+def test_latest_refuses_a_retired_latest_publication(root, three):
+    latest = store.latest(str(root))
+    (root / "retired").mkdir()
+    (root / "retired" / latest.name).touch()  # by hand: gc never does this
+    with pytest.raises(StoreError, match="the latest publication is retired"):
+        store.latest(str(root))
+
+
+def test_saves_of_an_execution_not_shown_to_have_ceased_are_all_kept(root, three):
+    v = run_gc(root, {**ceased(A), B: (False, "node c2 recorded no epilog")}, keep_last=1)
+    for s in (40, 50, 60, 70):
+        assert three[(B, s)].exists(), s
+        assert "not shown to have ceased: node c2 recorded no epilog" in v[rel(three[(B, s)], root)].why
+    assert not three[(A, 10)].exists() and three[(LIVE, 80)].exists(), "the live one was not asked: kept"
+    assert "not known to have ceased" in v[rel(three[(LIVE, 80)], root)].why
+
+
+def test_unpublished_leftovers_go_only_after_their_execution_ceased(root, three):
+    left = three[(B, 70)]
+    run_gc(root, ceased(A), keep_last=1)
+    assert left.exists()
+    run_gc(root, ceased(A, B), keep_last=1)
+    assert not left.exists()
+
+
+def test_only_entries_named_like_a_save_are_leftovers(root, three):
+    (root / "exec" / B / "runs").mkdir()
+    (root / "exec" / B / "runs" / "events.out").write_bytes(b"tensorboard")
+    (root / "exec" / B / "train.log").write_text("log")
+    run_gc(root, ceased(A, B), keep_last=1)
+    assert (root / "exec" / B / "runs" / "events.out").exists() and (root / "exec" / B / "train.log").exists()
+    assert not (root / "exec" / A).exists(), "an exec folder left empty goes too"
+
+
+def test_an_exec_folder_still_being_written_is_kept(root, three):
+    age(root / "exec")
+    (three[(A, 20)] / "f0").write_bytes(b"a late write")  # one write, anywhere in A's folder
+    v = run_gc(root, ceased(A, B), now=time.time(), keep_last=1, min_age=60)
+    assert all(three[(A, s)].exists() for s in (10, 20, 30))
+    assert "still being written: exec/c.1.1000000 was modified" in v[rel(three[(A, 10)], root)].why
+    assert not three[(B, 40)].exists(), "B's folder is quiet: collected"
+
+
+def test_gc_never_follows_a_symlink(root, tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "checkpoint-5").mkdir(parents=True)
+    (outside / "checkpoint-5" / "precious").write_text("keep me")
+    (root / "exec").mkdir()
+    os.symlink(outside, root / "exec" / "c.9.9000000")  # an exec folder that is a symlink
+    save = mksave(root, A, 10)
+    os.symlink(outside, save / "link-to-outside")         # a symlink inside a save
+    os.symlink(outside / "checkpoint-5", root / "exec" / A / "checkpoint-6")  # a leftover-named symlink
+    mksave(root, B, 20)
+    run_gc(root, ceased(A, B, "c.9.9000000"), keep_last=1)
+    assert not save.exists() and (outside / "checkpoint-5" / "precious").read_text() == "keep me"
+    assert os.path.islink(root / "exec" / "c.9.9000000") and os.path.islink(root / "exec" / A / "checkpoint-6")
+
+
+def test_a_publication_behind_a_symlink_is_left_alone(root, tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "checkpoint-5").mkdir(parents=True)
+    (outside / "checkpoint-5" / "precious").write_text("keep me")
+    (root / "exec" / A).mkdir(parents=True)
+    os.symlink(outside, root / "exec" / A / "sub")
+    (root / "pub").mkdir()
+    (root / "pub" / names.encode(1_000_000, 5, f"exec/{A}/sub/checkpoint-5")).touch()  # by hand
+    mksave(root, B, 20)
+    v = run_gc(root, ceased(A, B), keep_last=1)
+    assert v[f"exec/{A}/sub/checkpoint-5"].action == "keep" and "symlink" in v[f"exec/{A}/sub/checkpoint-5"].why
+    assert (outside / "checkpoint-5" / "precious").exists()
+
+
+def test_remove_tree_unlinks_a_symlink_and_refuses_a_folder_swapped_for_one(tmp_path, monkeypatch):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "f").write_text("x")
+    os.symlink(target, tmp_path / "link")
+    fd = durable.open_dir(str(tmp_path))
+    try:
+        durable.remove_tree("link", fd)
+        assert not os.path.lexists(tmp_path / "link") and (target / "f").exists()
+        real_stat = os.stat
+
+        def swap(name, *a, **kw):  # the folder becomes a symlink between lstat and open
+            st = real_stat(name, *a, **kw)
+            if name == "victim" and not os.path.islink(tmp_path / "victim"):
+                os.rename(tmp_path / "victim", tmp_path / "moved")
+                os.symlink(target, tmp_path / "victim")
+            return st
+        (tmp_path / "victim").mkdir()
+        monkeypatch.setattr(os, "stat", swap)
+        with pytest.raises(OSError) as refused:
+            durable.remove_tree("victim", fd)
+        assert refused.value.errno in (errno.ELOOP, errno.ENOTDIR)
+        monkeypatch.undo()
+        assert (target / "f").exists() and (tmp_path / "moved").exists()
+    finally:
+        os.close(fd)
+
+
+def test_pinned_saves_and_folders_are_kept_until_unpinned(root, three):
+    gc.pin(str(root), str(three[(A, 10)]))
+    gc.pin(str(root), str(root / "exec" / B))
+    v = run_gc(root, ceased(A, B), keep_last=1)
+    assert three[(A, 10)].exists() and not three[(A, 20)].exists()
+    assert all(three[(B, s)].exists() for s in (40, 50, 60, 70)) and v[rel(three[(B, 40)], root)].why == "pinned"
+    assert gc.unpin(str(root), str(root / "exec" / B)) == (f"exec/{B}", True)
+    run_gc(root, ceased(A, B), keep_last=1)
+    assert not any(three[(B, s)].exists() for s in (40, 50, 60, 70)) and three[(A, 10)].exists()
+
+
+# ---- adoption racing gc: one of the two always sees the other --------------------------------------
+
+def _adopt(root, save, attempt=LIVE):
+    return store.publish(str(save), 95, root=str(root), epoch=names.attempt_epoch(attempt), adopt=True, sync=False)
+
+
+def test_adopting_a_retired_save_is_refused(root, three, monkeypatch):
+    real = gc.pins
+    raced = []
+
+    def adopter_in_between(root_, fd):  # once gc has retired A's saves, before it reads the pins
+        if (root / "retired").exists() and not raced:
+            with pytest.raises(BadPath, match="gc retired it"):
+                _adopt(root, three[(A, 20)])
+            raced.append(True)
+        return real(root_, fd)
+    monkeypatch.setattr(gc, "pins", adopter_in_between)
+    run_gc(root, ceased(A, B), keep_last=1)
+    assert raced and not three[(A, 20)].exists()
+    assert store.latest(str(root)).path == rel(three[(LIVE, 90)], root), "nothing was published"
+    assert not os.listdir(root / "pinned"), "the refused adopter dropped its pin"
+
+
+def test_a_save_adopted_after_gc_looked_is_kept(root, three, monkeypatch):
+    stale = gc.scan(str(root))       # gc's inventory, taken before the adoption
+    adopted = _adopt(root, three[(A, 20)]).publication
+    monkeypatch.setattr(gc, "scan", lambda *a, **kw: stale)
+    v = run_gc(root, ceased(A, B), keep_last=1)
+    assert "published again meanwhile" in v[rel(three[(A, 20)], root)].why
+    assert store.latest(str(root)) == adopted and digest(three[(A, 20)]) is not None
+    assert adopted.name not in os.listdir(root / "retired")
+
+
+# ---- gc killed at random moments --------------------------------------------------------------------
+
+CHILD = """
+import sys
+from dispatch_slurm.store import retention
+from dispatch_slurm.contract.retention import Policy
+print("ready", flush=True)
+root, *attempts = sys.stdin.readline().split()
+retention.collect(root, Policy(keep_last=2, min_age=0), {a: (True, "test") for a in attempts})
+print("done", flush=True)
+"""
+KILLS = 200
+
+
+class Child:
+    """A gc process, started ahead (Python's start-up is most of its cost) and waiting
+    for a root: gc runs from the moment ``go`` sends it."""
+
+    def __init__(self):
+        self.p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+
+    def go(self, root, attempts) -> float:
+        assert self.p.stdout.readline() == "ready\n"
+        self.p.stdin.write(" ".join([str(root), *attempts]) + "\n")
+        self.p.stdin.flush()
+        return time.monotonic()
+
+    def finish(self) -> None:
+        assert self.p.stdout.readline() == "done\n"
+        self.p.wait()
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+        self.p.wait()
+        self.p.stdin.close()
+        self.p.stdout.close()
+
+
+def _template(base):
+    """Four ceased executions of five saves (20 files each) and an unpublished leftover,
+    and a live one; the expected survivors of --keep-last 2."""
+    root = base / "template"
+    root.mkdir()
+    attempts = [f"c.{i}.{i}000000" for i in range(1, 5)]
+    for i, a in enumerate(attempts):
+        for s in range(5):
+            mksave(root, a, 100 * i + 10 * s, files=20, size=2048)
+        mksave(root, a, 100 * i + 99, files=20, size=2048, publish=False)
+    for s in (500, 510):
+        mksave(root, LIVE, s, files=20, size=2048)
+    sums = {p.path: digest(root / p.path) for p in store.publications(str(root))}
+    keep = {f"exec/{LIVE}/checkpoint-500", f"exec/{LIVE}/checkpoint-510"}
+    return root, attempts, sums, keep
+
+
+def _check(root, sums, keep):
+    """After a kill: latest and ls answer, and every publication is intact or retired."""
+    latest = store.latest(str(root))
+    assert latest.path == f"exec/{LIVE}/checkpoint-510" and digest(root / latest.path) == sums[latest.path]
+    retired = set(os.listdir(root / "retired")) if (root / "retired").exists() else set()
+    rows = {r["path"]: r for r in gc.state(str(root))}
+    for p in store.publications(str(root)):
+        if p.name in retired:
+            assert p.path not in keep, f"a kept save was retired: {p.path}"
+            assert p.name in rows[p.path]["retired"]
+        else:
+            assert digest(root / p.path) == sums[p.path], f"{p.path} is neither whole nor retired"
+            assert rows[p.path]["exists"]
+    return retired
+
+
+def test_gc_killed_at_any_moment_leaves_every_publication_intact_or_retired(tmp_path):
+    import shutil
+    template, attempts, sums, keep = _template(tmp_path)
+    children: list[Child] = []
+
+    def spawn() -> Child:
+        children.append(Child())
+        return children[-1]
+
+    def fresh(i):  # hard links: a copy in no time, and removal unlinks only the copy's names
+        root = tmp_path / f"root{i}"
+        shutil.copytree(template, root, symlinks=True, copy_function=os.link)
+        return root
+
+    try:
+        seen, span = _kill_gc_at_random(attempts, sums, keep, fresh, spawn)
+    finally:
+        for c in children:
+            c.kill()
+    print(f"{KILLS} kills over {span * 1000:.0f} ms of gc: {seen}")
+    assert all(n >= 3 for n in seen.values()), f"the kills did not cover every phase: {seen}"
+
+
+def _kill_gc_at_random(attempts, sums, keep, fresh, spawn):
+    import shutil
+    rng = random.Random(1234)
+    child, durations = spawn(), []
+    for i in range(5):
+        t0 = child.go(fresh(f"t{i}"), attempts)
+        child, ready = spawn(), child
+        ready.finish()
+        durations.append(time.monotonic() - t0)
+    span = sorted(durations)[2] * 1.2  # the median gc, and a little after it
+    seen = {"before any retirement": 0, "retired, removal under way": 0, "finished": 0}
+    for i in range(KILLS):
+        root = fresh(i)
+        child.go(root, attempts)
+        time.sleep(rng.uniform(0, span))  # the fault's timing, not a synchronisation
+        child, killed = spawn(), child
+        killed.kill()
+        retired = _check(root, sums, keep)
+        left = [p for p in sums if p not in keep and (root / p).exists()]
+        seen["before any retirement" if not retired else "finished" if not left else
+             "retired, removal under way"] += 1
+        if i % 20 == 0:  # the CLI answers the same
+            assert json.loads(cli("latest", "--json", root, check=True).stdout)["path"] == f"exec/{LIVE}/checkpoint-510"
+            cli("ls", root, check=True)
+        gc.collect(str(root), Policy(keep_last=2, min_age=0), ceased(*attempts))  # a later gc finishes it
+        _check(root, sums, keep)
+        assert {p for p in sums if (root / p).exists()} == keep
+        assert sorted(os.listdir(root / "exec")) == [LIVE], "every collected exec folder is gone"
+        shutil.rmtree(root)
+    return seen, span
+
+
+# ---- ls, the CLI, the supervisor ----------------------------------------------------------------------
+
+def test_ls_shows_state_and_size(root, three):
+    run_gc(root, ceased(A), keep_last=1)
+    rows = json.loads(cli("ls", root, "--json", check=True).stdout)
+    by = {r["path"]: r for r in rows}
+    assert by[rel(three[(A, 10)], root)]["state"] == "retired" and not by[rel(three[(A, 10)], root)]["exists"]
+    assert by[rel(three[(LIVE, 90)], root)]["state"] == "latest"
+    assert by[rel(three[(B, 40)], root)]["state"] == "kept" and by[rel(three[(B, 40)], root)]["size"] >= 3 * 4096
+    out = cli("ls", root, check=True)
+    assert "retired: 3 saves, 0B still on disk" in out.stderr and "unpublished among them: 1" in out.stderr
+    assert out.stdout.splitlines()[0].split() == ["G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH"]
+
+
+def test_cli_gc_dry_run_explains_and_removes_nothing(root, three):
+    age(root / "exec")
+    env = {"PATH": "/nonexistent"}  # no Slurm here: cessation cannot be shown but for --ceased
+    dry = cli("gc", root, "--keep-last", "1", "--dry-run", "--ceased", A, env=env, check=True)
+    assert "would remove" in dry.stdout and f"exec/{A}/checkpoint-10" in dry.stdout
+    assert "Slurm did not answer" in dry.stdout and f"gc --ceased {B}" in dry.stdout
+    assert all(d.exists() for d in three.values()) and not (root / "retired").exists()
+    real = cli("gc", root, "--keep-last", "1", "--ceased", A, "--json", env=env, check=True)
+    removed = {v["path"] for v in json.loads(real.stdout) if v["action"] == "remove"}
+    assert [v["path"] for v in json.loads(real.stdout) if v["latest"]] == [rel(three[(LIVE, 90)], root)]
+    assert removed == {f"exec/{A}/checkpoint-{s}" for s in (10, 20, 30)}
+    said = [e for e in events.read(str(root)) if e["type"] == "cessation" and e.get("source") == "person"]
+    assert [e["attempt"] for e in said] == [A]
+    assert [e["removed"] for e in events.read(str(root)) if e["type"] == "gc"] == [sorted(removed)]
+
+
+def test_cli_gc_refusals(root, three):
+    assert "--keep-last K" in cli("gc", root).stderr
+    assert cli("gc", root, "--keep-last", "0").returncode == 2
+    bad = cli("gc", root, "--keep-last", "1", "--pattern", "checkpoint")
+    assert bad.returncode == 2 and "exactly one group" in bad.stderr
+    pin = cli("gc", root, "--pin", root / "exec" / A / "nope")
+    assert pin.returncode == 2 and "does not exist" in pin.stderr
+    ok = cli("gc", root, "--pin", three[(A, 10)], check=True)
+    assert "pinned: exec/c.1.1000000/checkpoint-10" in ok.stderr
+    assert os.listdir(root / "pinned") == [names.path_name(f"exec/{A}/checkpoint-10")]
+
+
+def test_ceased_resolution_asks_slurm_with_the_record_and_keeps_what_it_cannot_show(root):
+    from test_supervisor_rules import CLUSTER, FakeSlurm
+    from dispatch_slurm.slurm.client import Slurm
+    from dispatch_slurm.store import ceased as ceased_store
+    fake = FakeSlurm()
+    fake.jobs[7] = {"job_id": 7, "job_state": ["CANCELLED"], "restart_cnt": 0, "nodes": "c1,c2", "comment": "",
+                    "start_time": {"set": True, "number": 2000}, "state_reason": "None", "user_name": "alice",
+                    "name": "job", "exit_code": {"status": ["EXITED"]}, "cluster": CLUSTER}
+    mine = f"{CLUSTER}.7.1000000"
+    ceased_store.record(str(root), mine, "c1")
+    got = sup_gc.ceased(str(root), [mine, f"{CLUSTER}.8.1000000", "other.7.1000000"], Slurm(fake), facts=[])
+    assert got[mine][0] is False and "no evidence from c2" in got[mine][1]
+    assert got[f"{CLUSTER}.8.1000000"][0] is False and "unknown" in got[f"{CLUSTER}.8.1000000"][1]
+    assert got["other.7.1000000"][0] is False and "cluster other" in got["other.7.1000000"][1]
+    ceased_store.record(str(root), mine, "c2")
+    assert sup_gc.ceased(str(root), [mine], Slurm(fake), facts=[])[mine][0] is True
+    assert sup_gc.ceased(str(root), ["x.1.1000000"], Slurm(fake), said=["x.1.1000000"])["x.1.1000000"][0]
+
+
+def test_run_keep_last_collects_after_each_end_when_the_latest_moves_and_once_it_ceased(root):
+    from test_supervisor_rules import FakeSlurm, defn, drive, facts, new
+    from dispatch_slurm.store import ceased as ceased_store
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=2, keep_last=1))
+    gcs = lambda: facts(root, "gc")  # noqa: E731
+
+    def execution(jid) -> str:
+        drive(sup, lambda: sup.state.job == jid)
+        fake.start(jid, ["c1"])
+        drive(sup, lambda: sup.state.started)
+        attempt = sup.state.started["attempt"]
+        for s in (1, 2, 3):
+            mksave(root, attempt, 10 * s + jid)
+        age(root / "exec" / attempt)
+        return attempt
+
+    first = execution(100)
+    fake.end(100, "PREEMPTED")  # ended, but its Epilog has recorded nothing yet
+    drive(sup, lambda: len(gcs()) == 1)
+    assert (gcs()[0]["removed"], gcs()[0]["waiting"]) == (0, 2), "kept: the latest, and 2 waiting"
+    ceased_store.record(str(root), first, "c1")  # the Epilog, later
+    drive(sup, lambda: len(gcs()) == 2)  # the retry, --cessation-interval later
+    assert gcs()[1]["removed"] == 2 and gcs()[1]["t"] >= gcs()[0]["t"] + 60
+    second = execution(101)  # its saves push 100's last one out of --keep-last 1: gc at once
+    drive(sup, lambda: len(gcs()) == 3)
+    assert gcs()[2]["paths"] == [f"exec/{first}/checkpoint-130"] and gcs()[2]["t"] < gcs()[1]["t"] + 60
+    ceased_store.record(str(root), second, "c1")
+    fake.end(101, "PREEMPTED")
+    drive(sup, lambda: len(gcs()) == 4)
+    assert gcs()[3]["removed"] == 2
+    assert sorted(os.listdir(root / "exec")) == [second]
+    assert sorted(os.listdir(root / "exec" / second)) == ["checkpoint-131"]
+
+
+def test_keep_last_is_checked_in_the_job_definition(root):
+    from dispatch_slurm.supervisor import make_defn
+    with pytest.raises(DispatchError, match="--keep-last must be 1 or more"):
+        make_defn({"keep_last": 0}, ["job.sh"])
+    assert "--keep-last" in cli("run", root, "--help").stdout
+
+
+def test_status_for_the_report_uses_the_records_policy_and_slurms_answers(root, three):
+    from test_supervisor_rules import FakeSlurm
+    from dispatch_slurm.slurm.client import Slurm
+    from dispatch_slurm.supervisor.record import Record
+    rec = Record(str(root))
+    rec.open_for_append()
+    rec.append({"type": "job", "g": 0, "resubmit": 0, "shared": False, "via": "spank", "hold_for": 1.0,
+                "cessation_interval": 1.0, "cessation_cmd": "x", "args": ["job.sh"], "keep_last": 1})
+    age(root / "exec")
+    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()))  # FakeSlurm's cluster is not "c": nothing ceased
+    assert st["policy"]["keep_last"] == 1 and st["totals"]["reclaimable"]["saves"] == 0
+    run_gc(root, ceased(A), keep_last=1)
+    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()))
+    assert st["totals"]["retired"]["saves"] == 3 and st["totals"]["retired"]["bytes"] == 0
+    assert st["totals"]["kept"]["saves"] == 6 and st["totals"]["kept"]["bytes"] >= 6 * 3 * 4096
+    by = {r["path"]: r for r in st["saves"]}
+    b40 = by[rel(three[(B, 40)], root)]
+    assert b40["waiting"] and "cluster c, not on this one" in b40["why"]
+    st = sup_gc.status(str(root), Policy(keep_last=1, min_age=0), slurm=Slurm(FakeSlurm()))
+    assert st["policy"]["min_age"] == 0
+    rows = gc.state(str(root), Policy(keep_last=1, min_age=0), ceased(B))
+    reclaimable = {r["path"] for r in rows if r["state"] == "reclaimable"}
+    assert reclaimable == {rel(three[(B, s)], root) for s in (40, 50, 60, 70)}
+    assert all(three[(B, s)].exists() for s in (40, 50, 60, 70)), "the state is a view: nothing removed"
+    offline = sup_gc.status(str(root), Policy(keep_last=1, min_age=0), ask=False)  # no Slurm asked
+    assert offline["totals"]["reclaimable"]["saves"] == 0 and offline["totals"]["retired"]["saves"] == 3
+
+
+def test_gc_refuses_a_root_that_is_not_yours(root, three, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 4242)
+    with pytest.raises(StoreError, match="not to you"):
+        run_gc(root, ceased(A, B), keep_last=1)
+    assert all(d.exists() for d in three.values()) and not (root / "retired").exists()
