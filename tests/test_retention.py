@@ -543,3 +543,14 @@ def test_gc_refuses_a_root_that_is_not_yours(root, three, monkeypatch):
     with pytest.raises(StoreError, match="not to you"):
         run_gc(root, ceased(A, B), keep_last=1)
     assert all(d.exists() for d in three.values()) and not (root / "retired").exists()
+
+
+def test_the_report_shows_kept_and_retired_saves_with_sizes(root, three):
+    """`dispatch-slurm report ROOT`: gc's view from the root alone, totals and each save."""
+    run_gc(root, ceased(A), keep_last=1)
+    r = json.loads(cli("report", root, "--json", check=True).stdout)["retention"]
+    assert r["totals"]["retired"]["saves"] == 3 and r["totals"]["kept"]["saves"] == 6
+    assert {s["path"] for s in r["saves"] if s["state"] == "retired"} == {rel(three[(A, s)], root) for s in (10, 20, 30)}
+    text = cli("report", root, check=True).stdout
+    assert "retention (no gc policy" in text and "retired 3 save(s) 0 B" in text
+    assert f"{rel(three[(LIVE, 90)], root)} (latest)" in text

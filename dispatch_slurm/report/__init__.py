@@ -7,7 +7,9 @@ interruption. Sources, all under the root: the exec folders (what each execution
 wrote, with mtimes), pub/ (publications), events/ (signals, publications, cessation),
 ceased/ (the Epilog's evidence) and, when a supervisor ran, record.jsonl (Slurm's word
 on how each execution ended). Without a supervisor record, how an execution ended is
-what its events say.
+what its events say. The retention section is gc's view from the root alone (the
+record's `run --keep-last`, retired/ and pinned/; Slurm is not asked, so a save waits
+for its execution's cessation until gc has seen it).
 
 Definitions:
   started      the execution's first sign of life: the supervisor's `started` fact,
@@ -27,6 +29,7 @@ from ..contract import layout, names
 from ..contract.epoch import decompose
 from ..store import events as eventsmod
 from ..store import roots
+from ..supervisor import retention
 from ..supervisor.record import Record
 from . import render, timeline
 from .scan import exec_folders
@@ -125,7 +128,8 @@ def build(root: str) -> dict[str, Any]:
             "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
                              for p, t in pubs],
             "latest": None if latest is None else {"step": latest.step, "path": latest.path},
-            "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None)}
+            "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
+            "retention": None if roots.is_s3(root) else retention.status(root, ask=False)}
 
 
 def _holds(facts: list[dict]) -> list[dict]:

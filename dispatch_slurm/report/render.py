@@ -18,6 +18,27 @@ def _ended(e: dict) -> str:
     return f"{end['state']}{by}"
 
 
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _retention(ret: Optional[dict]) -> list[str]:
+    """gc's view: totals per state, then each save that is not simply kept, or is the latest."""
+    if not ret or not ret["saves"]:
+        return []
+    keep = ret["policy"]["keep_last"]
+    out = ["", f"retention ({'run --keep-last ' + str(keep) if keep else 'no gc policy: every published save kept'}):"]
+    out.append("  " + ", ".join(f"{state} {t['saves']} save(s) {_size(t['bytes'])}" for state, t in ret["totals"].items()))
+    for s in ret["saves"]:
+        mark = " (latest)" if s["latest"] else ""
+        out.append(f"  {s['state']:<11} {_size(s['size']):>10}  {s['path']}{mark}: {s['why']}")
+    return out
+
+
 def text(r: dict) -> str:
     execs = r["executions"]
     t0 = min((e["started_at"] for e in execs if e["started_at"] is not None), default=0.0)
@@ -52,6 +73,7 @@ def text(r: dict) -> str:
         out += ["", "publications:"]
     out += [f"  {_t(p['t'], t0):>10}  step {p['step']:<8} epoch {p['epoch']:<14} {p['path']}"
             for p in r["publications"]]
+    out += _retention(r.get("retention"))
     if r["finished"]:
         out += ["", f"supervisor: finished, {r['finished']['outcome']}: {r['finished'].get('message', '')}"]
     return "\n".join(out) + "\n"
