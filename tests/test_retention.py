@@ -1,7 +1,7 @@
 """Retention (gc) on a real filesystem: the policy, every safety rule, gc killed at
 random moments, adoption racing gc, `ls`, the CLI, and the supervisor's gc after an
 execution ends. Which executions have ceased is given as data here (the store's
-contract); tests/cluster/test_retention.py asks real Slurm."""
+contract); tests/cluster/test_trials.py runs gc during real overlaps."""
 
 from __future__ import annotations
 
