@@ -3,14 +3,15 @@ job, and the Slurm client reads a job slurmctld no longer holds from ``sacct`` w
 same facts slurmctld gave while it held it. The ``--json`` data_parser version is pinned.
 
 Slurm forgets an ended job MinJobAge after it ended (fast profile: 180 s, Slurm's
-default 300 s; its purge runs every minute), so these tests also wait for that."""
+default 300 s; its purge runs every minute): one release waits for that, every release
+checks what sacct records against what slurmctld gave."""
 
 from __future__ import annotations
 
 import pytest
 
 from dispatch_slurm.slurm import client as slurmmod
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, ClusterError
 from dispatch_slurm.slurm.client import SlurmError
 
 pytestmark = pytest.mark.cluster
@@ -29,15 +30,9 @@ def forgotten(c: Cluster, job: int) -> bool:
     return res.returncode != 0 and "Invalid job id" in res.stderr
 
 
-def test_sacct_gives_the_facts_slurmctld_gave(slurm_cluster: Cluster, workdir):
-    """A failed job, a cancelled one and one requeued once: read while slurmctld holds them,
-    then again once it forgot them; every fact the supervisor uses is the same. (Not the
-    exit status of a cancelled job, which the supervisor records but never decides by:
-    slurmctld shows how the batch script ended, the accounting record the 0:0 it had
-    when it was cancelled.)"""
-    c = slurm_cluster
-    cdir, _ = workdir
-    alice = c.slurm_as("alice")
+def _three_ended_jobs(c: Cluster, cdir: str) -> dict[int, tuple]:
+    """A failed job, a cancelled one and one requeued once, ended: their facts as
+    slurmctld gives them while it holds them, in that order."""
     failed = c.submit("alice", args=["-o", "/dev/null", "-w", "c1", "--wrap", "exit 3"])
     cancelled = c.submit("alice", args=["-o", "/dev/null", "-w", "c2", "--wrap", "sleep 300"])
     requeued = c.submit("alice", args=["-o", "/dev/null", "-w", "c3", "--requeue", "--wrap",
@@ -52,12 +47,49 @@ def test_sacct_gives_the_facts_slurmctld_gave(slurm_cluster: Cluster, workdir):
         assert j.source == "slurmctld"
         held[job] = facts(j)
     assert held[failed][4:6] == (3, None) and held[requeued][2] == 1
+    return held
+
+
+def _same(got, want: tuple, cancelled: bool) -> bool:
+    """Every fact the supervisor uses is the same. (Not the exit status of a cancelled job,
+    which the supervisor records but never decides by: slurmctld shows how the batch script
+    ended, the accounting record the 0:0 it had when it was cancelled.)"""
+    if cancelled:
+        want = want[:4] + (got.exit_code, got.exit_signal) + want[6:]
+    return facts(got) == want
+
+
+def test_sacct_gives_the_facts_slurmctld_gave(slurm_cluster: Cluster, workdir):
+    """Every release: what ``sacct`` records (read through the client's sacct path, as for a
+    job slurmctld forgot) is what slurmctld gave, for a failed, a cancelled and a requeued
+    job. slurmdbd records asynchronously: polled until it has the job's end."""
+    c = slurm_cluster
+    alice = c.slurm_as("alice")
+    held = _three_ended_jobs(c, workdir[0])
+    cancelled = list(held)[1]
+    for job, want in held.items():
+        def recorded(job=job, want=want):
+            got = alice.accounted_job(job)
+            return got is not None and got.source == "sacct" and _same(got, want, job == cancelled)
+        try:
+            c.wait_until(recorded, timeout=60, what=f"sacct to record job {job} as slurmctld gave it")
+        except ClusterError as e:
+            raise AssertionError(f"{e}: sacct has {alice.accounted_job(job)}, slurmctld gave {want}") from None
+
+
+@pytest.mark.one_release  # the wait for slurmctld to forget costs MinJobAge; the parsing is checked above
+def test_a_job_slurmctld_forgot_is_read_from_sacct(slurm_cluster: Cluster, workdir):
+    """Once slurmctld forgot the jobs (MinJobAge after they ended), the client's job() and
+    find_job() read them from sacct with the same facts; a job neither knows is None or an
+    error naming both."""
+    c = slurm_cluster
+    alice = c.slurm_as("alice")
+    held = _three_ended_jobs(c, workdir[0])
+    cancelled = list(held)[1]
     c.wait_until(lambda: all(forgotten(c, j) for j in held), timeout=T_PURGE, what="slurmctld to forget the jobs")
     for job, want in held.items():
         got = alice.job(job)
-        if job == cancelled:  # its record keeps the exit status of the moment it was cancelled (0:0)
-            want = want[:4] + (got.exit_code, got.exit_signal) + want[6:]
-        assert got.source == "sacct" and facts(got) == want, (got, want)
+        assert got.source == "sacct" and _same(got, want, job == cancelled), (got, want)
         assert alice.find_job(job) == got
     assert alice.find_job(999_999) is None
     with pytest.raises(SlurmError, match="not known to slurmctld nor to sacct"):
