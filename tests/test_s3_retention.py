@@ -1,8 +1,8 @@
 """gc and the report's retention section on both stores: one story run on a POSIX root
 and on an S3 root (moto's server, started by the tests), and the cessation evidence gc
-asks for; then what only S3 has: a gc that fails between retiring and deleting,
-DeleteObjects' pagination, a file save. The POSIX-only safety rules (symlinks, SIGKILL
-at random moments, ownership) are in tests/test_retention.py."""
+asks for; then what only S3 has, on moto and on Ceph RGW: a gc that fails between
+retiring and deleting, DeleteObjects' pagination, a file save. The POSIX-only safety
+rules (symlinks, SIGKILL at random moments, ownership) are in tests/test_retention.py."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 
 import pytest
 from support import cli
+import test_s3
 import test_store_contract as contract
 from test_store_contract import S3
 
@@ -28,11 +29,14 @@ LATER = time.time() + 3600  # "now" for decisions where --min-age must not matte
 
 
 _outside_a_job, r = contract._outside_a_job, contract.r  # the same roots: a POSIX folder, an S3 prefix
+server = test_s3.server
 
 
 @pytest.fixture
-def s3r(s3_env, s3_root):
-    return S3(s3_env, s3_root)
+def s3r(server):
+    """An S3 root on each server this machine runs (test_s3.server): moto's, and Ceph
+    RGW, a real implementation of DeleteObjects and the conditional PUT."""
+    return S3(server, f"s3://{server.bucket()}/run1")
 
 
 def _story(r) -> dict:
