@@ -26,6 +26,8 @@ ELSEWHERE = {
     "dispatch-slurm release": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
     "torchrun --nproc-per-node": "examples/dist_train.py under torchrun (tests/test_ranks.py) and srun "
                                  "(tests/cluster/test_multirank.py)",
+    "run /scratch/me/run1 --keep-last": "the supervisor's gc over a stand-in Slurm: tests/test_retention.py"
+                                        "::test_run_keep_last_collects_after_each_end_when_the_latest_moves_and_once_it_ceased",
     "DISPATCH_CHECKPOINT=s3://": "an S3 root needs an S3 server: tests/test_s3.py runs env, submit, "
                                  "latest --resume and watch --marker against moto's",
 }
@@ -44,7 +46,7 @@ def block(needle: str) -> str:
 
 def test_every_sh_block_is_run_here_or_named_with_where_it_runs():
     tested = ("dispatch-slurm --version", "eval \"$(dispatch-slurm env)\"", "dispatch-slurm publish \"$DISPATCH",
-              "dispatch-slurm submit /scratch", "& TRAINER=$!")
+              "dispatch-slurm submit /scratch", "& TRAINER=$!", "dispatch-slurm gc /scratch")
     for b in SH:
         assert any(k in b for k in (*tested, *ELSEWHERE)), f"a README snippet nobody runs:\n{b}"
 
@@ -144,6 +146,26 @@ def test_submit_supervise_once_and_report(job):
     typo = bash(block("dispatch-slurm submit /scratch").replace("/scratch/$USER", str(tmp / "typo"))
                 .replace("mkdir -p", "true"), env, tmp)  # the root was never made: stop at submit
     assert typo.returncode == 2 and b"does not exist" in typo.stderr
+
+
+def test_gc_dry_run_then_gc_then_pin(job):
+    """The gc block as written, on a root with two executions' saves: the dry run removes
+    nothing, gc keeps what Slurm cannot show ceased (the stand-in knows no job), the pin holds."""
+    tmp, root, env = job
+    for attempt, steps in (("c.6.1000000", (4000, 5000)), ("c.7.2000000", (6000, 7000))):
+        for step in steps:
+            save = root / "exec" / attempt / f"checkpoint-{step}"
+            save.mkdir(parents=True)
+            (save / "model.bin").write_bytes(b"w" * 4096)
+            store.publish(str(save), root=str(root), epoch=int(attempt.rsplit(".", 1)[1]))
+    before = sorted(p.relative_to(root) for p in root.rglob("model.bin"))
+    script = block("dispatch-slurm gc /scratch").replace("/scratch/me/run1", str(root)).replace("<attempt>",
+                                                                                              "c.6.1000000")
+    res = bash(script, env, tmp)
+    assert res.returncode == 0, res.stderr
+    assert b"would" in res.stdout or b"would" in res.stderr, res
+    assert sorted(p.relative_to(root) for p in root.rglob("model.bin")) == before
+    assert len(os.listdir(root / "pinned")) == 1
 
 
 def test_the_install_snippet_installs_without_root(tmp_path):

@@ -449,25 +449,6 @@ def test_cli_gc_refusals(root, three):
     assert os.listdir(root / "pinned") == [names.path_name(f"exec/{A}/checkpoint-10")]
 
 
-def test_ceased_resolution_asks_slurm_with_the_record_and_keeps_what_it_cannot_show(root):
-    from test_supervisor_rules import CLUSTER, FakeSlurm
-    from dispatch_slurm.slurm.client import Slurm
-    from dispatch_slurm.store import ceased as ceased_store
-    fake = FakeSlurm()
-    fake.jobs[7] = {"job_id": 7, "job_state": ["CANCELLED"], "restart_cnt": 0, "nodes": "c1,c2", "comment": "",
-                    "start_time": {"set": True, "number": 2000}, "state_reason": "None", "user_name": "alice",
-                    "name": "job", "exit_code": {"status": ["EXITED"]}, "cluster": CLUSTER}
-    mine = f"{CLUSTER}.7.1000000"
-    ceased_store.record(str(root), mine, "c1")
-    got = sup_gc.ceased(str(root), [mine, f"{CLUSTER}.8.1000000", "other.7.1000000"], Slurm(fake), facts=[])
-    assert got[mine][0] is False and "no evidence from c2" in got[mine][1]
-    assert got[f"{CLUSTER}.8.1000000"][0] is False and "unknown" in got[f"{CLUSTER}.8.1000000"][1]
-    assert got["other.7.1000000"][0] is False and "cluster other" in got["other.7.1000000"][1]
-    ceased_store.record(str(root), mine, "c2")
-    assert sup_gc.ceased(str(root), [mine], Slurm(fake), facts=[])[mine][0] is True
-    assert sup_gc.ceased(str(root), ["x.1.1000000"], Slurm(fake), said=["x.1.1000000"])["x.1.1000000"][0]
-
-
 def test_run_keep_last_collects_after_each_end_when_the_latest_moves_and_once_it_ceased(root):
     from test_supervisor_rules import FakeSlurm, defn, drive, facts, new
     from dispatch_slurm.store import ceased as ceased_store

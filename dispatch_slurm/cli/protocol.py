@@ -10,7 +10,6 @@ from .. import store
 from ..contract import epoch as epochmod
 from ..contract import layout
 from ..store import retention
-from ..store.roots import is_s3
 from . import common
 
 
@@ -74,32 +73,28 @@ def ls_(root, as_json):
     """Every publication of ROOT in (epoch, step) order: whether its save still exists,
     its size on disk and its state (latest, kept, or retired by gc); then, on stderr,
     unpublished saves and what gc can reclaim (`dispatch-slurm gc --dry-run` says more).
-    On an s3:// root (no gc there) only whether each save exists."""
-    saves = None if is_s3(root) else {r["path"]: r for r in retention.state(root)}
+    On an s3:// root the size is the bytes stored."""
+    saves = {r["path"]: r for r in retention.state(root)}
     pubs, rows = store.publications(root), []
     for p in pubs:
         d = common.publication_json(root, p)
-        retired = saves is not None and p.name in saves[p.path]["retired"]
+        retired = p.name in saves[p.path]["retired"]
         d.update(state="retired" if retired else "latest" if p == pubs[-1] else "kept")
-        if saves is None:
-            d.update(exists=store.save_exists(root, p.path), size=None)
-        else:
-            d.update(exists=saves[p.path]["exists"], size=saves[p.path]["size"], why=saves[p.path]["why"])
+        d.update(exists=saves[p.path]["exists"], size=saves[p.path]["size"], why=saves[p.path]["why"])
         rows.append(d)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     head = ("G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH")
     table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]), str(d["step"]),
-                       "yes" if d["exists"] else "NO", "-" if d["size"] is None else common.size(d["size"]),
+                       "yes" if d["exists"] else "NO", common.size(d["size"]),
                        d["state"], common.text(d["path"])) for d in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
     for row in table:
         click.echo("  ".join([c.rjust(w) for c, w in zip(row, widths)] + [row[-1]]))
     if not rows:
         click.echo(f"(no publication under {root}/{layout.PUB})", err=True)
-    if saves is not None:
-        click.echo(common.retention_summary(saves.values()), err=True)
+    click.echo(common.retention_summary(saves.values()), err=True)
 
 
 @click.group()

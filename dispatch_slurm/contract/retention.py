@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from ..errors import DispatchError
+from . import names
+from .layout import EXEC
 from .names import STEP_PATTERN, Publication
 
 KEEP, REMOVE, GONE = "keep", "remove", "gone"
@@ -100,6 +102,38 @@ class Verdict:
                 "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
                 "latest": latest is not None and latest.path == s.path}
+
+
+def attempt_of(path: str) -> Optional[str]:
+    """The execution whose folder holds ``path`` (exec/<attempt>/...), or None."""
+    parts = path.split("/")
+    return parts[1] if parts[0] == EXEC and len(parts) > 2 else None
+
+
+def known_saves(pubs: Iterable[Publication], retired: Iterable[str], where: str) -> dict[str, Save]:
+    """The saves pub/ and retired/ name (a store's listings of both), before the store
+    adds its leftovers and measures them."""
+    saves: dict[str, Save] = {}
+    for p in pubs:
+        saves.setdefault(p.path, Save(p.path, attempt_of(p.path))).pubs.append(p)
+    for name in sorted(retired):
+        r = names.parse(name, where)
+        saves.setdefault(r.path, Save(r.path, attempt_of(r.path), step=r.step)).retired.append(name)
+    return saves
+
+
+def leftover_step(entry: str, pattern: re.Pattern) -> Optional[int]:
+    """The step of an exec folder's entry named like a save (``pattern``'s group), or None."""
+    m = pattern.fullmatch(entry)
+    return int(m[1]) if m and m[1].isdigit() else None
+
+
+def markers(s: Save) -> list[str]:
+    """The retired/ names that retire save ``s``: its publications', or for a leftover
+    the name it would have had (its execution's epoch, its step)."""
+    if s.pubs:
+        return [p.name for p in s.pubs]
+    return [names.encode(names.attempt_epoch(s.attempt), s.step, s.path)]
 
 
 def pinned(path: str, pins: Iterable[str]) -> bool:

@@ -129,7 +129,7 @@ def build(root: str) -> dict[str, Any]:
                              for p, t in pubs],
             "latest": None if latest is None else {"step": latest.step, "path": latest.path},
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
-            "retention": None if roots.is_s3(root) else retention.status(root, ask=False)}
+            "retention": retention.status(root, ask=False)}
 
 
 def _holds(facts: list[dict]) -> list[dict]:

@@ -8,8 +8,8 @@ exec folders, on each store), ``publish`` (the one publish path),
 cessation evidence)."""
 
 from .posix import open_root
-from .roots import allocate_submission, latest, make_exec_dir, publications, save_exists
+from .roots import allocate_submission, latest, make_exec_dir, publications
 from .publish import Published, env_epoch, env_root, publish, sync
 
 __all__ = ["publish", "Published", "latest", "publications", "allocate_submission", "make_exec_dir",
-           "open_root", "env_root", "env_epoch", "save_exists", "sync"]
+           "open_root", "env_root", "env_epoch", "sync"]

@@ -7,8 +7,10 @@ import os
 
 from ..contract import layout
 from ..errors import BadPath
+from . import s3
 from .durable import DirFds, create_new
 from .posix import open_entry, open_root
+from .roots import is_s3
 
 
 def record(root: str, attempt: str, node: str) -> bool:
@@ -28,8 +30,11 @@ def record(root: str, attempt: str, node: str) -> bool:
 
 
 def nodes(root: str, attempt: str) -> set[str]:
-    """The nodes whose Epilog recorded that this execution's processes are gone."""
+    """The nodes whose Epilog recorded that this execution's processes are gone (on an
+    S3 root: the objects under ceased/, if anything put them there)."""
     prefix = f"{attempt}."
+    if is_s3(root):
+        return {e[len(prefix):] for e in s3.list_names(root, layout.CEASED) if e.startswith(prefix)}
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
         ceased_fd = open_entry(root, root_fd, layout.CEASED)

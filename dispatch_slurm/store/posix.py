@@ -32,7 +32,7 @@ def open_root(root: str) -> int:
     except FileNotFoundError:
         if str(root).startswith("s3://"):  # only the error path pays for the question
             raise StoreError(f"checkpoint root {root}: this command needs a POSIX root; s3:// roots serve "
-                             "publish, latest, ls, watch, env and submit") from None
+                             "publish, latest, ls, watch, env, submit, report and gc") from None
         raise StoreError(f"checkpoint root {root} does not exist (create it first)") from None
     except NotADirectoryError:
         raise StoreError(f"checkpoint root {root} is not a directory") from None
@@ -157,15 +157,9 @@ def publications(root: str) -> list[Publication]:
 
 
 def latest(root: str) -> Publication | None:
-    """The publication with the greatest (epoch, step), or None if there is none. gc never
-    retires the latest publication (store/retention.py); one that is retired anyway (by
-    hand, or a bug) is an error, never a save to resume from."""
-    pub = protocol.latest(_list_pub(root), f"{root}/{layout.PUB}")
-    if pub is not None and _has(root, layout.RETIRED, pub.name):
-        raise StoreError(f"{root}/{layout.RETIRED}/{pub.name}: the latest publication is retired (its save is "
-                         "gone or going); gc never retires the latest: this was done by hand or is a bug "
-                         "(please report it)")
-    return pub
+    """The publication with the greatest (epoch, step), or None; a retired latest is an
+    error (protocol.latest)."""
+    return protocol.latest(_list_pub(root), root, lambda name: _has(root, layout.RETIRED, name))
 
 
 def _has(root: str, name: str, entry: str) -> bool:

@@ -22,7 +22,7 @@ from ..contract import layout, names
 from ..contract.epoch import EPOCH_MAX, decompose, parse_part
 from ..contract.names import Publication
 from ..errors import BadPath, DispatchError
-from . import events, retention, s3
+from . import events, retention, s3, s3_retention
 from .durable import DirFds, sync_tree, walk_to
 from .posix import check_name_fits, create_publication, open_root, save_relpath
 from .roots import is_s3
@@ -122,7 +122,11 @@ def _on_s3(root: str, save: str, decide) -> tuple[str, str, str | None, bool]:
     durable when their PUTs returned, and so is the publication when this one does."""
     rel = s3.save_relpath(root, save)
     name, why = decide(rel)
-    return rel, name, why, s3.create_publication(root, s3.pub_key(root, name, rel))
+    key = s3.pub_key(root, name, rel)
+    if not why:
+        return rel, name, why, s3.create_publication(root, key)
+    with s3_retention.adopting(root, rel):  # another execution's save: gc may be removing it
+        return rel, name, why, s3.create_publication(root, key)
 
 
 def publish(save: str, step: int | None = None, *, root: str | None = None, epoch: int | None = None,

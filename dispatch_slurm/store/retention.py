@@ -3,20 +3,24 @@
 The rules are contract/retention.py's; this module reads a root into an inventory,
 removes what they say, pins saves, and gives the retention state for ``ls`` and the
 report. Whether an execution has ceased is an input (``ceased``): the store does not
-ask Slurm (supervisor/retention.py does).
+ask Slurm (supervisor/retention.py does). Each store does its own reading and writing
+(``_Posix`` here, through directory fds; s3_retention.py with S3's primitives); the
+order below is this module's, the same on both.
 
 How a removal goes, so that a gc killed at any moment leaves every publication either
 intact or clearly retired:
 
-1. for every save to remove, ``retired/<publication name>`` is O_EXCL-created for each
-   of its publications (for an unpublished leftover: the name it would have had at
-   its execution's epoch and step), fsynced with retired/ and the root: the
-   publication is retired before a byte of its save is touched;
+1. for every save to remove, ``retired/<publication name>`` is created if absent
+   (O_EXCL, fsynced with retired/ and the root; on S3 a PUT with If-None-Match: *) for
+   each of its publications (for an unpublished leftover: the name it would have had
+   at its execution's epoch and step): the publication is retired before a byte of
+   its save is touched;
 2. pinned/ and pub/ are read again: a save pinned, or published again (adopted),
    since the inventory is kept (an adopter pins the save before it checks retired/, so
    one of the two always sees the other);
-3. the save is removed through directory fds, never following a symlink, then its
-   folders up to ``exec/<attempt>`` if they are left empty.
+3. the save is removed (POSIX: through directory fds, never following a symlink, then
+   its folders up to ``exec/<attempt>`` if they are left empty; S3: DeleteObjects of
+   every key under it).
 
 gc never retires the latest publication, and pub/ only grows, so a publication below
 the latest stays below it: ``latest`` (the max of pub/) never names a retired save."""
@@ -32,10 +36,14 @@ from contextlib import contextmanager
 from typing import Iterator, Mapping, Optional
 
 from ..contract import layout, names
-from ..contract.retention import KEEP, REMOVE, Inventory, Policy, Save, Verdict, decide, empty_folders, pinned
+from ..contract.retention import (KEEP, REMOVE, Inventory, Policy, Save, Verdict, decide, empty_folders,
+                                  known_saves, leftover_step, markers, pinned)
 from ..errors import BadPath
+from . import protocol, s3_retention
 from .durable import DirFds, create_new, open_dir, remove_tree
 from .posix import check_owner, open_entry, open_root, publications, save_relpath
+from .roots import is_s3
+from .roots import publications as any_publications
 
 
 def _usage(name: str, dir_fd: int) -> tuple[int, float]:
@@ -69,11 +77,6 @@ def _listing(root: str, root_fd: int, name: str) -> list[str]:
         return os.listdir(fd)
     finally:
         os.close(fd)
-
-
-def _attempt_of(path: str) -> Optional[str]:
-    parts = path.split("/")
-    return parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None
 
 
 def pins(root: str, root_fd: int) -> set[str]:
@@ -140,9 +143,9 @@ def _exec_folders(root: str, root_fd: int, saves: dict[str, Save], pattern: re.P
                 if not entries:
                     empty.add(attempt)
                 for e in entries:
-                    m, rel = pattern.fullmatch(e), f"{layout.EXEC}/{attempt}/{e}"
-                    if m and m[1].isdigit() and rel not in known and _is_dir(e, fd):
-                        s = saves[rel] = Save(rel, attempt, step=int(m[1]))
+                    step, rel = leftover_step(e, pattern), f"{layout.EXEC}/{attempt}/{e}"
+                    if step is not None and rel not in known and _is_dir(e, fd):
+                        s = saves[rel] = Save(rel, attempt, step=step)
                         if len(names.encode(epoch, s.step, rel)) > limit:
                             s.problem = "its retired/ name would be over the filesystem's limit: left alone"
             finally:
@@ -162,46 +165,19 @@ def _is_dir(name: str, dir_fd: int) -> bool:
 
 def scan(root: str, pattern: str = names.STEP_PATTERN) -> Inventory:
     """What is under the root: every publication, retired marker, pin, leftover and
-    exec folder, with sizes (bytes on disk) and the folders' newest mtimes."""
+    exec folder, with sizes (bytes on disk; on S3 bytes stored) and the newest mtimes."""
+    if is_s3(root):
+        return s3_retention.scan(root, pattern)
     pubs = publications(root)
-    saves: dict[str, Save] = {}
-    for p in pubs:
-        saves.setdefault(p.path, Save(p.path, _attempt_of(p.path))).pubs.append(p)
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
-        where = f"{root}/{layout.RETIRED}"
-        retired = set(_listing(root, root_fd, layout.RETIRED))
-        for name in sorted(retired):
-            r = names.parse(name, where)
-            saves.setdefault(r.path, Save(r.path, _attempt_of(r.path), step=r.step)).retired.append(name)
+        saves = known_saves(pubs, _listing(root, root_fd, layout.RETIRED), f"{root}/{layout.RETIRED}")
         empty: set[str] = set()
         newest = _exec_folders(root, root_fd, saves, re.compile(pattern), empty)
         for s in saves.values():
             _measure(s, root_fd)
-        return Inventory(max(pubs, default=None, key=lambda p: p.name), saves, newest, retired,
-                         pins(root, root_fd), empty)
-
-
-def _marker(s: Save) -> list[str]:
-    """The retired/ names that retire save ``s``: its publications', or for a
-    leftover the name it would have had (its execution's epoch, its step)."""
-    if s.pubs:
-        return [p.name for p in s.pubs]
-    return [names.encode(names.attempt_epoch(s.attempt), s.step, s.path)]
-
-
-def _retire(root: str, root_fd: int, doomed: list[Verdict]) -> None:
-    fd = open_entry(root, root_fd, layout.RETIRED, create=True)
-    try:
-        for v in doomed:
-            for name in _marker(v.save):
-                try:
-                    create_new(name, fd)
-                except FileExistsError:
-                    pass  # an earlier gc, killed after retiring it
-    finally:
-        os.close(fd)
-    os.fsync(root_fd)
+        return Inventory(max(pubs, default=None, key=lambda p: p.name), saves, newest,
+                         {n for s in saves.values() for n in s.retired}, pins(root, root_fd), empty)
 
 
 def _rmdir(name: str, dir_fd: int) -> bool:
@@ -233,6 +209,47 @@ def _remove(path: str, root_fd: int) -> int:
             os.close(fd)
 
 
+class _Posix:
+    """gc's reads and writes on a POSIX root, all through the root's fd (never a path a
+    symlink could redirect); only under a root the user owns."""
+
+    def __init__(self, root: str, fds: DirFds):
+        self.root, self.fds, self.fd = root, fds, fds.add(open_root(root))
+        check_owner(root, self.fd)  # removing under a root someone else controls is never ours to do
+
+    def retire(self, marks: list[str]) -> None:
+        """Create every retired/ entry (one an earlier, killed gc made is fine), durably."""
+        fd = self.fds.add(open_entry(self.root, self.fd, layout.RETIRED, create=True))
+        for name in marks:
+            try:
+                create_new(name, fd)
+            except FileExistsError:
+                pass
+        os.fsync(self.fd)
+
+    def pins(self) -> set[str]:
+        return pins(self.root, self.fd)
+
+    def remove(self, path: str) -> int:
+        return _remove(path, self.fd)
+
+    def drop_empty(self, attempts: list[str]) -> None:
+        if attempts:
+            exec_fd = self.fds.add(open_dir(layout.EXEC, dir_fd=self.fd))
+            for attempt in attempts:
+                _rmdir(attempt, exec_fd)
+
+
+@contextmanager
+def _store(root: str) -> Iterator:
+    """The store's gc operations on ``root`` (retire, pins, remove, drop_empty)."""
+    if is_s3(root):
+        yield s3_retention.Gc(root)
+        return
+    with DirFds() as fds:
+        yield _Posix(root, fds)
+
+
 def collect(root: str, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *, dry_run: bool = False,
             now: Optional[float] = None) -> list[Verdict]:
     """Apply the policy to the root: every save's verdict, and what was freed. ``ceased``:
@@ -243,12 +260,10 @@ def collect(root: str, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *
     doomed = [v for v in verdicts if v.action == REMOVE]
     if dry_run:
         return verdicts
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        check_owner(root, root_fd)  # removing under a root someone else controls is never ours to do
+    with _store(root) as st:
         if doomed:
-            _retire(root, root_fd, doomed)
-            now_pinned, now_pubs = pins(root, root_fd), publications(root)
+            st.retire([name for v in doomed for name in markers(v.save)])
+            now_pinned, now_pubs = st.pins(), any_publications(root)
         for v in doomed:
             again = [p.name for p in now_pubs if p.path == v.save.path and p not in v.save.pubs]
             if pinned(v.save.path, now_pinned) or again:
@@ -256,12 +271,8 @@ def collect(root: str, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *
                 v.why = (f"published again meanwhile ({again[0]}): kept, its older publications retired"
                          if again else "pinned meanwhile: kept, its publications retired")
                 continue
-            v.freed = _remove(v.save.path, root_fd)
-        folders = empty_folders(inv, policy, ceased, now)
-        if folders:
-            exec_fd = fds.add(open_dir(layout.EXEC, dir_fd=root_fd))
-            for attempt in folders:
-                _rmdir(attempt, exec_fd)
+            v.freed = st.remove(v.save.path)
+        st.drop_empty(empty_folders(inv, policy, ceased, now))
     return verdicts
 
 
@@ -269,9 +280,9 @@ def state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[s
           now: Optional[float] = None) -> list[dict]:
     """The retention state of every save gc knows of, as JSON-able rows: ``state`` kept,
     reclaimable (a gc with this policy would remove it now) or retired (removed), with
-    ``size`` (bytes on disk), ``why``, its publications and retired markers. Without a
-    policy every published save counts as kept; without ``ceased`` only what gc
-    retired before is known to have ceased."""
+    ``size`` (bytes on disk; on S3 bytes stored), ``why``, its publications and retired
+    markers. Without a policy every published save counts as kept; without ``ceased``
+    only what gc retired before is known to have ceased."""
     policy = policy or Policy(min_age=0)
     inv = scan(root, policy.pattern)
     return [v.as_dict(inv.latest) for v in decide(inv, policy, ceased or {}, time.time() if now is None else now)]
@@ -280,6 +291,8 @@ def state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[s
 def pin(root: str, save: str) -> tuple[str, bool]:
     """Pin ``save`` (a save or a folder of saves under the root) so gc never removes it;
     (its path under the root, whether the pin is new)."""
+    if is_s3(root):
+        return s3_retention.pin(root, save)
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
         rel = save_relpath(root, root_fd, save)
@@ -294,6 +307,8 @@ def pin(root: str, save: str) -> tuple[str, bool]:
 
 def unpin(root: str, save: str) -> tuple[str, bool]:
     """Drop the pin of ``save`` (which may be gone); (its path, whether a pin was there)."""
+    if is_s3(root):
+        return s3_retention.unpin(root, save)
     root_abs, save_abs = os.path.abspath(root).rstrip("/"), os.path.abspath(save)
     if not save_abs.startswith(root_abs + "/"):
         raise BadPath(f"{save} is not inside the checkpoint root {root}")
@@ -315,26 +330,20 @@ def unpin(root: str, save: str) -> tuple[str, bool]:
 @contextmanager
 def adopting(root: str, root_fd: int, rel: str) -> Iterator[None]:
     """Around the publication of another execution's save: pin it, refuse it if gc has
-    retired it, unpin it once published. A gc retires before it reads the pins, and
-    this pins before it reads retired/, so a save is never both adopted and removed."""
+    retired it, unpin it once published (protocol.adopting)."""
     name = names.path_name(rel)
     fd = open_entry(root, root_fd, layout.PINNED, create=True)
-    try:
+
+    def pin() -> bool:
         try:
             create_new(name, fd)
-            mine = True
+            return True
         except FileExistsError:
-            mine = False  # pinned by a person: it stays pinned
-        try:
-            where = f"{root}/{layout.RETIRED}"
-            gone = [e for e in _listing(root, root_fd, layout.RETIRED) if names.parse(e, where).path == rel]
-            if gone:
-                raise BadPath(f"refusing to adopt {rel}: gc retired it ({layout.RETIRED}/{gone[0]}), so its "
-                              "files are gone or being removed")
+            return False  # pinned by a person: it stays pinned
+    try:
+        with protocol.adopting(rel, pin, lambda: _listing(root, root_fd, layout.RETIRED),
+                               lambda: os.unlink(name, dir_fd=fd), f"{root}/{layout.RETIRED}"):
             yield
-        finally:
-            if mine:
-                os.unlink(name, dir_fd=fd)
     finally:
         os.close(fd)
 

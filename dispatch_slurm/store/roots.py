@@ -1,9 +1,7 @@
 """Which store a root is on: the one place that tells. ``s3://bucket/prefix`` is the
 S3 store (s3.py), anything else a path on the POSIX store (posix.py). Both offer the
-same entry points (publications, latest, allocate_submission, make_exec_dir,
-save_exists) over the same rules (protocol.py)."""
-
-import os
+same entry points (publications, latest, allocate_submission, make_exec_dir) over
+the same rules (protocol.py)."""
 
 from . import posix, s3
 
@@ -32,9 +30,3 @@ def allocate_submission(root) -> int:
 def make_exec_dir(root, attempt: str, mode: int = 0o700, create_root: bool = False) -> str:
     return backend(root).make_exec_dir(root, attempt, mode, create_root)
 
-
-def save_exists(root, rel: str) -> bool:
-    """Whether the save ``rel`` of a publication is still there (`ls`)."""
-    if is_s3(root):
-        return s3.save_exists(root, rel)
-    return os.path.lexists(os.path.join(root, rel))

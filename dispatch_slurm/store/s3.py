@@ -178,7 +178,9 @@ def publications(root) -> list[Publication]:
 
 
 def latest(root) -> Publication | None:
-    return protocol.latest(list_names(root, layout.PUB), f"{root}/{layout.PUB}")
+    """As posix.latest: a retired latest is an error (protocol.latest)."""
+    return protocol.latest(list_names(root, layout.PUB), root,
+                           lambda name: object_exists(f"{root}/{layout.RETIRED}/{name}"))
 
 
 def allocate_submission(root) -> int:
@@ -261,6 +263,15 @@ def entries(folder_url: str) -> Iterator[tuple[str, bool]]:
             yield p["Prefix"][len(prefix):-1], True
         for o in page.get("Contents", ()):
             yield o["Key"][len(prefix):], False
+
+
+def stat(url: str) -> dict | None:
+    """The listing's entry (Key, Size, LastModified...) of the object ``url`` itself, or
+    None if there is no such object."""
+    bucket, key = split(url)
+    key = key.rstrip("/")
+    page = next(_pages(bucket, key, url, MaxKeys=1))
+    return next((o for o in page.get("Contents", ()) if o["Key"] == key), None)
 
 
 def object_exists(url: str) -> bool:
