@@ -3,8 +3,11 @@ job, and the Slurm client reads a job slurmctld no longer holds from ``sacct`` w
 same facts slurmctld gave while it held it. The ``--json`` data_parser version is pinned.
 
 Slurm forgets an ended job MinJobAge after it ended (fast profile: 180 s, Slurm's
-default 300 s; its purge runs every minute): one release waits for that, every release
-checks what sacct records against what slurmctld gave."""
+default 300 s; its purge runs every minute). Every release here checks what sacct records
+against what slurmctld gave, through the client's sacct path; the wait for slurmctld to
+really forget (MinJobAge + the purge) is paid once, on one release, by
+tests/cluster/test_supervisor.py::test_stopped_longer_than_min_job_age_decides_as_if_it_never_stopped,
+whose supervisor then reads the job from sacct (`"via": "sacct"`)."""
 
 from __future__ import annotations
 
@@ -16,18 +19,9 @@ from dispatch_slurm.slurm.client import SlurmError
 
 pytestmark = pytest.mark.cluster
 
-T_PURGE = 330  # MinJobAge (180 s) + the purge interval (60 s) + a loaded machine
-
-
 def facts(j) -> tuple:
     return (j.job_id, j.state, j.restart_count, j.nodes, j.exit_code, j.exit_signal, j.start_time, j.end_time,
             j.partition, j.user, j.name)
-
-
-def forgotten(c: Cluster, job: int) -> bool:
-    """slurmctld itself says it does not hold the job (not the client, which would ask sacct)."""
-    res = c.exec(CONTROLLER, ["scontrol", "show", "job", str(job)], check=False)
-    return res.returncode != 0 and "Invalid job id" in res.stderr
 
 
 def _three_ended_jobs(c: Cluster, cdir: str) -> dict[int, tuple]:
@@ -67,6 +61,7 @@ def test_sacct_gives_the_facts_slurmctld_gave(slurm_cluster: Cluster, workdir):
     alice = c.slurm_as("alice")
     held = _three_ended_jobs(c, workdir[0])
     cancelled = list(held)[1]
+    assert all(alice.job(j).source == "slurmctld" for j in held)  # held: job() asks slurmctld first
     for job, want in held.items():
         def recorded(job=job, want=want):
             got = alice.accounted_job(job)
@@ -75,22 +70,6 @@ def test_sacct_gives_the_facts_slurmctld_gave(slurm_cluster: Cluster, workdir):
             c.wait_until(recorded, timeout=60, what=f"sacct to record job {job} as slurmctld gave it")
         except ClusterError as e:
             raise AssertionError(f"{e}: sacct has {alice.accounted_job(job)}, slurmctld gave {want}") from None
-
-
-@pytest.mark.one_release  # the wait for slurmctld to forget costs MinJobAge; the parsing is checked above
-def test_a_job_slurmctld_forgot_is_read_from_sacct(slurm_cluster: Cluster, workdir):
-    """Once slurmctld forgot the jobs (MinJobAge after they ended), the client's job() and
-    find_job() read them from sacct with the same facts; a job neither knows is None or an
-    error naming both."""
-    c = slurm_cluster
-    alice = c.slurm_as("alice")
-    held = _three_ended_jobs(c, workdir[0])
-    cancelled = list(held)[1]
-    c.wait_until(lambda: all(forgotten(c, j) for j in held), timeout=T_PURGE, what="slurmctld to forget the jobs")
-    for job, want in held.items():
-        got = alice.job(job)
-        assert got.source == "sacct" and _same(got, want, job == cancelled), (got, want)
-        assert alice.find_job(job) == got
     assert alice.find_job(999_999) is None
     with pytest.raises(SlurmError, match="not known to slurmctld nor to sacct"):
         alice.job(999_999)
