@@ -95,12 +95,13 @@ def test_concurrent_submissions_get_distinct_numbers(server):
     assert sorted(got) == list(range(1, 65))
 
 
-def test_pagination_at_ten_thousand_publications(s3_env):
+@pytest.mark.parametrize("server", ["ceph"], indirect=True)  # RGW lists 10^4 keys ~7x faster than moto
+def test_pagination_at_ten_thousand_publications(server):
     """10^4 publications, 10 pages of ListObjectsV2: every one is read and parsed; a bad
     key on the last page is found; the latest is the true max."""
-    url = f"s3://{s3_env.bucket()}/run"
+    url = f"s3://{server.bucket()}/run"
     bucket, prefix = names.split_s3(url)
-    c = s3_env.client()
+    c = server.client()
     keys = [f"{prefix}pub/" + names.encode(E1 + i % 7, i, f"exec/c.{i // 1000}.{E1 + i % 7}/checkpoint-{i}")
             for i in range(10_000)]
     with ThreadPoolExecutor(16) as pool:
