@@ -38,6 +38,10 @@ def rank() -> int | None:
     return None
 
 
+AGREE_EVERY_S = 0.05  # training time between two agreements: a stop is decided within ~2x this
+MAX_STRIDE = 16  # steps between two agreements at most, whatever the step time
+
+
 class Ranks:
     """The protocol's collectives. Create it on every rank, in the same order as any
     other group (``new_group`` is itself a collective)."""
@@ -48,23 +52,38 @@ class Ranks:
         self._dist, self._torch = dist, torch
         self._agree = dist.new_group(backend="gloo")
         self._confirm = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(grace, 1.0)))
-        self._flag = torch.zeros(1, dtype=torch.float64)
-        self._pending = None  # the all-reduce started at the previous point
+        self._flag = torch.zeros(2, dtype=torch.float64)  # [elapsed, -stride proposed]: one MAX for both
+        self._pending = None  # the all-reduce started at an earlier point
         self._started = 0.0  # and when (time.monotonic())
+        self._stride, self._left = 1, 0  # points per collective (the same on every rank), points until the next
+        self._last = None  # time.monotonic() at the previous point: this rank's step time
 
     def agree(self, elapsed: float) -> float | None:
         """Seconds since the earliest signal any rank had seen at the previous point, the
         same decision on every rank; None to go on. ``elapsed`` (-1: no signal) is this
-        rank's contribution to the next point's answer."""
+        rank's contribution to the next answer.
+
+        The collective runs every ``stride`` points, not every step: its ~150 us of waiting
+        would cost 2% of a 7 ms step. The ranks agree on the stride in the same all-reduce
+        (the smallest one proposed: AGREE_EVERY_S of this rank's last step, at most
+        MAX_STRIDE), so they all count the same points; a stop waits at most two strides."""
+        now = time.monotonic()
+        step, self._last = (None if self._last is None else now - self._last), now
+        if self._left > 0:
+            self._left -= 1
+            return None
         if self._pending is not None:
             self._pending.wait()
             self._pending = None
-            if self._flag.item() >= 0:
-                return self._flag.item() + time.monotonic() - self._started
-        self._flag.fill_(elapsed)
+            if self._flag[0].item() >= 0:
+                return self._flag[0].item() + time.monotonic() - self._started
+            self._stride = int(-self._flag[1].item())
+        want = 1 if not step else max(1, min(MAX_STRIDE, int(AGREE_EVERY_S / step)))
+        self._flag[0], self._flag[1] = elapsed, -want
         self._started = time.monotonic()
         self._pending = self._dist.all_reduce(self._flag, op=self._dist.ReduceOp.MAX,
                                               group=self._agree, async_op=True)
+        self._left = self._stride - 1
         return None
 
     def all_ok(self, ok: bool) -> bool:
