@@ -18,16 +18,17 @@ def _ended(e: dict) -> str:
     return f"{end['state']}{by}"
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    raise AssertionError
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
 
 
 def _retention(ret: Optional[dict]) -> list[str]:
-    """gc's view: totals per state, then each save that is not simply kept, or is the latest."""
+    """gc's view: totals per state, then every save with its state, size and why."""
     if not ret or not ret["saves"]:
         return []
     keep = ret["policy"]["keep_last"]
