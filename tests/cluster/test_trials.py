@@ -95,8 +95,12 @@ def test_overlap_is_harmless_in_dispatch_mode(slurm_cluster: Cluster, scenario):
     c.wait_until(lambda: (host / "gc.stopped").exists(), timeout=60, what="the gc loop to stop")
     naive, dispatch = results["naive"], results["dispatch"]
     print(trial.table([naive, dispatch]))
-    for r in results.values():  # the overlap really happened: the old one wrote after "ended"
+    for r in results.values():  # the overlap really happened: the old one wrote after "ended",
         assert r.overlap_s > 0 and r.details["old_writes_after_end"] > 0, r
+        # and after the replacement chose where to resume (else neither mode was put to the test)
+        assert r.details["old_writes_after_new_chose"] > 0, (
+            f"{r.mode}: the replacement started only after the old execution's last write, no race: "
+            f"Slurm must start a submitted job well within KillWait (profile-fast.env): {r}")
         assert r.details["lineages"]["new"] and r.details["lineages"]["third"], r
     assert (dispatch.wrong_resume, dispatch.mixed, dispatch.lost) == (False, 0, 0), dispatch
     assert dispatch.resumed_from == dispatch.details["lineages"]["new"]

@@ -61,6 +61,8 @@ def analyze(recs: list[dict], old: str, new: str, third: str | None, ended_at: f
                    and new in writes_by_folder.get(r["path"], ())})
     old_writes = [r["t"] for r in recs if r["lineage"] == old and r["op"] in ("write", "delete", "publish")]
     overlap = max(0.0, max(old_writes, default=ended_at) - ended_at)
+    # the moment the replacement chose its resume point (it logs "start" just before)
+    chose = next((r["t"] for r in recs if r["lineage"] == new and r["op"] == "start"), None)
     resumed = next((r for r in recs if r["lineage"] == third and r["op"] in ("resume", "resume_failed")), None)
     from_lineage = resumed.get("from_lineage") if resumed else None
     new_saved = any(r["lineage"] == new and r["op"] == "write" and r["path"].endswith("trainer_state.json")
@@ -72,6 +74,8 @@ def analyze(recs: list[dict], old: str, new: str, third: str | None, ended_at: f
     return Result(scenario, mode, round(overlap, 3), len(mixed), len(lost), wrong, from_lineage,
                   {"mixed_folders": mixed[:5], "lost_saves": lost[:5],
                    "old_writes_after_end": sum(t > ended_at for t in old_writes),
+                   # > 0: a real race, the old execution wrote after the replacement chose where to resume
+                   "old_writes_after_new_chose": sum(chose is not None and t > chose for t in old_writes),
                    "lineages": {"old": old, "new": new, "third": third}, "timeline": timeline})
 
 
