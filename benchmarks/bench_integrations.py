@@ -1,15 +1,19 @@
 """Training overhead of each integration against the bare framework, side by side.
 
 Each framework trains the same model under torchrun (2 ranks, gloo, CPU) in alternating
-rounds, bare and with dispatch-slurm (the preemption handler installed in both):
-  * torch DDP and accelerate: the loop with and without ``preemption_point()`` after
-    each step (the agreement's all-reduce, overlapped with the next step);
+rounds, bare and with dispatch-slurm:
+  * torch DDP and accelerate (the preemption handler installed on both sides): the loop
+    with and without ``preemption_point()`` after each step (the agreement's all-reduce,
+    overlapped with the next step);
   * Hugging Face Trainer: without and with ``DispatchCallback`` (no saves in either);
-  * Lightning: ``enable_checkpointing=False`` and ``DispatchCheckpoint`` (no saves due).
-The figure is the median step time (wall clock between two step ends, rank 0); for the
-plain loops also the median time spent inside ``preemption_point()`` (what the protocol adds
-to the critical path, whatever the machine's other load does to the A/B ratio).
-Goal: ratio <= 1.01. Saves cost the same either way and are left out.
+  * Lightning: its own ``ModelCheckpoint`` (what ``enable_checkpointing`` adds by default) and
+    ``DispatchCheckpoint`` in its place (no saves due in either).
+The figure is the median step time (wall clock between two step ends, rank 0), the spread of
+the ratio over the ABBA pairs of rounds (interquartile range), and the mean
+time per step spent inside dispatch-slurm's per-step call (``preemption_point()``, or
+``stop_requested()`` in the integrations' callbacks): what the protocol adds to the critical
+path, whatever the machine's other load does to the A/B ratio (on 2 busy cores, +-3% between
+two rounds of the same side). Goal: <= 1%. Saves cost the same either way and are left out.
 
     python benchmarks/bench_integrations.py [--frameworks ddp,accelerate,hf,lightning] [--rounds 6]
 """
@@ -42,6 +46,17 @@ def schedule(rounds: int):
         yield from (((False, True), (True, True)) if i % 2 == 0 else ((True, True), (False, True)))
 
 
+def timed(fn, inside: list):
+    """``fn``, adding the seconds each call takes to ``inside``."""
+    def call(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            inside.append(time.perf_counter() - t)
+    return call
+
+
 def loop_round(step_fn, steps: int, point, inside: list) -> list[float]:
     """Step times (wall clock between step ends); ``inside`` gets the time spent in ``point``."""
     times, last = [], time.perf_counter()
@@ -71,7 +86,7 @@ def loop_worker(rounds: int, m, opt, backward, framework: str) -> dict:
     out = {"bare": [], "with": [], "inside": []}
     for with_, keep in schedule(rounds * PLAIN_ROUNDS):
         times = loop_round(step, STEPS[framework], preemption_point if with_ else None, out["inside"])
-        out["with" if with_ else "bare"] += times if keep else []
+        out["with" if with_ else "bare"] += [times] if keep else []
     return out
 
 
@@ -96,6 +111,7 @@ def worker_hf(rounds: int) -> dict:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
     from dispatch_slurm.integrations import hf
+    from dispatch_slurm.runtime import preempt
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -106,7 +122,8 @@ def worker_hf(rounds: int) -> dict:
 
     cfg = GPT2Config(vocab_size=100, n_positions=32, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
     data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 100, (4096, 32), generator=torch.Generator().manual_seed(0))]
-    out = {"bare": [], "with": []}
+    out = {"bare": [], "with": [], "inside": []}
+    preempt.stop_requested = timed(preempt.stop_requested, out["inside"])
     for with_, keep in schedule(rounds):
         clock = Clock()
         args = TrainingArguments(output_dir=hf.output_dir(), max_steps=STEPS["hf"], save_strategy="no",
@@ -115,14 +132,16 @@ def worker_hf(rounds: int) -> dict:
         torch.manual_seed(0)
         cbs = [hf.DispatchCallback(), clock] if with_ else [clock]
         Trainer(model=GPT2LMHeadModel(cfg), args=args, train_dataset=data, callbacks=cbs).train()
-        out["with" if with_ else "bare"] += [b - a for a, b in zip(clock.t[5:], clock.t[6:])] if keep else []
+        out["with" if with_ else "bare"] += [[b - a for a, b in zip(clock.t[5:], clock.t[6:])]] if keep else []
     return out
 
 
 def worker_lightning(rounds: int) -> dict:
     import lightning.pytorch as L
     import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from dispatch_slurm.integrations import lightning as dl
+    from dispatch_slurm.runtime import preempt
 
     class Net(L.LightningModule):
         def __init__(self):
@@ -140,14 +159,16 @@ def worker_lightning(rounds: int) -> dict:
 
     g = torch.Generator().manual_seed(0)
     ds = torch.utils.data.TensorDataset(torch.randn(64 * 200, 256, generator=g), torch.randn(64 * 200, 1, generator=g))
-    out = {"bare": [], "with": []}
+    out = {"bare": [], "with": [], "inside": []}
+    preempt.stop_requested = timed(preempt.stop_requested, out["inside"])
     for with_, keep in schedule(rounds):
         net = Net()
-        kw = {"callbacks": [dl.DispatchCheckpoint(every_n_train_steps=10**9)]} if with_ else {"enable_checkpointing": False}
+        ckpt = (dl.DispatchCheckpoint if with_ else ModelCheckpoint)(dirpath=dl.output_dir(), every_n_train_steps=10**9)
+        kw = {"callbacks": [ckpt]}
         L.Trainer(max_steps=STEPS["lightning"], accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]),
                   strategy="ddp", logger=False, enable_progress_bar=False, enable_model_summary=False,
                   default_root_dir=dl.output_dir(), **kw).fit(net, torch.utils.data.DataLoader(ds, batch_size=64))
-        out["with" if with_ else "bare"] += [b - a for a, b in zip(net.t[5:], net.t[6:])] if keep else []
+        out["with" if with_ else "bare"] += [[b - a for a, b in zip(net.t[5:], net.t[6:])]] if keep else []
     return out
 
 
@@ -183,13 +204,18 @@ def main():
             dist.barrier()
             dist.destroy_process_group()
         return
-    print(f"{'framework':<12} {'bare ms/step':>13} {'with ms/step':>13} {'ratio':>7} {'in preemption_point':>20}"
+    print(f"{'framework':<12} {'bare ms/step':>13} {'with ms/step':>13} {'ratio':>7} {'pairs IQR':>13} "
+          f"{'in dispatch-slurm':>18}"
           f"   ({a.nproc} ranks, gloo, CPU)")
     for fw in a.frameworks.split(","):
         r = run(fw, a.rounds, a.nproc)
-        bare, with_ = statistics.median(r["bare"]) * 1e3, statistics.median(r["with"]) * 1e3
-        inside = f"{statistics.median(r['inside']) * 1e6:.0f} us/step" if r.get("inside") else "-"
-        print(f"{fw:<12} {bare:>13.2f} {with_:>13.2f} {with_ / bare:>6.3f}x {inside:>20}", flush=True)
+        bare, with_ = (statistics.median([t for rnd in r[k] for t in rnd]) * 1e3 for k in ("bare", "with"))
+        # each round beside its ABBA partner: the spread says what the machine's noise allows
+        pairs = sorted(statistics.median(w) / statistics.median(b) for b, w in zip(r["bare"], r["with"]))
+        q1, q3 = pairs[len(pairs) // 4], pairs[(3 * len(pairs)) // 4]
+        inside = statistics.mean(r["inside"]) * 1e3  # ms per step, the rare collective's share included
+        print(f"{fw:<12} {bare:>13.2f} {with_:>13.2f} {with_ / bare:>6.3f}x {q1:>6.3f}-{q3:.3f}x "
+              f"{inside * 1e3:>7.0f} us = {inside / bare:>5.2%}", flush=True)
 
 
 if __name__ == "__main__":

@@ -83,10 +83,13 @@ CHILD = textwrap.dedent("""
     install_preemption_handler(save, grace=float(os.environ.get("GRACE", "20")))
     open(os.path.join(os.environ["OUT"], f"ready-{rank}-{os.getpid()}"), "w").close()
     while True:
-        t = torch.ones(1)
-        dist.all_reduce(t)
+        if mode == "skew":  # no collective of the program's own: rank 1's steps are 3-90x slower and vary
+            time.sleep(0.001 if rank == 0 else 0.03 * (1 + step % 3))
+        else:
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            time.sleep(0.01)
         step += 1
-        time.sleep(0.01)
         preemption_point()
 """)
 
@@ -131,9 +134,12 @@ def test_a_rank_lost_during_the_save_fails_the_others_within_the_grace(tmp_path,
     assert proc.returncode != 0
 
 
-def test_one_signalled_rank_stops_both_at_one_step(tmp_path, root):
-    proc, pids = start_child(tmp_path, root, "ok")
-    os.kill(pids[1], signal.SIGTERM)
+@pytest.mark.parametrize("mode", ["ok", "skew"])
+def test_one_signalled_rank_stops_both_at_one_step(tmp_path, root, mode):
+    """skew: the ranks' step times differ, so they propose different strides between two
+    agreements (AGREE_EVERY_S / step: 16 vs 1-6): they must still count the same points."""
+    proc, pids = start_child(tmp_path, root, mode)
+    os.kill(pids[0 if mode == "skew" else 1], signal.SIGTERM)
     out = outcome(proc)
     assert proc.returncode == 0 and out.count(SENTINEL) == 2, out[-3000:]
     pub = store.latest(root)

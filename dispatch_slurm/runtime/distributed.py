@@ -38,7 +38,7 @@ def rank() -> int | None:
     return None
 
 
-AGREE_EVERY_S = 0.05  # training time between two agreements: a stop is decided within ~2x this
+AGREE_EVERY_S = 0.2  # training time between two agreements: a stop is decided within ~2x this
 MAX_STRIDE = 16  # steps between two agreements at most, whatever the step time
 
 
@@ -63,8 +63,10 @@ class Ranks:
         same decision on every rank; None to go on. ``elapsed`` (-1: no signal) is this
         rank's contribution to the next answer.
 
-        The collective runs every ``stride`` points, not every step: its ~150 us of waiting
-        would cost 2% of a 7 ms step. The ranks agree on the stride in the same all-reduce
+        The collective runs every ``stride`` points, not every step: starting one costs
+        0.2-0.4 ms (gloo's worker thread takes the CPU from the step on a busy node), 1-5% of a
+        7-25 ms step; once per AGREE_EVERY_S (or MAX_STRIDE steps) it is 0.2-0.5%
+        (benchmarks/bench_integrations.py). The ranks agree on the stride in the same all-reduce
         (the smallest one proposed: AGREE_EVERY_S of this rank's last step, at most
         MAX_STRIDE), so they all count the same points; a stop waits at most two strides."""
         now = time.monotonic()
