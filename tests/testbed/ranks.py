@@ -199,7 +199,7 @@ def resume(t: Trial, root: str, logdir: str) -> Trial:
     t.resumed = got[0] if got else None
     if rc != 0 or t.resumed != latest.step:
         t.deadlock = rc is None
-        t.error += f"resume: rc {rc}, resumed at {t.resumed}, latest {latest.step}: {text[-2000:]}; "
+        t.error += f"resume: rc {rc}, resumed at {t.resumed}, latest {latest.step}: {text[-8000:]}; "
     return t
 
 
@@ -215,7 +215,8 @@ def trials(n: int, seed: int, targets=None) -> list[Trial]:
             except Exception as e:  # noqa: BLE001 -- a trial that could not run is a failed trial, not the end
                 t.error = f"{type(e).__name__}: {e}"
                 out.append(t)
-        print(json.dumps(dataclasses.asdict(out[-1]))[:400], flush=True)
+        line = json.dumps(dataclasses.asdict(out[-1]))
+        print(line if out[-1].error else line[:400], flush=True)  # a failure whole: its traceback
     return out
 
 
