@@ -12,8 +12,8 @@ The figure is the median step time (wall clock between two step ends, rank 0), t
 the ratio over the ABBA pairs of rounds (interquartile range), and the mean
 time per step spent inside dispatch-slurm's per-step call (``preemption_point()``, or
 ``stop_requested()`` in the integrations' callbacks): what the protocol adds to the critical
-path, whatever the machine's other load does to the A/B ratio (on 2 busy cores, +-3% between
-two rounds of the same side). Goal: <= 1%. Saves cost the same either way and are left out.
+path, whatever the machine's other load does to the A/B ratio (on 2 busy cores one round
+differs from its partner by up to +-10%, a whole run's ratio by +-2%). Goal: <= 1%. Saves cost the same either way and are left out.
 
     python benchmarks/bench_integrations.py [--frameworks ddp,accelerate,hf,lightning] [--rounds 6]
 """
@@ -57,15 +57,13 @@ def timed(fn, inside: list):
     return call
 
 
-def loop_round(step_fn, steps: int, point, inside: list) -> list[float]:
-    """Step times (wall clock between step ends); ``inside`` gets the time spent in ``point``."""
+def loop_round(step_fn, steps: int, point) -> list[float]:
+    """Step times (wall clock between step ends), ``point`` called after each step."""
     times, last = [], time.perf_counter()
     for _ in range(steps):
         step_fn()
         if point:
-            t = time.perf_counter()
             point()
-            inside.append(time.perf_counter() - t)
         now = time.perf_counter()
         times.append(now - last)
         last = now
@@ -85,7 +83,7 @@ def loop_worker(rounds: int, m, opt, backward, framework: str) -> dict:
     install_preemption_handler(lambda left: None)
     out = {"bare": [], "with": [], "inside": []}
     for with_, keep in schedule(rounds * PLAIN_ROUNDS):
-        times = loop_round(step, STEPS[framework], preemption_point if with_ else None, out["inside"])
+        times = loop_round(step, STEPS[framework], timed(preemption_point, out["inside"]) if with_ else None)
         out["with" if with_ else "bare"] += [times] if keep else []
     return out
 

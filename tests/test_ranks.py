@@ -137,7 +137,7 @@ def test_a_rank_lost_during_the_save_fails_the_others_within_the_grace(tmp_path,
 @pytest.mark.parametrize("mode", ["ok", "skew"])
 def test_one_signalled_rank_stops_both_at_one_step(tmp_path, root, mode):
     """skew: the ranks' step times differ, so they propose different strides between two
-    agreements (AGREE_EVERY_S / step: 16 vs 1-6): they must still count the same points."""
+    agreements (AGREE_EVERY_S / step: 16 vs 2-6): they must still count the same points."""
     proc, pids = start_child(tmp_path, root, mode)
     os.kill(pids[0 if mode == "skew" else 1], signal.SIGTERM)
     out = outcome(proc)
