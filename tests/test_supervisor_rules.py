@@ -13,7 +13,9 @@ import sys
 import pytest
 from support import cli
 
+from dispatch_slurm import store
 from dispatch_slurm import supervisor as sv
+from dispatch_slurm.store import events
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.store import ceased
 from dispatch_slurm.supervisor import holds
@@ -364,6 +366,93 @@ def test_a_job_that_ran_between_two_polls_is_still_recorded_as_started(root):
     assert started["late"] and started["nodes"] == ["c2"]
 
 
+# ---- issue 20: continuations across time limits ------------------------------------------------
+
+def _execution(sup, fake, jid, state, *, signalled=False, step=None, code=0):
+    """Run job ``jid`` to its end as a trainer would: optionally publish a save at ``step``
+    and record the preemption handler's events (the time-limit signal), then end it."""
+    drive(sup, lambda: sup.state.job == jid)
+    fake.start(jid)
+    drive(sup, lambda: sup.state.started and sup.state.started["job"] == jid)
+    attempt, epoch = sup.state.started["attempt"], sup.state.started["epoch"]
+    if signalled:
+        events.emit("preempt_signal", root=sup.root, attempt=attempt, signal="SIGTERM", grace=30, deadline=0)
+    if step is not None:
+        save = os.path.join(sup.root, "exec", attempt, f"checkpoint-{step}")
+        os.makedirs(save)
+        store.publish(save, step, root=sup.root, epoch=epoch, by="test")
+    if signalled:
+        events.emit("checkpoint_complete", root=sup.root, attempt=attempt, elapsed=0.1, time_remaining=29)
+    fake.end(jid, state, code=code)
+
+
+def test_a_time_limit_is_a_continuation_with_its_own_budget_and_only_an_unsignalled_end_is_done(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=1))
+    _execution(sup, fake, 100, "COMPLETED", signalled=True, step=100)  # saved on --signal, exit 0
+    _execution(sup, fake, 101, "TIMEOUT", step=150)                   # no trap: Slurm ended it
+    _execution(sup, fake, 102, "FAILED", step=180, code=1)            # a crash: a failure
+    _execution(sup, fake, 103, "COMPLETED", signalled=True, step=250)
+    _execution(sup, fake, 104, "COMPLETED", step=300)                 # finished, never signalled
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 0 and e.value.message == "job 104 completed"
+    rules = [(f["rule"], f["cause"], f.get("budget_left"), f.get("latest_step")) for f in facts(root, "rule")]
+    assert rules == [("continue", "signalled", 99, 100), ("continue", "time_limit", 98, 150),
+                     ("resubmit", "failure", 0, 180), ("continue", "signalled", 97, 250),
+                     ("done", "completed", None, None)], "continuations never spend the resubmit budget"
+    assert [f["epoch"] for f in facts(root, "started")] == [1_000_000, 2_000_000, 3_000_000, 4_000_000, 5_000_000]
+    assert sup.state.used == 1 and sup.state.continued == 3
+
+
+def test_a_completed_end_without_the_signal_is_done_even_if_it_published(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    _execution(sup, fake, 100, "COMPLETED", step=500)
+    events.emit("preempt_signal", root=str(root), attempt=f"{CLUSTER}.999.1000000", signal="SIGTERM", grace=1,
+                deadline=0)  # another execution's signal is no evidence for this one
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 0 and [f["rule"] for f in facts(root, "rule")] == ["done"]
+
+
+def test_a_chain_that_publishes_no_higher_step_is_stopped_after_stalls_continuations(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=5))
+    _execution(sup, fake, 100, "TIMEOUT", step=40)
+    for jid in range(101, 101 + sv.STALLS):  # the trainer resumes and is killed before it saves anything new
+        _execution(sup, fake, jid, "TIMEOUT")
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 1 and f"the last {sv.STALLS} executions published no step above 40" in e.value.message
+    rules = [(f["rule"], f.get("progress"), f.get("stalls")) for f in facts(root, "rule")]
+    assert rules == [("continue", True, 0), ("continue", False, 1), ("continue", False, 2), ("fail", False, 3)]
+    assert sup.state.used == 0, "a stalled chain is not a failure to resubmit"
+
+
+def test_the_continuations_budget_runs_out_and_is_refused_negative(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(continuations=1))
+    _execution(sup, fake, 100, "TIMEOUT", step=10)
+    _execution(sup, fake, 101, "TIMEOUT", step=20)
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 1 and "no continuation is left (--continuations 1)" in e.value.message
+    assert cli("plan", root / "x", "--continuations", "-1", "--", "j.sh").returncode == 2
+
+
+def test_a_shared_checkpoint_continuation_waits_for_its_hold(root):
+    fake, clock = FakeSlurm(), Clock()
+    sup = new(root, fake, clock, answers=["ceased"], start_defn=defn(shared=True, cessation_interval=60.0))
+    _execution(sup, fake, 100, "COMPLETED", signalled=True, step=7)
+    drive(sup, lambda: sup.state.job == 101)
+    held, applied = facts(root, "rule")
+    assert (held["rule"], held["held"], held["cause"]) == ("continue", True, "signalled")
+    assert facts(root, "hold")[0]["replaces"] == "continue"
+    assert (applied["rule"], applied["after_hold"], applied["budget_left"]) == ("continue", 1, 99)
+    assert sup.state.continued == 1
+
+
 # ---- restart without double submission --------------------------------------------------------
 
 class Crash(BaseException):
@@ -693,7 +782,10 @@ def test_plan_shows_the_hold_substitution(root):
     assert "--no-requeue" in p and "--dispatch-shared-checkpoint" in p and "--dispatch-submission=<N>" in p
     j = json.loads(cli("plan", root, "--via", "spank", "--resubmit", "1", "--json", "--", "train.sbatch",
                        check=True).stdout)
-    assert [r["rule"] for r in j["rules"]] == ["done", "resubmit", "resubmit", "resubmit", "resubmit", "requeue"]
+    assert {r["cause"]: r["rule"] for r in j["rules"]} == {
+        "completed": "done", "time_limit": "continue", "signalled": "continue", "failure": "resubmit",
+        "preemption": "resubmit", "node_failure": "resubmit", "cancel": "resubmit", "user_cancel": "stop",
+        "stop": "stop", "requeue": "requeue", "unknown": "fail"}, "a user's own scancel is a stop, not a resubmit"
     assert j["hold"] is None and "--no-requeue" not in j["sbatch"]
 
 

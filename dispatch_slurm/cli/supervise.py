@@ -15,7 +15,10 @@ def _supervisor_options(fn):
     resumed or superseded job) or the defaults shown."""
     opts = [
         click.option("--resubmit", type=click.IntRange(0), help="resubmissions allowed after a failure, "
-                     "cancel, preemption or node failure  [default: 0]"),
+                     "an admin's cancel, preemption or node failure  [default: 0]"),
+        click.option("--continuations", type=click.IntRange(0), help="next executions allowed after a time-limit "
+                     "end (TIMEOUT, or COMPLETED after the signal); a chain that publishes no higher step "
+                     f"{supervisor.STALLS} times in a row is stopped  [default: {supervisor.DEFAULTS['continuations']}]"),
         click.option("--shared-checkpoint/--no-shared-checkpoint", "shared", default=None,
                      help="the job cannot isolate its writes: every recovery becomes a hold for a person"),
         click.option("--hold-for", help="how long a hold waits for an answer (90, 30m, 24h)  [default: 24h]"),
@@ -40,10 +43,10 @@ def _supervisor_options(fn):
     return fn
 
 
-def _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig=None,
+def _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig=None,
              keep_last=None) -> dict:
     dur = supervisor.parse_duration
-    return {"resubmit": resubmit, "shared": shared, "via": via, "grace": grace, "cessation_cmd": cessation_cmd,
+    return {"resubmit": resubmit, "continuations": continuations, "shared": shared, "via": via, "grace": grace, "cessation_cmd": cessation_cmd,
             "signal": sig, "keep_last": keep_last,
             "hold_for": None if hold_for is None else dur(hold_for, "--hold-for"),
             "cessation_interval": None if cessation_interval is None else dur(cessation_interval,
@@ -72,7 +75,7 @@ def _supervise(fn, *args):
 @click.option("--once", is_flag=True, help="do what needs doing now, then exit 0 (resumable: for scrontab "
               "or cron instead of a process that lives for days on a login node)")
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last, poll, once,
+def run(root, resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last, poll, once,
         sbatch_args):
     """Submit a job and supervise it: follow it through Slurm and, when an execution ends,
     apply the rules (`dispatch-slurm plan` shows them). Every fact goes to ROOT/record.jsonl;
@@ -82,7 +85,7 @@ def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via
 
     Exit 0 done (or, with --once, still running), 1 failed, 2 error, 3 held (a hold
     expired unanswered)."""
-    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
+    opts = _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
     _supervise(supervisor.run, root, opts, list(sbatch_args), poll, None, once)
 
 
@@ -91,13 +94,13 @@ def run(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via
 @_supervisor_options
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def plan(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last, poll,
+def plan(root, resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last, poll,
          as_json, sbatch_args):
     """Show what each rule will do for this job, before it starts: the sbatch command,
     and for a shared checkpoint the holds that stand in for recovery. With a record
     under ROOT and no arguments: the plan from where the job stands."""
     from ..slurm.client import Slurm
-    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
+    opts = _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
     root = supervisor.normalize(root)
     state = supervisor.load_state(root)
     if state.g is not None and not sbatch_args:
@@ -115,13 +118,13 @@ def plan(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, vi
 @common.root_argument()
 @_supervisor_options
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def supersede(root, resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last,
+def supersede(root, resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last,
               poll, sbatch_args):
     """Start generation G+1 of ROOT's job: record the supersession, cancel generation G's
     job (its supervisor stops), and carry on as the supervisor of G+1. Options and sbatch
     arguments left out are generation G's. Its saves outrank every save of G (the epoch's
     G part), and it can resume from them."""
-    opts = _options(resubmit, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
+    opts = _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
     _supervise(supervisor.supersede, root, opts, list(sbatch_args), poll)
 
 

@@ -87,24 +87,29 @@ def record(type_: str, **kwargs) -> dict | None:
         return None
 
 
-def _files(root: str):
-    """(name, content) of every events file (on S3: object) under ``root``, in name order."""
+def _files(root: str, attempt: str | None = None):
+    """(name, content) of every events file (on S3: object) under ``root``, in name order;
+    only ``attempt``'s when given (its files are named ``<attempt>.<host>.<pid>...``)."""
+    prefix = f"{_UNSAFE.sub('_', attempt)}." if attempt else ""
     if is_s3(root):
-        yield from s3.event_objects(root)
+        yield from ((n, d) for n, d in s3.event_objects(root) if n.startswith(prefix))
         return
     folder = os.path.join(root, EVENTS)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        with open(os.path.join(folder, name), "rb") as f:
-            yield name, f.read()
+        if name.startswith(prefix):
+            with open(os.path.join(folder, name), "rb") as f:
+                yield name, f.read()
 
 
-def read(root: str) -> list[dict]:
-    """Every event under ``root``, ordered by time; a line that is not an event (not a
-    JSON object with a time) is an error naming its file and line: a torn line means a
-    writer broke the contract."""
+def read(root: str, attempt: str | None = None, strict: bool = True) -> list[dict]:
+    """Every event under ``root`` (only ``attempt``'s when given), ordered by time; a line
+    that is not an event (not a JSON object with a time) is an error naming its file and
+    line: a torn line means a writer broke the contract. ``strict=False`` leaves such a
+    line out instead, for readers that weigh evidence (the supervisor) and must not stop
+    on a writer killed in mid-line."""
     folder = os.path.join(os.fspath(root), EVENTS)
     out = []
-    for name, data in _files(os.fspath(root)):
+    for name, data in _files(os.fspath(root), attempt):
         for no, line in enumerate(data.splitlines(), 1):
             try:
                 ev = json.loads(line)
@@ -112,6 +117,8 @@ def read(root: str) -> list[dict]:
                         not isinstance(ev.get("type"), str):
                     raise ValueError("not an object with a type and a time t")
             except ValueError as e:
+                if not strict:
+                    continue
                 raise DispatchError(f"{folder}/{name}:{no}: not an event ({e})") from None
             out.append(ev)
     return sorted(out, key=lambda r: r["t"])

@@ -42,7 +42,7 @@ from .claim import DEFAULT_POLL, Claim
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
 from .record import Record
 from .render import render_plan
-from .rules import DEFAULT_CESSATION_CMD, DEFAULTS, check_resume, make_defn, parse_duration, plan, resolve_via
+from .rules import DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, parse_duration, plan, resolve_via
 from .state import State
 
 
@@ -192,5 +192,5 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "stop", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS",
+           "release", "stop", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

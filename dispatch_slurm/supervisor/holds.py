@@ -24,6 +24,9 @@ def apply_released(sup, hold: dict) -> None:
     if rule == "resubmit":
         sup.fact("rule", rule="resubmit", after_hold=hold["hold"],
                   budget_left=sup.state.defn["resubmit"] - sup.state.used - 1, **ref)
+    elif rule == "continue":
+        sup.fact("rule", rule="continue", after_hold=hold["hold"], cause=hold.get("cause"),
+                  budget_left=sup.state.defn.get("continuations", 0) - sup.state.continued - 1, **ref)
     elif rule == "requeue":
         if hold.get("slurm_held"):
             try:

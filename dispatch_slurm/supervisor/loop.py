@@ -17,11 +17,12 @@ from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
-from . import holds, requests, retention
+from ..store import events
+from . import holds, requests, retention, rules
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
 from .render import describe
-from .rules import CAUSES, SUBMIT_TRIES, sbatch_argv, submission_tag
+from .rules import SUBMIT_TRIES, sbatch_argv, stopped_message, submission_tag
 from .state import State
 
 # Exit codes of `run` / `supersede`.
@@ -145,7 +146,7 @@ class Supervisor:
                 return 0
         if st.stopping is not None and not st.intent_open and not st.pending_decision and \
                 (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
-            self.finish("stopped", self._stopped_message())
+            self.finish("stopped", stopped_message(self.state))
         if st.hold_needed:
             holds.open_hold(self, st.hold_needed)
             return 0
@@ -175,12 +176,6 @@ class Supervisor:
                 self.slurm.cancel(self.state.job)
             except SlurmError as e:  # already over, most likely; following it tells
                 self.fact("note", text=f"scancel {self.state.job}: {e}")
-
-    def _stopped_message(self) -> str:
-        st = self.state
-        by = st.stopping.get("user") or "a person"
-        return (f"stopped by {by}" + (f" ({st.stopping['message']})" if st.stopping.get("message") else "") +
-                f"; job {st.job} ended" * (st.job is not None) + "; nothing is resubmitted")
 
     @staticmethod
     def _outcome(f: dict) -> Finished:
@@ -305,47 +300,48 @@ class Supervisor:
     # -- rules ----------------------------------------------------------------------------
 
     def _decide(self, ended: dict) -> None:
+        """Record the rule for an ended execution (rules.decide), then act on it."""
         st, defn = self.state, self.state.defn
         if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
             self.fact("gc", **self.gc.run(defn["keep_last"]))
-        ref = {k: ended[k] for k in ("job", "r")}
-        if st.stopping is not None:
-            self.fact("rule", rule="stop", cause="stop", **ref)
-            self.finish("stopped", self._stopped_message())
-        if ended["state"] == "CANCELLED" and ended.get("cancelled_by") in (None, os.geteuid()):
-            self.fact("rule", rule="stop", cause="cancel", **ref)
-            who = "you" if ended.get("cancelled_by") is not None else \
-                "its user, or by someone Slurm's accounting does not name (no sacct here)"
-            self.finish("stopped", f"job {ended['job']} was cancelled by {who}: a cancel by the job's own user "
-                                   "means stop, so nothing is resubmitted (`dispatch-slurm supersede "
-                                   f"{self.root}` starts it again)")
-        if ended.get("requeued"):
-            if not defn["shared"]:
-                self.fact("rule", rule="requeue", cause="requeue", **ref)
-                return
+        cause = rules.cause_of(ended, self._signalled(ended), os.geteuid())
+        latest = self._latest_step() if rules.RULE_OF[cause] in ("continue", "resubmit") else None
+        d = rules.decide(st, ended, cause, latest, self.root)
+        fact = d.fact
+        if fact["rule"] == "requeue" and defn["shared"]:
             try:  # Slurm requeued a shared-checkpoint job anyway: keep it from starting
                 self.slurm.hold(ended["job"])
-                self.fact("rule", rule="requeue", cause="requeue", held=True, slurm_held=True, **ref)
+                fact = {**fact, "held": True, "slurm_held": True}
             except SlurmError as e:
-                self.fact("rule", rule="requeue", cause="requeue", held=False, **ref,
-                          warning=f"Slurm requeued this shared-checkpoint job and it could not be held "
-                                  f"({e}); its executions may overlap")
-            return
-        if ended["state"] == "COMPLETED":
-            self.fact("rule", rule="done", cause="completed", **ref)
-            self.finish("done", f"job {ended['job']} completed")
-        if ended["state"] == "UNKNOWN":
-            self.fact("rule", rule="fail", cause="unknown", **ref)
-            self.finish("failed", f"job {ended['job']} is known neither to slurmctld nor to sacct, so how it "
-                                  "ended cannot be told; not resubmitting blindly (supersede to go on)")
-        cause = CAUSES.get(ended["state"], "failure")
-        left = defn["resubmit"] - st.used
-        if left > 0:
-            self.fact("rule", rule="resubmit", cause=cause, budget_left=left - 1, held=defn["shared"], **ref)
-        else:
-            self.fact("rule", rule="fail", cause=cause, budget_left=0, **ref)
-            self.finish("failed", f"job {ended['job']} ended {ended['state']} and no resubmission is left "
-                                  f"(--resubmit {defn['resubmit']})")
+                fact = {**fact, "held": False, "warning": f"Slurm requeued this shared-checkpoint job and it "
+                        f"could not be held ({e}); its executions may overlap"}
+        self.fact("rule", **fact)
+        if d.finish:
+            self.finish(*d.finish)
+
+    def _signalled(self, ended: dict) -> bool:
+        """Whether the ended execution saw a signal and saved for it: its handler's
+        ``preempt_signal`` / ``checkpoint_complete`` events, or the Epilog's (the sentinel in
+        the job's output). Only a COMPLETED end asks (a time-limit save exits 0)."""
+        if ended["state"] != "COMPLETED" or not ended.get("attempt"):
+            return False
+        try:
+            evs = events.read(self.root, attempt=ended["attempt"], strict=False)
+        except (OSError, DispatchError) as e:
+            self.fact("note", text=f"cannot read the events of {ended['attempt']} ({e}): taking its end as "
+                                   "signalled, so the run goes on (a finished trainer completes at once next time)")
+            return True
+        return any(e.get("type") in ("preempt_signal", "checkpoint_complete") for e in evs)
+
+    def _latest_step(self) -> Optional[int]:
+        """The latest publication's step: a continuation's progress (None: none, or unreadable)."""
+        try:
+            pub = store.latest(self.root)
+        except (OSError, DispatchError) as e:
+            self.fact("note", text=f"cannot read the latest publication ({e}); the next execution will "
+                                   "fail on it too until it is fixed")
+            return None
+        return None if pub is None else pub.step
 
     # -- supersession ---------------------------------------------------------------------
 

@@ -31,7 +31,9 @@ def describe(f: dict) -> str:
     if t == "rule":
         extra = " -> HOLD" if f.get("held") else ""
         left = f" ({f['budget_left']} left)" if "budget_left" in f else ""
-        return f"rule: {f['rule']}{left}{extra}"
+        why = f" [{f['cause'].replace('_', ' ')}]" if f.get("cause") else ""
+        step = f"; latest published step {f['latest_step']}" if f.get("latest_step") is not None else ""
+        return f"rule: {f['rule']}{why}{left}{step}{extra}"
     if t == "hold":
         until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["until"]))
         return (f"hold #{f['hold']} on job {f['job']} R={f['r']} (instead of {f['replaces']}), "
@@ -51,15 +53,15 @@ def describe(f: dict) -> str:
 def render_plan(p: dict) -> str:
     out = [f"root: {p['root']}  generation: {p['generation']}  ({p['state']})",
            f"shared checkpoint: {'yes' if p['shared_checkpoint'] else 'no'}  "
-           f"resubmit budget: {p['resubmit_budget']} ({p['budget_left']} left)  via: {p['via']}",
+           f"resubmit budget: {p['resubmit_budget']} ({p['budget_left']} left)  continuations: "
+           f"{p['continuations_budget']} ({p['continuations_left']} left)  via: {p['via']}",
            "submits: " + shlex.join(p["sbatch"])]
     if p["env"]:
         out.append("with: " + " ".join(f"{k}={v}" for k, v in p["env"].items()))
     out.append("when an execution ends:")
-    width = max(len(r["when"]) for r in p["rules"])
     for r in p["rules"]:
         sub = f" instead of {r['replaces']}" if r.get("replaces") else ""
-        out.append(f"  {r['when']:<{width}}  {r['rule']}{sub}: {r['then']}")
+        out += [f"  {r['when']}", f"      -> {r['rule']}{sub}: {r['then']}"]
     if p["hold"]:
         out.append(f"HOLD: {p['hold']['text']}")
     out += [f"note: {n}" for n in p["notes"]]

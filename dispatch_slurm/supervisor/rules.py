@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from ..contract.signals import signal_option
 from ..errors import DispatchError
@@ -16,12 +16,13 @@ from .render import fmt_duration
 from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
-DEFAULTS = {"resubmit": 0, "shared": False, "via": "auto", "hold_for": 24 * 3600.0,
+DEFAULTS = {"resubmit": 0, "continuations": 100, "shared": False, "via": "auto", "hold_for": 24 * 3600.0,
             "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None, "signal": None,
             "keep_last": None}
 SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given up
-# Slurm's end state -> the cause a rule is chosen for.
-CAUSES = {"FAILED": "failure", "TIMEOUT": "failure", "OUT_OF_MEMORY": "failure", "BOOT_FAIL": "failure",
+STALLS = 3  # consecutive continuations that published no higher step before a chain is stopped
+# Slurm's end state -> the cause a resubmission is chosen for (TIMEOUT is a continuation).
+CAUSES = {"FAILED": "failure", "OUT_OF_MEMORY": "failure", "BOOT_FAIL": "failure",
           "DEADLINE": "failure", "CANCELLED": "cancel", "PREEMPTED": "preemption",
           "NODE_FAIL": "node_failure"}
 PLACEHOLDERS = ("job", "restart", "root", "generation", "submission", "epoch", "attempt", "cluster",
@@ -45,6 +46,8 @@ def make_defn(options: dict, args: list[str], base: Optional[dict] = None) -> di
     d = {k: (options[k] if options.get(k) is not None else base.get(k, DEFAULTS[k])) for k in DEFAULTS}
     if d["resubmit"] < 0:
         raise DispatchError(f"--resubmit must be 0 or more, got {d['resubmit']}")
+    if d["continuations"] < 0:
+        raise DispatchError(f"--continuations must be 0 or more, got {d['continuations']}")
     if d["keep_last"] is not None and d["keep_last"] < 1:
         raise DispatchError(f"--keep-last must be 1 or more, got {d['keep_last']}")
     if d["via"] not in ("auto", "spank", "env"):
@@ -150,27 +153,131 @@ def submission_tag(root: str, g: int, n: int) -> str:
     return f"dispatch-slurm:{root}:g{g}:n{n}"
 
 
+# -- what an ended execution leads to ------------------------------------------------------
+#
+# One table, read three ways: ``cause_of`` + ``decide`` (the loop), ``plan`` (what a person
+# reads before the job starts) and the README's rules table (tests/test_docs.py).
+#: (cause, when, in Slurm's words; the rule; what follows)
+TABLE = (
+    ("completed", "COMPLETED, never signalled", "done", "exit 0"),
+    ("time_limit", "TIMEOUT", "continue", "the next execution at once (continuations budget)"),
+    ("signalled", "COMPLETED after a signal (the execution's preempt_signal or checkpoint_complete event)",
+     "continue", "the next execution at once (continuations budget)"),
+    ("failure", "FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE", "resubmit", "resubmit budget"),
+    ("preemption", "PREEMPTED", "resubmit", "resubmit budget"),
+    ("node_failure", "NODE_FAIL", "resubmit", "resubmit budget"),
+    ("cancel", "CANCELLED by someone else (an admin, as sacct says)", "resubmit", "resubmit budget"),
+    ("user_cancel", "CANCELLED by the job's own user (or by someone sacct cannot name)", "stop",
+     "exit 0: a user's scancel means stop"),
+    ("stop", "`dispatch-slurm stop ROOT`", "stop", "cancel the job, wait until it ended; exit 0"),
+    ("requeue", "requeued by Slurm (node failure with JobRequeue, PreemptMode=REQUEUE)", "requeue",
+     "Slurm restarts the job itself (same N, R+1): recorded, no budget used"),
+    ("unknown", "UNKNOWN (known neither to slurmctld nor to sacct)", "fail",
+     "exit 1: how it ended cannot be told, so nothing is resubmitted blindly"),
+)
+RULE_OF = {cause: rule for cause, _, rule, _ in TABLE}
+
+
+class Decision(NamedTuple):
+    """The rule fact to record (``fact``) and, when the job is over, (outcome, message)."""
+    fact: dict
+    finish: Optional[tuple[str, str]] = None
+
+
+def cause_of(ended: dict, signalled: bool, uid: int) -> str:
+    """Why an execution ended, as the rules see it. ``signalled``: the execution saw the
+    time-limit (or any) signal and saved: a COMPLETED end is then a continuation, because
+    the trainer stopped for the signal, not because training was done."""
+    state = ended["state"]
+    if ended.get("requeued"):
+        return "requeue"
+    if state == "CANCELLED" and ended.get("cancelled_by") in (None, uid):
+        return "user_cancel"
+    if state == "TIMEOUT":
+        return "time_limit"
+    if state == "COMPLETED":
+        return "signalled" if signalled else "completed"
+    if state == "UNKNOWN":
+        return "unknown"
+    return CAUSES.get(state, "failure")
+
+
+def stopped_message(st: State) -> str:
+    by = st.stopping.get("user") or "a person"
+    return (f"stopped by {by}" + (f" ({st.stopping['message']})" if st.stopping.get("message") else "") +
+            f"; job {st.job} ended" * (st.job is not None) + "; nothing is resubmitted")
+
+
+def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root: str) -> Decision:
+    """The rule for an ended execution (``cause`` from ``cause_of``), given the state and
+    the step of the latest publication now (None: nothing published, or unreadable).
+    Progress is a latest step above the one recorded at the previous decision; a chain
+    of STALLS continuations without it is stopped (a trainer that never advances would
+    otherwise be continued for ever)."""
+    defn, job = st.defn, ended["job"]
+    ref = {"job": job, "r": ended["r"], "cause": cause}
+    if st.stopping is not None:
+        return Decision({"rule": "stop", **ref, "cause": "stop"}, ("stopped", stopped_message(st)))
+    rule = RULE_OF[cause]
+    if rule == "stop":
+        who = "you" if ended.get("cancelled_by") is not None else \
+            "its user, or by someone Slurm's accounting does not name (no sacct here)"
+        return Decision({"rule": "stop", **ref}, ("stopped", f"job {job} was cancelled by {who}: a cancel by the "
+                        f"job's own user means stop, so nothing is resubmitted (`dispatch-slurm supersede {root}` "
+                        "starts it again)"))
+    if rule == "requeue":
+        return Decision({"rule": "requeue", **ref})
+    if rule == "done":
+        return Decision({"rule": "done", **ref}, ("done", f"job {job} completed"))
+    if rule == "fail":
+        return Decision({"rule": "fail", **ref}, ("failed", f"job {job} is known neither to slurmctld nor to "
+                        "sacct, so how it ended cannot be told; not resubmitting blindly (supersede to go on)"))
+    progress = latest_step is not None and (st.last_step is None or latest_step > st.last_step)
+    seen = {"latest_step": latest_step, "progress": progress,
+            "stalls": 0 if progress else st.stalls + (rule == "continue")}
+    if rule == "continue":
+        left = defn.get("continuations", DEFAULTS["continuations"]) - st.continued
+        if left <= 0:
+            return Decision({"rule": "fail", **ref, **seen, "budget_left": 0}, ("failed", f"job {job} ended at its "
+                            f"time limit and no continuation is left (--continuations {defn.get('continuations')})"))
+        if seen["stalls"] >= STALLS:
+            return Decision({"rule": "fail", **ref, **seen}, ("failed", f"job {job} ended at its time limit, but "
+                            f"the last {STALLS} executions published no step above "
+                            f"{st.last_step if st.last_step is not None else 'none'}: not continuing a run that "
+                            "makes no progress (is the trainer resuming and saving? `dispatch-slurm report "
+                            f"{root}`)"))
+        return Decision({"rule": "continue", **ref, **seen, "budget_left": left - 1, "held": defn["shared"]})
+    left = defn["resubmit"] - st.used
+    if left > 0:
+        return Decision({"rule": "resubmit", **ref, **seen, "budget_left": left - 1, "held": defn["shared"]})
+    return Decision({"rule": "fail", **ref, **seen, "budget_left": 0}, ("failed", f"job {job} ended "
+                    f"{ended['state']} and no resubmission is left (--resubmit {defn['resubmit']})"))
+
+
 def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[str, ...] = ()) -> dict:
     """What each rule will do for this job, before it starts (or from where it stands)."""
-    shared, left = defn["shared"], defn["resubmit"] - (state.used if state else 0)
-    rows = [{"when": "COMPLETED", "rule": "done", "then": "exit 0"}]
-    for cause, states in (("failure", "FAILED TIMEOUT OUT_OF_MEMORY BOOT_FAIL DEADLINE"),
-                          ("cancel", "CANCELLED"), ("preemption", "PREEMPTED"), ("node_failure", "NODE_FAIL")):
-        if left <= 0:
-            rows.append({"when": states, "cause": cause, "rule": "fail", "then": "no resubmission left: exit 1"})
-        elif shared:
-            rows.append({"when": states, "cause": cause, "rule": "hold", "replaces": "resubmit",
-                         "then": f"HOLD; when lifted, resubmit with a new N ({left} left)"})
-        else:
-            rows.append({"when": states, "cause": cause, "rule": "resubmit",
-                         "then": f"resubmit with a new N ({left} left, then fail)"})
-    if shared:
-        rows.append({"when": "requeued by Slurm", "rule": "hold", "replaces": "requeue",
-                     "then": "cannot happen: submitted with --no-requeue, so Slurm ends the job and the "
-                             "rules above apply; should Slurm requeue it anyway, `scontrol hold` and HOLD"})
-    else:
-        rows.append({"when": "requeued by Slurm", "rule": "requeue",
-                     "then": "Slurm restarts the job itself (same N, R+1): recorded, no budget used"})
+    shared = defn["shared"]
+    left = defn["resubmit"] - (state.used if state else 0)
+    conts = defn.get("continuations", DEFAULTS["continuations"]) - (state.continued if state else 0)
+    rows = []
+    for cause, when, rule, then in TABLE:
+        row = {"when": when, "cause": cause, "rule": rule, "then": then}
+        budget = {"resubmit": (left, "resubmission"), "continue": (conts, "continuation")}.get(rule)
+        if budget is not None:
+            n, what = budget
+            if n <= 0:
+                row.update(rule="fail", then=f"no {what} left: exit 1")
+            else:
+                row["then"] = (f"submit the next execution at once with a new N ({n} left; stopped after "
+                               f"{STALLS} without a higher published step)" if rule == "continue" else
+                               f"resubmit with a new N ({n} left, then fail)")
+                if shared:
+                    row.update(rule="hold", replaces=rule, then=f"HOLD; when lifted, {row['then']}")
+        if rule == "requeue" and shared:
+            row.update(rule="hold", replaces="requeue",
+                       then="cannot happen: submitted with --no-requeue, so Slurm ends the job and the other "
+                            "rules apply; should Slurm requeue it anyway, `scontrol hold` and HOLD")
+        rows.append(row)
     hold = None
     if shared:
         hold = {"hold_for": defn["hold_for"], "cessation_interval": defn["cessation_interval"],
@@ -192,6 +299,8 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
         notes.append("--via env: the Epilog sees only the plugin's options, so it records no cessation "
                      "evidence; holds lift by a person, or when every node rebooted")
     return {"root": root, "generation": defn["g"], "shared_checkpoint": shared,
-            "resubmit_budget": defn["resubmit"], "budget_left": left, "via": defn["via"],
+            "resubmit_budget": defn["resubmit"], "budget_left": left,
+            "continuations_budget": defn.get("continuations", DEFAULTS["continuations"]), "continuations_left": conts,
+            "via": defn["via"],
             "sbatch": shown, "env": env, "rules": rows, "hold": hold, "notes": notes,
             "state": state.summary() if state else "not started"}

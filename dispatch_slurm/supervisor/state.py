@@ -34,7 +34,10 @@ class State:
     holds: int = 0
     last_answer_t: Optional[float] = None
     pending_apply: Optional[dict] = None
-    used: int = 0
+    used: int = 0  # resubmissions of this generation
+    continued: int = 0  # continuations of this generation (time-limit ends)
+    stalls: int = 0  # consecutive continuations that published no higher step
+    last_step: Optional[int] = None  # the latest published step at the last decision
     finished: Optional[dict] = None
     stopping: Optional[dict] = None  # a person asked to stop (`dispatch-slurm stop`)
     retry_n: Optional[int] = None  # an N sbatch refused: reused, never allocated anew
@@ -58,7 +61,8 @@ class State:
             self.ended = {}
             self.intent_open = False
             self.need_submit = True
-            self.submitted_in_g = self.used = self.submit_failures = 0
+            self.submitted_in_g = self.used = self.continued = self.stalls = self.submit_failures = 0
+            self.last_step = None
             self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
             self.finished = self.stopping = self.retry_n = None
         elif t == "intent":
@@ -84,10 +88,16 @@ class State:
             self.pending_decision = f
         elif t == "rule":
             self.pending_decision = self.pending_apply = None
+            self.stalls = f.get("stalls", self.stalls)
+            if f.get("latest_step") is not None:
+                self.last_step = f["latest_step"]
             if f.get("held"):
                 self.hold_needed = f
             elif f["rule"] == "resubmit":
                 self.used += 1
+                self.need_submit = True
+            elif f["rule"] == "continue":
+                self.continued += 1
                 self.need_submit = True
             elif f["rule"] == "supersede":
                 self.need_submit = True
