@@ -35,7 +35,7 @@ from . import render, timeline
 from .scan import exec_folders
 
 __all__ = ["build", "render", "timeline"]
-RECORD_TYPES = ("started", "ended", "hold", "cessation", "release", "finished", "stop")
+RECORD_TYPES = ("started", "ended", "rule", "hold", "cessation", "release", "finished", "stop")
 
 
 def _token(attempt: str) -> dict:
@@ -49,7 +49,7 @@ def _token(attempt: str) -> dict:
 
 
 def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], pubs: list) -> dict:
-    ex = {**_token(attempt), "nodes": set(), "publications": [], "signals": [], "ended": None}
+    ex = {**_token(attempt), "nodes": set(), "publications": [], "signals": [], "ended": None, "rule": None}
     mine = [e for e in evs if e.get("attempt") == attempt]
     ex["nodes"] |= {e["host"] for e in mine if e.get("type") != "cessation" and e.get("host")}
     starts = [folder["first"]] if folder["first"] else []
@@ -62,6 +62,11 @@ def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], p
             if f["type"] == "ended":
                 ex["ended"] = {"state": f["state"], "reason": f.get("reason"), "at": f["t"],
                                "cancelled_by": f.get("cancelled_by"), "source": "supervisor record"}
+                ref = (f["job"], f["r"])
+                # the supervisor's decision for it: the last rule about (job, R) (a held one is applied later)
+                ex["rule"] = next(({"rule": g["rule"], "cause": g.get("cause"), "held": bool(g.get("held"))}
+                                   for g in reversed(facts) if g["type"] == "rule" and (g.get("job"), g.get("r")) == ref),
+                                  None)
     ex["publications"] = [{"step": p.step, "path": p.path, "name": p.name, "t": t} for p, t in pubs
                           if p.path.split("/")[:2] == [layout.EXEC, attempt]]
     ex["signals"] = [{"t": e["t"], "signal": e.get("signal"), "grace": e.get("grace")}

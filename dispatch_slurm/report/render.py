@@ -15,7 +15,12 @@ def _ended(e: dict) -> str:
     if end is None:
         return "running, or unknown (no record)"
     by = f" by uid {end['cancelled_by']}" if end.get("cancelled_by") is not None else ""
-    return f"{end['state']}{by}"
+    rule = e.get("rule")
+    then = ""
+    if rule:
+        why = f" ({rule['cause'].replace('_', ' ')})" if rule.get("cause") else ""
+        then = f" -> {rule['rule']}{why}"
+    return f"{end['state']}{by}{then}"
 
 
 def _size(n: float) -> str:
