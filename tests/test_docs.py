@@ -6,6 +6,7 @@ import re
 
 from dispatch_slurm.cli import dispatch
 from dispatch_slurm.contract import layout
+from dispatch_slurm.supervisor import rules
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", REPO / "docker-slurm" / "README.md"]
@@ -42,3 +43,7 @@ def test_every_command_the_readmes_name_exists():
 
 def test_the_on_disk_contract_table_is_the_layout_module():
     assert layout.table() in (REPO / "README.md").read_text()
+
+
+def test_the_supervisors_rules_table_is_the_rule_table():
+    assert rules.table() in (REPO / "README.md").read_text(), "regenerate it: dispatch_slurm.supervisor.rules.table()"

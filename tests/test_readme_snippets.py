@@ -24,6 +24,8 @@ ELSEWHERE = {
     "apt-get install gcc make": "an admin's install on the nodes: docker-slurm/Dockerfile runs these steps",
     "dispatch-slurm plan /scratch/me/run1": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
     "dispatch-slurm release": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
+    "continues to the end": "the long run over time limits: tests/cluster/test_continuations.py runs the "
+                            "Quickstart's job script under `run` across several time limits",
     "torchrun --nproc-per-node": "examples/dist_train.py under torchrun (tests/test_ranks.py) and srun "
                                  "(tests/cluster/test_multirank.py)",
     "run /scratch/me/run1 --keep-last": "the supervisor's gc over a stand-in Slurm: tests/test_retention.py"

@@ -2,13 +2,8 @@
 
 `dispatch-slurm run ROOT -- SBATCH_ARGS` submits the job (allocating N under
 ``<root>/sub/``), follows it with the Slurm client (CLI JSON), and when an execution
-ends applies a rule:
-
-    COMPLETED                        done
-    FAILED, TIMEOUT, OUT_OF_MEMORY,  resubmit while budget (--resubmit) is left,
-    BOOT_FAIL, DEADLINE, CANCELLED,  else fail
-    PREEMPTED, NODE_FAIL
-    requeued by Slurm (R+1)          nothing to do: Slurm restarts it (no budget used)
+ends applies a rule: rules.TABLE is the one table of them (done, continue after a time
+limit, resubmit, stop, requeue, fail), which the loop, ``plan`` and the README share.
 
 For a shared checkpoint (``--shared-checkpoint``: the job cannot isolate its writes)
 every recovery rule is replaced by a *hold* for a person: a new execution must not

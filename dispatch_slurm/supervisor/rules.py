@@ -157,16 +157,20 @@ def submission_tag(root: str, g: int, n: int) -> str:
 #
 # One table, read three ways: ``cause_of`` + ``decide`` (the loop), ``plan`` (what a person
 # reads before the job starts) and the README's rules table (tests/test_docs.py).
+CONTINUE = ("the next execution at once, with a new N, while the `--continuations` budget lasts (default "
+            f"{DEFAULTS['continuations']}), else fail (exit 1); a chain whose last {STALLS} executions published no "
+            "higher step is stopped (exit 1)")
+RESUBMIT = "resubmit with a new N while the `--resubmit` budget lasts (default 0), else fail (exit 1)"
 #: (cause, when, in Slurm's words; the rule; what follows)
 TABLE = (
     ("completed", "COMPLETED, never signalled", "done", "exit 0"),
-    ("time_limit", "TIMEOUT", "continue", "the next execution at once (continuations budget)"),
+    ("time_limit", "TIMEOUT", "continue", CONTINUE),
     ("signalled", "COMPLETED after a signal (the execution's preempt_signal or checkpoint_complete event)",
-     "continue", "the next execution at once (continuations budget)"),
-    ("failure", "FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE", "resubmit", "resubmit budget"),
-    ("preemption", "PREEMPTED", "resubmit", "resubmit budget"),
-    ("node_failure", "NODE_FAIL", "resubmit", "resubmit budget"),
-    ("cancel", "CANCELLED by someone else (an admin, as sacct says)", "resubmit", "resubmit budget"),
+     "continue", CONTINUE),
+    ("failure", "FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE", "resubmit", RESUBMIT),
+    ("preemption", "PREEMPTED", "resubmit", RESUBMIT),
+    ("node_failure", "NODE_FAIL", "resubmit", RESUBMIT),
+    ("cancel", "CANCELLED by someone else (an admin, as sacct says)", "resubmit", RESUBMIT),
     ("user_cancel", "CANCELLED by the job's own user (or by someone sacct cannot name)", "stop",
      "exit 0: a user's scancel means stop"),
     ("stop", "`dispatch-slurm stop ROOT`", "stop", "cancel the job, wait until it ended; exit 0"),
@@ -176,6 +180,13 @@ TABLE = (
      "exit 1: how it ended cannot be told, so nothing is resubmitted blindly"),
 )
 RULE_OF = {cause: rule for cause, _, rule, _ in TABLE}
+
+
+def table() -> str:
+    """The rules as the README shows them (a Markdown table; tests/test_docs.py checks it)."""
+    rows = ["| the execution ended | rule | then |", "|---|---|---|"]
+    rows += [f"| {when} | {rule} | {then} |" for _, when, rule, then in TABLE]
+    return "\n".join(rows)
 
 
 class Decision(NamedTuple):
