@@ -51,5 +51,5 @@ def plot(r: dict, path: str) -> None:
                   "its step; x: signal; dashed: ended; shaded: hold)")
     ax.set_title(f"{r['root']}: {len(execs)} executions, {len(r['publications'])} publications", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")  # a PNG whatever the name ends with (the help says so)
     plt.close(fig)

@@ -1,7 +1,8 @@
 """Holds: for a shared checkpoint, every recovery waits for a person or the cessation
 signal, because a new execution must not start while the old one may still write into
-the one folder. These functions act for the supervisor's loop (``sup``): they record
-facts through it and ask Slurm and the site's cessation command."""
+the one folder. Pure functions of the state (what a hold fact, a release or an expiry
+says, and when to look again), which the loop records and acts on; ``ask_command`` runs
+the site's cessation command."""
 
 from __future__ import annotations
 
@@ -12,81 +13,64 @@ import subprocess
 import sys
 from typing import Any, Optional
 
-from ..slurm.client import SlurmError
-from ..store import events
-from . import requests
 from .render import fmt_duration
 
 
-def apply_released(sup, hold: dict) -> None:
-    """A lifted hold: the rule it replaced applies now."""
-    rule, ref = hold["replaces"], {"job": hold["job"], "r": hold["r"]}
+def applied(st, hold: dict) -> dict:
+    """A lifted hold: the rule fact of the rule it replaced, applied now. (A requeue that
+    Slurm was told to hold is also released in Slurm: the loop does that.)"""
+    rule, ref = hold["replaces"], {"job": hold["job"], "r": hold["r"], "after_hold": hold["hold"]}
     if rule == "resubmit":
-        sup.fact("rule", rule="resubmit", after_hold=hold["hold"],
-                  budget_left=sup.state.defn["resubmit"] - sup.state.used - 1, **ref)
-    elif rule == "continue":
-        sup.fact("rule", rule="continue", after_hold=hold["hold"], cause=hold.get("cause"),
-                  budget_left=sup.state.defn.get("continuations", 0) - sup.state.continued - 1, **ref)
-    elif rule == "requeue":
-        if hold.get("slurm_held"):
-            try:
-                sup.slurm.release(hold["job"])
-            except SlurmError as e:
-                sup.fact("note", text=f"scontrol release {hold['job']} failed: {e}")
-        sup.fact("rule", rule="requeue", after_hold=hold["hold"], **ref)
-    else:
-        sup.fact("rule", rule=rule, after_hold=hold["hold"], **ref)
+        return {"rule": "resubmit", "budget_left": st.defn["resubmit"] - st.used - 1, **ref}
+    if rule == "continue":
+        return {"rule": "continue", "cause": hold.get("cause"),
+                "budget_left": st.defn.get("continuations", 0) - st.continued - 1, **ref}
+    return {"rule": rule, **ref}
 
-def open_hold(sup, rule: dict) -> None:
-    st = sup.state
+
+def opened(st, rule: dict, now: float) -> dict:
+    """The hold fact standing in for ``rule`` (a held rule fact)."""
     ex = st.ended.get(rule["r"]) if rule.get("job") == st.job else None
     ex = ex or rule.get("execution") or {}
-    h = sup.fact("hold", hold=st.holds + 1, replaces=rule["rule"], cause=rule.get("cause"),
-                  job=rule["job"], r=rule["r"], g=ex.get("g"), n=ex.get("n"), epoch=ex.get("epoch"),
-                  attempt=ex.get("attempt"), nodes=ex.get("nodes", []), start_time=ex.get("start_time"),
-                  slurm_held=bool(rule.get("slurm_held")), until=round(sup.clock() + st.defn["hold_for"], 3),
-                  cessation_cmd=st.defn["cessation_cmd"], interval=st.defn["cessation_interval"])
-    events.record("hold", root=sup.root, attempt=h.get("attempt") or "supervisor",
-                  hold=h["hold"], replaces=h["replaces"], job=h["job"], until=h["until"])
-    sup.say(f"HOLD #{h['hold']}: the checkpoint is shared, so {h['replaces']} waits until execution "
-             f"R={h['r']} of job {h['job']} has ceased (asked every "
-             f"{fmt_duration(h['interval'])}) or a person runs `dispatch-slurm release {sup.root}`")
+    return {"hold": st.holds + 1, "replaces": rule["rule"], "cause": rule.get("cause"),
+            "job": rule["job"], "r": rule["r"], "g": ex.get("g"), "n": ex.get("n"), "epoch": ex.get("epoch"),
+            "attempt": ex.get("attempt"), "nodes": ex.get("nodes", []), "start_time": ex.get("start_time"),
+            "slurm_held": bool(rule.get("slurm_held")), "until": round(now + st.defn["hold_for"], 3),
+            "cessation_cmd": st.defn["cessation_cmd"], "interval": st.defn["cessation_interval"]}
 
-def step(sup) -> float:
-    """One look at the standing hold: a person's release, the cessation signal when due,
-    or its expiry; the seconds until the next look."""
-    st = sup.state
-    h = st.hold
-    rel = requests.read(sup.root, f"release.{h['hold']}")
-    if rel is not None:
-        who = {k: rel[k] for k in ("user", "uid", "host", "message", "entry") if k in rel}
-        sup.fact("release", hold=h["hold"], by="person", requested_t=rel.get("t"), **who)
-        events.record("release", root=sup.root, attempt=h.get("attempt") or "supervisor",
-                      hold=h["hold"], by="person")
-        return 0
-    now = sup.clock()
-    due = st.last_answer_t is None or now - st.last_answer_t >= h["interval"]
-    expired = now >= h["until"]
-    if due or (expired and not sup.asked_this_run):
-        ans = sup.ask(h)
-        sup.asked_this_run = True
-        sup.fact("cessation", hold=h["hold"], job=h["job"], r=h["r"], **ans)
-        events.record("cessation", root=sup.root, attempt=h.get("attempt") or "supervisor",
-                      hold=h["hold"], answer=ans["answer"], source="supervisor")
-        if ans["answer"] == "ceased":
-            sup.fact("release", hold=h["hold"], by="cessation signal")
-            events.record("release", root=sup.root, attempt=h.get("attempt") or "supervisor",
-                          hold=h["hold"], by="cessation signal")
-            return 0
-        now = sup.clock()
-    if expired:
-        sup.fact("hold_expired", hold=h["hold"], until=h["until"])
-        sup.finish("held", f"hold #{h['hold']} expired after {fmt_duration(st.defn['hold_for'])} with "
-                            f"no answer: job {h['job']} stays held ({h['replaces']} not applied). When "
-                            f"it is safe: `dispatch-slurm release {sup.root}`, then "
-                            f"`dispatch-slurm run {sup.root}` to continue")
+
+def announcement(h: dict, root: str) -> str:
+    return (f"HOLD #{h['hold']}: the checkpoint is shared, so {h['replaces']} waits until execution "
+            f"R={h['r']} of job {h['job']} has ceased (asked every {fmt_duration(h['interval'])}) or a person "
+            f"runs `dispatch-slurm release {root}`")
+
+
+def released_by_person(h: dict, req: dict) -> dict:
+    """The release fact for a person's request entry (`dispatch-slurm release`)."""
+    who = {k: req[k] for k in ("user", "uid", "host", "message", "entry") if k in req}
+    return {"hold": h["hold"], "by": "person", "requested_t": req.get("t"), **who}
+
+
+def due(st, h: dict, now: float, asked_this_run: bool) -> bool:
+    """Whether the cessation signal is to be asked now: every interval, and once more on
+    expiry if this process has not asked yet (a resumed supervisor's first look)."""
+    return st.last_answer_t is None or now - st.last_answer_t >= h["interval"] or \
+        (now >= h["until"] and not asked_this_run)
+
+
+def expired(st, h: dict, root: str) -> tuple[dict, tuple[str, str]]:
+    """The hold_expired fact and the finish it leads to."""
+    return {"hold": h["hold"], "until": h["until"]}, (
+        "held", f"hold #{h['hold']} expired after {fmt_duration(st.defn['hold_for'])} with no answer: job "
+                f"{h['job']} stays held ({h['replaces']} not applied). When it is safe: `dispatch-slurm release "
+                f"{root}`, then `dispatch-slurm run {root}` to continue")
+
+
+def next_look(st, h: dict, now: float, poll: float) -> float:
+    """Seconds until the hold is looked at again."""
     next_ask = (st.last_answer_t or now) + h["interval"]
-    return max(0.05, min(sup.poll, next_ask - now, h["until"] - now))
+    return max(0.05, min(poll, next_ask - now, h["until"] - now))
+
 
 def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:
     """Run the site's cessation command for the held execution: exit 0 ceased, 1 not

@@ -148,15 +148,23 @@ class Supervisor:
                 (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
             self.finish("stopped", stopped_message(self.state))
         if st.hold_needed:
-            holds.open_hold(self, st.hold_needed)
+            h = self.fact("hold", **holds.opened(st, st.hold_needed, self.clock()))
+            self._event("hold", h, replaces=h["replaces"], job=h["job"], until=h["until"])
+            self.say(holds.announcement(h, self.root))
             return 0
         if st.hold:
-            return holds.step(self)
+            return self._look_at_hold(st.hold)
         if st.pending_decision:
             self._decide(st.pending_decision)
             return 0
         if st.pending_apply:
-            holds.apply_released(self, st.pending_apply)
+            h = st.pending_apply
+            if h["replaces"] == "requeue" and h.get("slurm_held"):
+                try:
+                    self.slurm.release(h["job"])
+                except SlurmError as e:
+                    self.fact("note", text=f"scontrol release {h['job']} failed: {e}")
+            self.fact("rule", **holds.applied(st, h))
             return 0
         if st.intent_open:
             return self._recover_intent()
@@ -165,6 +173,35 @@ class Supervisor:
         if st.job is not None:
             return self._follow()
         raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
+
+    def _event(self, type_: str, h: dict, **fields) -> None:
+        events.record(type_, root=self.root, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **fields)
+
+    def _look_at_hold(self, h: dict) -> float:
+        """One look at the standing hold: a person's release, the cessation signal when due,
+        or its expiry; the seconds until the next look."""
+        st = self.state
+        req = requests.read(self.root, f"release.{h['hold']}")
+        if req is not None:
+            self.fact("release", **holds.released_by_person(h, req))
+            self._event("release", h, by="person")
+            return 0
+        now = self.clock()
+        if holds.due(st, h, now, self.asked_this_run):
+            ans = self.ask(h)
+            self.asked_this_run = True
+            self.fact("cessation", hold=h["hold"], job=h["job"], r=h["r"], **ans)
+            self._event("cessation", h, answer=ans["answer"], source="supervisor")
+            if ans["answer"] == "ceased":
+                self.fact("release", hold=h["hold"], by="cessation signal")
+                self._event("release", h, by="cessation signal")
+                return 0
+            now = self.clock()
+        if now >= h["until"]:
+            fact, finish = holds.expired(st, h, self.root)
+            self.fact("hold_expired", **fact)
+            self.finish(*finish)
+        return holds.next_look(st, h, now, self.poll)
 
     def _stop(self, req: dict) -> None:
         """A person asked to stop: record it, cancel the job if it may still run, then
@@ -248,14 +285,9 @@ class Supervisor:
             self.say(f"warning: Slurm did not answer ({e}); retrying every {self.poll:g} s")
             self._slurm_warned = True
 
-    def _exec_fields(self, r: int, nodes: list[str], start_time: Optional[int]) -> dict:
-        st = self.state
-        e = epochmod.compose(st.g, st.n, r)
-        attempt = names.attempt_token(st.cluster, str(st.job), e) if st.cluster else None
-        return {"g": st.g, "n": st.n, "job": st.job, "r": r, "epoch": e, "attempt": attempt,
-                "nodes": nodes, "start_time": start_time}
-
     def _follow(self) -> float:
+        """Ask Slurm about the job and record what changed (rules.observe); when nothing
+        did, the `run --keep-last` collection's second chance, then wait a poll."""
         st = self.state
         try:
             j = self.slurm.find_job(st.job)
@@ -263,36 +295,14 @@ class Supervisor:
             self._slurm_trouble(e)
             return self.poll
         self._slurm_warned = False
-        if j is None:
-            r = st.started["r"] if st.started else 0
-            if r not in st.ended:
-                fields = self._exec_fields(r, (st.started or {}).get("nodes", []),
-                                           (st.started or {}).get("start_time"))
-                self.fact("ended", **fields, state="UNKNOWN",
-                          reason="known neither to slurmctld (purged after MinJobAge) nor to sacct")
-                return 0
-            return self.poll
-        r = j.restart_count
-        if st.started and r > st.started["r"] and st.started["r"] not in st.ended:
-            s = st.started
-            self.fact("ended", **self._exec_fields(s["r"], s["nodes"], s.get("start_time")),
-                      state="REQUEUED", requeued=True, reason=j.reason, flags=sorted(j.flags),
-                      now=f"{j.state} restart_count={r}")
+        seen = rules.observe(st, j)
+        if seen is not None:
+            type_, fields = seen
+            if type_ == "ended" and fields["state"] == "CANCELLED":
+                fields["cancelled_by"] = self.slurm.cancelled_by(j.job_id)
+            self.fact(type_, **fields)
             return 0
-        if r not in st.ended and (st.started is None or r > st.started["r"]):
-            ran = j.ended and j.start_time and j.nodes  # ended between two polls
-            if j.state in ("RUNNING", "SUSPENDED") or ran:
-                self.fact("started", **self._exec_fields(r, j.nodes, j.start_time),
-                          late=j.state not in ("RUNNING", "SUSPENDED"))
-                return 0
-        if j.ended and r not in st.ended:
-            extra = {"via": "sacct"} if j.source == "sacct" else {}
-            if j.state == "CANCELLED":
-                extra["cancelled_by"] = self.slurm.cancelled_by(j.job_id)
-            self.fact("ended", **self._exec_fields(r, j.nodes, j.start_time), state=j.state,
-                      reason=j.reason, exit_code=j.exit_code, signal=j.exit_signal, flags=sorted(j.flags), **extra)
-            return 0
-        again = self.gc.again(self.state.defn)
+        again = self.gc.again(st.defn)
         if again:
             self.fact("gc", **again)
         return self.poll

@@ -10,6 +10,7 @@ import re
 import shlex
 from typing import NamedTuple, Optional
 
+from ..contract import epoch, names
 from ..contract.signals import signal_option
 from ..errors import DispatchError
 from .render import fmt_duration
@@ -187,6 +188,42 @@ def table() -> str:
     rows = ["| the execution ended | rule | then |", "|---|---|---|"]
     rows += [f"| {when} | {rule} | {then} |" for _, when, rule, then in TABLE]
     return "\n".join(rows)
+
+
+def execution_fields(st: State, r: int, nodes: list[str], start_time: Optional[int]) -> dict:
+    """What the record says of execution R of the current job (the cessation signal's input)."""
+    e = epoch.compose(st.g, st.n, r)
+    attempt = names.attempt_token(st.cluster, str(st.job), e) if st.cluster else None
+    return {"g": st.g, "n": st.n, "job": st.job, "r": r, "epoch": e, "attempt": attempt,
+            "nodes": nodes, "start_time": start_time}
+
+
+def observe(st: State, j) -> Optional[tuple[str, dict]]:
+    """The one fact Slurm's answer about the current job adds (``j``: its JobInfo, None when
+    neither slurmctld nor sacct knows it), or None when nothing changed. An ended CANCELLED
+    execution still needs who cancelled it (one more Slurm call: the loop's)."""
+    if j is None:
+        r = st.started["r"] if st.started else 0
+        if r in st.ended:
+            return None
+        return "ended", {**execution_fields(st, r, (st.started or {}).get("nodes", []),
+                                            (st.started or {}).get("start_time")),
+                         "state": "UNKNOWN", "reason": "known neither to slurmctld (purged after MinJobAge) nor to sacct"}
+    r = j.restart_count
+    if st.started and r > st.started["r"] and st.started["r"] not in st.ended:
+        s = st.started
+        return "ended", {**execution_fields(st, s["r"], s["nodes"], s.get("start_time")), "state": "REQUEUED",
+                         "requeued": True, "reason": j.reason, "flags": sorted(j.flags),
+                         "now": f"{j.state} restart_count={r}"}
+    running = j.state in ("RUNNING", "SUSPENDED")
+    if r not in st.ended and (st.started is None or r > st.started["r"]) and \
+            (running or (j.ended and j.start_time and j.nodes)):  # or it ran between two polls
+        return "started", {**execution_fields(st, r, j.nodes, j.start_time), "late": not running}
+    if j.ended and r not in st.ended:
+        return "ended", {**execution_fields(st, r, j.nodes, j.start_time), "state": j.state, "reason": j.reason,
+                         "exit_code": j.exit_code, "signal": j.exit_signal, "flags": sorted(j.flags),
+                         **({"via": "sacct"} if j.source == "sacct" else {})}
+    return None
 
 
 class Decision(NamedTuple):
