@@ -135,7 +135,8 @@ class Supervisor:
                 self.sleep(wait)
 
     def step(self) -> float:
-        """Do the next thing the state calls for; the seconds to wait before the next step."""
+        """Do the next thing the state calls for (rules.next_action); the seconds to wait
+        before the next step."""
         st = self.state
         if st.finished and st.finished["outcome"] != "held":
             raise self._outcome(st.finished)
@@ -144,43 +145,37 @@ class Supervisor:
             if req is not None:
                 self._stop(req)
                 return 0
-        if st.stopping is not None and not st.intent_open and not st.pending_decision and \
-                (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
-            self.finish("stopped", stopped_message(self.state))
-        if st.hold_needed:
-            h = self.fact("hold", **holds.opened(st, st.hold_needed, self.clock()))
-            self._event("hold", h, replaces=h["replaces"], job=h["job"], until=h["until"])
-            self.say(holds.announcement(h, self.root))
-            return 0
-        if st.hold:
-            return self._look_at_hold(st.hold)
-        if st.pending_decision:
-            self._decide(st.pending_decision)
-            return 0
-        if st.pending_apply:
-            h = st.pending_apply
-            if h["replaces"] == "requeue" and h.get("slurm_held"):
-                try:
-                    self.slurm.release(h["job"])
-                except SlurmError as e:
-                    self.fact("note", text=f"scontrol release {h['job']} failed: {e}")
-            self.fact("rule", **holds.applied(st, h))
-            return 0
-        if st.intent_open:
-            return self._recover_intent()
-        if st.need_submit:
-            return self._submit()
-        if st.job is not None:
-            return self._follow()
-        raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
+        action = rules.next_action(st)
+        if action == "stopped":
+            self.finish("stopped", stopped_message(st))
+        if action is None:
+            raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
+        return {"open_hold": self._open_hold, "hold": self._look_at_hold, "decide": self._decide,
+                "apply_release": self._apply_release, "recover_intent": self._recover_intent,
+                "submit": self._submit, "follow": self._follow}[action]() or 0
+
+    def _open_hold(self) -> None:
+        h = self.fact("hold", **holds.opened(self.state, self.state.hold_needed, self.clock()))
+        self._event("hold", h, replaces=h["replaces"], job=h["job"], until=h["until"])
+        self.say(holds.announcement(h, self.root))
+
+    def _apply_release(self) -> None:
+        h = self.state.pending_apply
+        if h["replaces"] == "requeue" and h.get("slurm_held"):
+            try:
+                self.slurm.release(h["job"])
+            except SlurmError as e:
+                self.fact("note", text=f"scontrol release {h['job']} failed: {e}")
+        self.fact("rule", **holds.applied(self.state, h))
 
     def _event(self, type_: str, h: dict, **fields) -> None:
         events.record(type_, root=self.root, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **fields)
 
-    def _look_at_hold(self, h: dict) -> float:
+    def _look_at_hold(self) -> float:
         """One look at the standing hold: a person's release, the cessation signal when due,
         or its expiry; the seconds until the next look."""
         st = self.state
+        h = st.hold
         req = requests.read(self.root, f"release.{h['hold']}")
         if req is not None:
             self.fact("release", **holds.released_by_person(h, req))
@@ -309,9 +304,10 @@ class Supervisor:
 
     # -- rules ----------------------------------------------------------------------------
 
-    def _decide(self, ended: dict) -> None:
-        """Record the rule for an ended execution (rules.decide), then act on it."""
+    def _decide(self) -> None:
+        """Record the rule for the ended execution (rules.decide), then act on it."""
         st, defn = self.state, self.state.defn
+        ended = st.pending_decision
         if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
             self.fact("gc", **self.gc.run(defn["keep_last"]))
         cause = rules.cause_of(ended, self._signalled(ended), os.geteuid())

@@ -14,38 +14,41 @@ def fmt_duration(s: float) -> str:
     return f"{s:g}s"
 
 
+def _rule(f: dict) -> str:
+    extra = " -> HOLD" if f.get("held") else ""
+    left = f" ({f['budget_left']} left)" if "budget_left" in f else ""
+    why = f" [{f['cause'].replace('_', ' ')}]" if f.get("cause") else ""
+    step = f"; latest published step {f['latest_step']}" if f.get("latest_step") is not None else ""
+    return f"rule: {f['rule']}{why}{left}{step}{extra}"
+
+
+def _hold(f: dict) -> str:
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["until"]))
+    return f"hold #{f['hold']} on job {f['job']} R={f['r']} (instead of {f['replaces']}), until {until}"
+
+
+_DESCRIBE = {
+    "job": lambda f: (f"generation {f['g']}: {'shared checkpoint, ' if f['shared'] else ''}resubmit budget "
+                      f"{f['resubmit']}, via {f['via']}: sbatch {shlex.join(f['args'])}"),
+    "intent": lambda f: f"submitting G={f['g']} N={f['n']} (tag {f['tag']})",
+    "submitted": lambda f: (f"submitted job {f['job']} (G={f['g']} N={f['n']})"
+                            f"{' [found after a restart]' if f.get('recovered') else ''}"),
+    "started": lambda f: f"job {f['job']} execution R={f['r']} started on {','.join(f['nodes'])} (epoch {f['epoch']})",
+    "ended": lambda f: f"job {f['job']} execution R={f['r']} ended: {f['state']} ({f.get('reason') or '-'})",
+    "rule": _rule,
+    "hold": _hold,
+    "cessation": lambda f: f"cessation signal for hold #{f['hold']}: {f['answer']}",
+    "release": lambda f: f"hold #{f['hold']} released by {f['by']}",
+    "finished": lambda f: f"finished: {f['outcome']}: {f.get('message', '')}",
+    "supervisor": lambda f: f"supervisor {'resumed' if f.get('resumed') else 'started'} (pid {f['pid']} on {f['host']})",
+}
+
+
 def describe(f: dict) -> str:
     """One line per fact, for the supervisor's stderr."""
     t = f["type"]
-    if t == "job":
-        return (f"generation {f['g']}: {'shared checkpoint, ' if f['shared'] else ''}resubmit budget "
-                f"{f['resubmit']}, via {f['via']}: sbatch {shlex.join(f['args'])}")
-    if t == "intent":
-        return f"submitting G={f['g']} N={f['n']} (tag {f['tag']})"
-    if t == "submitted":
-        return f"submitted job {f['job']} (G={f['g']} N={f['n']}){' [found after a restart]' if f.get('recovered') else ''}"
-    if t == "started":
-        return f"job {f['job']} execution R={f['r']} started on {','.join(f['nodes'])} (epoch {f['epoch']})"
-    if t == "ended":
-        return f"job {f['job']} execution R={f['r']} ended: {f['state']} ({f.get('reason') or '-'})"
-    if t == "rule":
-        extra = " -> HOLD" if f.get("held") else ""
-        left = f" ({f['budget_left']} left)" if "budget_left" in f else ""
-        why = f" [{f['cause'].replace('_', ' ')}]" if f.get("cause") else ""
-        step = f"; latest published step {f['latest_step']}" if f.get("latest_step") is not None else ""
-        return f"rule: {f['rule']}{why}{left}{step}{extra}"
-    if t == "hold":
-        until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["until"]))
-        return (f"hold #{f['hold']} on job {f['job']} R={f['r']} (instead of {f['replaces']}), "
-                f"until {until}")
-    if t == "cessation":
-        return f"cessation signal for hold #{f['hold']}: {f['answer']}"
-    if t == "release":
-        return f"hold #{f['hold']} released by {f['by']}"
-    if t == "finished":
-        return f"finished: {f['outcome']}: {f.get('message', '')}"
-    if t == "supervisor":
-        return f"supervisor {'resumed' if f.get('resumed') else 'started'} (pid {f['pid']} on {f['host']})"
+    if t in _DESCRIBE:
+        return _DESCRIBE[t](f)
     rest = {k: v for k, v in f.items() if k not in ("v", "seq", "t", "type")}
     return f"{t}: {json.dumps(rest)}"
 

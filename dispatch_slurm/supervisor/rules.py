@@ -190,6 +190,19 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def next_action(st: State) -> Optional[str]:
+    """What the supervisor does next, from the state alone (None: nothing, a bug)."""
+    if st.stopping is not None and not st.intent_open and not st.pending_decision and \
+            (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
+        return "stopped"
+    for due, action in ((st.hold_needed, "open_hold"), (st.hold, "hold"), (st.pending_decision, "decide"),
+                        (st.pending_apply, "apply_release"), (st.intent_open, "recover_intent"),
+                        (st.need_submit, "submit"), (st.job is not None, "follow")):
+        if due:
+            return action
+    return None
+
+
 def execution_fields(st: State, r: int, nodes: list[str], start_time: Optional[int]) -> dict:
     """What the record says of execution R of the current job (the cessation signal's input)."""
     e = epoch.compose(st.g, st.n, r)

@@ -51,71 +51,81 @@ class State:
 
     def apply(self, f: dict) -> None:
         self.facts += 1
-        t = f["type"]
-        if t == "supervisor":
-            self.cluster = f.get("cluster") or self.cluster
-        elif t == "job":
-            self.g = f["g"]
-            self.defs[self.g] = f
-            self.n = self.tag = self.job = self.started = None
-            self.ended = {}
-            self.intent_open = False
-            self.need_submit = True
-            self.submitted_in_g = self.used = self.continued = self.stalls = self.submit_failures = 0
-            self.last_step = None
-            self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
-            self.finished = self.stopping = self.retry_n = None
-        elif t == "intent":
-            self.n, self.tag, self.intent_t = f["n"], f["tag"], f["t"]
-            self.intent_open, self.need_submit, self.retry_n = True, False, None
-        elif t == "submit_failed":
-            self.submit_failures += 1
-            self.last_submit_error = f.get("error", "")
-            self.refused_by_test = bool(f.get("test_only"))
-        elif t == "intent_lost":
-            self.intent_open, self.need_submit = False, True
-            # sbatch refused it and Slurm has no job with its tag: no job ever used this N
-            self.retry_n = f["n"] if f.get("reuse") else None
-        elif t == "submitted":
-            self.job, self.intent_open = f["job"], False
-            self.started, self.ended = None, {}
-            self.submitted_in_g += 1
-            self.submit_failures = 0
-        elif t == "started":
-            self.started = f
-        elif t == "ended":
-            self.ended[f["r"]] = f
-            self.pending_decision = f
-        elif t == "rule":
-            self.pending_decision = self.pending_apply = None
-            self.stalls = f.get("stalls", self.stalls)
-            if f.get("latest_step") is not None:
-                self.last_step = f["latest_step"]
-            if f.get("held"):
-                self.hold_needed = f
-            elif f["rule"] == "resubmit":
-                self.used += 1
-                self.need_submit = True
-            elif f["rule"] == "continue":
-                self.continued += 1
-                self.need_submit = True
-            elif f["rule"] == "supersede":
-                self.need_submit = True
-        elif t == "hold":
-            self.hold, self.hold_needed = f, None
-            self.holds = max(self.holds, f["hold"])
-            self.last_answer_t = None
-        elif t == "cessation":
-            self.last_answer_t = f["t"]
-        elif t == "release":
-            if self.hold is not None:
-                self.pending_apply = self.hold
-            self.hold = None
-        elif t == "stop":
-            self.stopping = f
-        elif t == "finished":
-            self.finished = f
-        # superseded, hold_expired, note, torn_tail_dropped, gc: facts for people, no state
+        on = getattr(self, f"_on_{f['type']}", None)
+        if on is not None:  # superseded, hold_expired, note, torn_tail_dropped, gc: for people, no state
+            on(f)
+
+    def _on_supervisor(self, f: dict) -> None:
+        self.cluster = f.get("cluster") or self.cluster
+
+    def _on_job(self, f: dict) -> None:
+        self.g = f["g"]
+        self.defs[self.g] = f
+        self.n = self.tag = self.job = self.started = self.last_step = None
+        self.ended = {}
+        self.intent_open, self.need_submit = False, True
+        self.submitted_in_g = self.used = self.continued = self.stalls = self.submit_failures = 0
+        self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
+        self.finished = self.stopping = self.retry_n = None
+
+    def _on_intent(self, f: dict) -> None:
+        self.n, self.tag, self.intent_t = f["n"], f["tag"], f["t"]
+        self.intent_open, self.need_submit, self.retry_n = True, False, None
+
+    def _on_submit_failed(self, f: dict) -> None:
+        self.submit_failures += 1
+        self.last_submit_error = f.get("error", "")
+        self.refused_by_test = bool(f.get("test_only"))
+
+    def _on_intent_lost(self, f: dict) -> None:
+        self.intent_open, self.need_submit = False, True
+        # sbatch refused it and Slurm has no job with its tag: no job ever used this N
+        self.retry_n = f["n"] if f.get("reuse") else None
+
+    def _on_submitted(self, f: dict) -> None:
+        self.job, self.intent_open = f["job"], False
+        self.started, self.ended = None, {}
+        self.submitted_in_g += 1
+        self.submit_failures = 0
+
+    def _on_started(self, f: dict) -> None:
+        self.started = f
+
+    def _on_ended(self, f: dict) -> None:
+        self.ended[f["r"]] = f
+        self.pending_decision = f
+
+    def _on_rule(self, f: dict) -> None:
+        self.pending_decision = self.pending_apply = None
+        self.stalls = f.get("stalls", self.stalls)
+        if f.get("latest_step") is not None:
+            self.last_step = f["latest_step"]
+        if f.get("held"):
+            self.hold_needed = f
+            return
+        rule = f["rule"]
+        self.used += rule == "resubmit"
+        self.continued += rule == "continue"
+        self.need_submit = self.need_submit or rule in ("resubmit", "continue", "supersede")
+
+    def _on_hold(self, f: dict) -> None:
+        self.hold, self.hold_needed = f, None
+        self.holds = max(self.holds, f["hold"])
+        self.last_answer_t = None
+
+    def _on_cessation(self, f: dict) -> None:
+        self.last_answer_t = f["t"]
+
+    def _on_release(self, f: dict) -> None:
+        if self.hold is not None:
+            self.pending_apply = self.hold
+        self.hold = None
+
+    def _on_stop(self, f: dict) -> None:
+        self.stopping = f
+
+    def _on_finished(self, f: dict) -> None:
+        self.finished = f
 
     @classmethod
     def replay(cls, facts: list[dict]) -> "State":
