@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers: each docker-slurm release's tests run on one worker (they share its
+# cluster), the S3 tests on another (they share moto and Ceph), the rest wherever one is free.
+# The clusters mostly wait on Slurm's timers, so they overlap well on 2 cores.
+PYTEST_WORKERS ?= 4
 export TESTCONTAINERS_RYUK_DISABLED := true
 
 .PHONY: demo test host venv bench wheel clean
@@ -36,7 +40,7 @@ demo: host venv
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass. The wheel
 # users install is built first (dist/): CI's artifact.
 test: host venv wheel
-	@rc=0; $(PY) -m pytest -ra --durations=40 $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -ra --durations=40 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # What users install: the package alone (no test bed), as CI builds it.

@@ -1,6 +1,36 @@
+import json
 import os
 
 import pytest
+
+from support import TIMINGS
+
+S3_FIXTURES = {"moto_server", "s3_env", "s3_root", "ceph_server"}
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the reporting process: a fresh timings file per run
+        TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+        TIMINGS.write_text("")
+
+
+def pytest_terminal_summary(terminalreporter):
+    rows = [json.loads(line) for line in TIMINGS.read_text().splitlines()] if TIMINGS.exists() else []
+    if rows:
+        terminalreporter.section("docker-slurm timings")
+    for t in rows:
+        terminalreporter.write_line(
+            f"{t['name']}: image build/check {t.get('build_s', 0):.1f} s, boot to all nodes idle "
+            f"{t.get('boot_s', 0):.1f} s, the cluster's whole session (its tests too) {t.get('session_s', 0):.0f} s")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs `-n`, `--dist loadgroup`), tests that share a
+    session server run on one worker, so each server starts once: the S3 servers (moto,
+    Ceph's RGW) here; each docker-slurm cluster in tests/cluster/conftest.py."""
+    for item in items:
+        if S3_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("s3"))
 
 
 @pytest.fixture

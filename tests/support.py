@@ -8,6 +8,9 @@ import sys
 
 VECTORS = pathlib.Path(__file__).parent / "vectors"
 REPO = pathlib.Path(__file__).parent.parent
+#: each docker-slurm cluster's timings, one JSON line per cluster, appended by whichever
+#: process ran it (an xdist worker, or pytest itself); tests/conftest.py prints them
+TIMINGS = pathlib.Path(os.environ.get("DISPATCH_TIMINGS_FILE", REPO / ".pytest_cache" / "docker-slurm-timings.jsonl"))
 
 
 def vectors(name: str):

@@ -21,6 +21,7 @@ from dispatch_slurm.cli import dispatch, main
 from dispatch_slurm.supervisor.record import FACTS
 
 EXAMPLES = int(os.environ.get("DISPATCH_FUZZ_EXAMPLES", "60"))
+pytestmark = pytest.mark.xdist_group("fuzz")  # test_how_many_cases_were_tried counts the others
 TRIED = {"argv": 0, "records": 0}
 
 

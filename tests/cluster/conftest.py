@@ -20,6 +20,7 @@ DISPATCH_REQUIRE_CLUSTER=1, where that is a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -30,8 +31,6 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # the reaper imag
 CLUSTERS = [s for s in os.environ.get("DISPATCH_CLUSTER_SUITES", "bookworm,trixie:cgroup,sid:cgroup").split(",") if s]
 PROFILE = os.environ.get("DISPATCH_CLUSTER_PROFILE", "fast")
 USERS = ("alice", "bob")
-
-_timings: list[tuple[str, dict[str, float]]] = []
 
 
 def _suite(entry: str) -> str:
@@ -64,6 +63,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("one_release"):
             allowed = allowed[-1:]
         (keep if entry in allowed else drop).append(item)
+        item.add_marker(pytest.mark.xdist_group(f"cluster-{entry}"))  # one worker boots each cluster once
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -93,19 +93,21 @@ def cluster(request):
             pytest.fail(problem)
         pytest.skip(problem)
     from testbed.cluster import Cluster
-    from support import host_torch
+    from support import TIMINGS, host_torch
 
     suite, _, tracking = request.param.partition(":")
     t0 = time.monotonic()
     c = Cluster(suite, PROFILE, tracking=tracking or None, log=lambda s: print(s, flush=True),
                 volumes=host_torch(suite))
     c.start()
-    _timings.append((f"{request.param} (Slurm {c.slurm_release}, {PROFILE}, {c.tracking} tracking)", c.timings))
     try:
         yield c
     finally:
         c.stop()
         c.timings["session_s"] = time.monotonic() - t0
+        with open(TIMINGS, "a") as f:
+            f.write(json.dumps({"name": f"{request.param} (Slurm {c.slurm_release}, {PROFILE}, {c.tracking} "
+                                        "tracking)", **c.timings}) + "\n")
 
 
 @pytest.fixture
@@ -128,14 +130,3 @@ def workdir(slurm_cluster, request):
     host.mkdir()
     host.chmod(0o1777)
     return f"/checkpoints/{name}", host
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not _timings:
-        return
-    terminalreporter.section("docker-slurm timings")
-    for name, t in _timings:
-        terminalreporter.write_line(
-            f"{name}: image build/check {t.get('build_s', 0):.1f} s, boot to all nodes idle "
-            f"{t.get('boot_s', 0):.1f} s, the cluster's whole session (its tests too) {t.get('session_s', 0):.0f} s"
-        )
