@@ -21,7 +21,6 @@ from dispatch_slurm.cli import dispatch, main
 from dispatch_slurm.supervisor.record import FACTS
 
 EXAMPLES = int(os.environ.get("DISPATCH_FUZZ_EXAMPLES", "60"))
-pytestmark = pytest.mark.xdist_group("fuzz")  # test_how_many_cases_were_tried counts the others
 TRIED = {"argv": 0, "records": 0}
 
 
@@ -107,7 +106,11 @@ def test_any_arguments_are_handled_or_refused_in_one_line(path, fuzz_root):
         TRIED["argv"] += 1
         code, err = run_cli(argv, _env(fuzz_root), os.path.dirname(fuzz_root))
         _check(argv, code, err)
+    before = TRIED["argv"]
     case()
+    tried = TRIED["argv"] - before
+    print(f"\nCLI fuzz: {tried} argument lists for `{' '.join(path)}`, 0 tracebacks")
+    assert tried >= EXAMPLES // 2, f"hypothesis tried only {tried} argument lists"
 
 
 JSONS = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), TEXT),
@@ -126,21 +129,20 @@ def facts(draw):
     return {"type": kind, "t": draw(st.one_of(st.floats(0, 2e9), JSONS)), **fields}
 
 
-@settings(max_examples=EXAMPLES * 4, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(lines=st.lists(st.one_of(facts().map(lambda f: json.dumps(f)), st.sampled_from(["", "{", "[]", "7"])),
-                      min_size=1, max_size=5),
-       verb=st.sampled_from([["plan"], ["release"], ["report"], ["stop"], ["run", "--once"]]))
-def test_malformed_record_facts_are_refused_in_one_line(tmp_path_factory, lines, verb):
-    root = tmp_path_factory.mktemp("rec") / "root"
-    root.mkdir()
-    (root / "record.jsonl").write_text("\n".join(lines) + "\n")
-    TRIED["records"] += 1
-    code, err = run_cli([verb[0], str(root), *verb[1:]], _env(str(root)), str(root.parent))
-    _check([*verb, "<record>"], code, err)
-
-
-def test_how_many_cases_were_tried():
-    """Run last (file order): says how many cases the fuzz tests above tried."""
-    print(f"\nCLI fuzz: {TRIED['argv']} argument lists over {len(COMMANDS)} commands, "
-          f"{TRIED['records']} malformed records; 0 tracebacks")
-    assert TRIED["argv"] >= len(COMMANDS) * EXAMPLES // 2 and TRIED["records"] >= EXAMPLES
+def test_malformed_record_facts_are_refused_in_one_line(tmp_path_factory):
+    @settings(max_examples=EXAMPLES * 4, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(lines=st.lists(st.one_of(facts().map(lambda f: json.dumps(f)), st.sampled_from(["", "{", "[]", "7"])),
+                          min_size=1, max_size=5),
+           verb=st.sampled_from([["plan"], ["release"], ["report"], ["stop"], ["run", "--once"]]))
+    def case(lines, verb):
+        root = tmp_path_factory.mktemp("rec") / "root"
+        root.mkdir()
+        (root / "record.jsonl").write_text("\n".join(lines) + "\n")
+        TRIED["records"] += 1
+        code, err = run_cli([verb[0], str(root), *verb[1:]], _env(str(root)), str(root.parent))
+        _check([*verb, "<record>"], code, err)
+    before = TRIED["records"]
+    case()
+    tried = TRIED["records"] - before
+    print(f"\nCLI fuzz: {tried} malformed records, 0 tracebacks")
+    assert tried >= EXAMPLES, f"hypothesis tried only {tried} records"

@@ -20,7 +20,7 @@ from testbed.cluster import CONTROLLER, Cluster
 
 pytestmark = pytest.mark.cluster
 
-ENV_DUMP = "env | grep ^DISPATCH_ | sort"
+ENV_DUMP = "{ env | grep ^DISPATCH_ | sort; echo END=1; }"  # END: the file is whole (the shell creates it first)
 
 
 def make_root(c: Cluster, path: str, user: str = "alice", mode: str = "700") -> str:
@@ -32,7 +32,9 @@ def dumps(host_dir, prefix: str) -> dict[str, dict[str, str]]:
     """name -> {K: V} of every `env | grep ^DISPATCH_` file the job wrote."""
     out = {}
     for p in sorted(host_dir.glob(f"{prefix}*")):
-        out[p.name] = dict(line.split("=", 1) for line in p.read_text().splitlines() if "=" in line)
+        lines = p.read_text().splitlines()
+        if lines[-1:] == ["END=1"]:  # a file still being written is not seen yet
+            out[p.name] = dict(line.split("=", 1) for line in lines[:-1] if "=" in line)
     return out
 
 
@@ -345,8 +347,7 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
         env = {"DISPATCH_CHECKPOINT": root, "DISPATCH_SUBMISSION": "1", "DISPATCH_SITE_CONF": f"{cdir}/mine.conf"}
         c.submit("alice", args=["--export=ALL," + ",".join(env), "-o", "/dev/null",
                                 "--wrap", f"srun bash -c '{ENV_DUMP} > {cdir}/task'"], env=env)
-        c.wait_until(lambda: (hdir / "task").exists() and (hdir / "task").read_text(), timeout=90,
-                     what="the task's DISPATCH_* dump")
+        c.wait_until(lambda: dumps(hdir, "task"), timeout=90, what="the task's DISPATCH_* dump")
     finally:
         for h in hosts:
             c.exec(h, "rm -f /etc/dispatch-slurm/site.conf")
