@@ -6,7 +6,6 @@ root's report, sizes and plurals, `env --local`. The real CLI, a real filesystem
 import ast
 import json
 import os
-import pathlib
 import re
 import shutil
 import subprocess
