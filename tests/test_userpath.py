@@ -209,6 +209,14 @@ def test_one_size_format_and_proper_plurals_in_ls_gc_and_report(job):
     assert "kept 1 save (" in outs[1].stderr and "1 execution, 1 publication" in outs[2].stdout
 
 
+def test_gc_checks_every_option_before_it_pins(job):
+    """Found by the CLI fuzz test: a bad --pattern was refused after --pin had pinned, on two lines."""
+    root, exec_dir, env = job
+    proc = cli("gc", root, "--pin", exec_dir, "--keep-last", "1", "--pattern", "x")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--pattern" in proc.stderr
+    assert not (root / "pinned").exists()
+
+
 # ---- a read-only root: the full path --------------------------------------------------------------
 
 def test_a_read_only_root_names_the_full_path(job):

@@ -121,12 +121,10 @@ def retention_summary(saves) -> str:
     def total(pred):
         rows = [r for r in saves if pred(r)]
         return plural(len(rows), "save"), size(sum(r["size"] for r in rows))
-    def retired_(r):  # every publication of the save retired (by gc or a person)
-        return bool(r["retired"]) and set(r["publications"]) <= set(r["retired"])
-    kept = total(lambda r: r["state"] == "kept" and not retired_(r))
-    unpublished = total(lambda r: not r["publications"] and not r["retired"])
-    gone = total(lambda r: r["state"] == "gone" and not retired_(r))
-    retired = total(retired_)
+    kept = total(lambda r: r["state"] == "kept")
+    unpublished = total(lambda r: r["state"] == "kept" and not r["publications"])
+    gone = total(lambda r: r["state"] == "gone")
+    retired = total(lambda r: r["state"] == "retired")
     reclaimable = total(lambda r: r["state"] == "reclaimable")
     return (f"kept: {kept[0]}, {kept[1]} (unpublished among them: {unpublished[0]}, {unpublished[1]}); "
             f"gone (the trainer's rotation removed them, not retired): {gone[0]}; "

@@ -67,12 +67,13 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     --min-age; never the latest publication's save, a pinned save or through a symlink.
 
         dispatch-slurm gc /scratch/me/run1 --keep-last 2 --keep-every 1000 --dry-run"""
+    if keep_last is None and not (pin or unpin):
+        raise click.UsageError("say how many saves to keep: --keep-last K (and --keep-every N to keep milestones)")
+    # every option checked before anything is pinned: bad input changes nothing
+    policy = Policy(keep_last=keep_last, keep_every=keep_every, min_age=min_age, pattern=pattern)
     _say_pins(root, pin, unpin)
     if keep_last is None:
-        if pin or unpin:
-            return
-        raise click.UsageError("say how many saves to keep: --keep-last K (and --keep-every N to keep milestones)")
-    policy = Policy(keep_last=keep_last, keep_every=keep_every, min_age=min_age, pattern=pattern)
+        return
     verdicts = retention.gc(root, policy, said=said, dry_run=dry_run)
     if as_json:
         latest = store.latest(root)

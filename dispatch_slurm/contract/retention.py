@@ -43,6 +43,8 @@ KEEP, REMOVE, GONE = "keep", "remove", "gone"
 STATES = {KEEP: "kept", REMOVE: "reclaimable", GONE: "retired"}
 #: a kept publication whose save no longer exists (the trainer's rotation removed it): not retired, not kept
 VANISHED = "gone"
+# a save whose every publication is retired shows as retired, whether its files are gone or, retired by a
+# person, wait for their execution to cease
 #: every state a save can be shown in, in the report's order
 SHOWN = (*STATES.values(), VANISHED)
 
@@ -131,7 +133,9 @@ class Verdict:
 
     def as_dict(self, latest: Optional[Publication] = None) -> dict:
         s = self.save
-        state = VANISHED if self.action == KEEP and not s.exists else STATES[self.action]
+        done = bool(s.retired) and all(p.name in s.retired for p in s.pubs)
+        state = STATES[REMOVE] if self.action == REMOVE else STATES[GONE] if done else \
+            VANISHED if not s.exists else STATES[KEEP]  # retired by a person, still on disk: retired
         return {"path": s.path, "attempt": s.attempt, "state": state, "action": self.action,
                 "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
@@ -229,7 +233,7 @@ def _verdict(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str],
         return _rules(s, inv, policy, keep, ceased, now, done)
     # a person retired it: the same rules, and the why says so first
     action, why, *waiting = _rules(s, inv, policy, keep, ceased, now, done)
-    return (action, f"{person}: {why}", *waiting)
+    return (action, f"{person}: {why.removeprefix('retired: ')}", *waiting)
 
 
 def _rules(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str], ceased: Mapping[str, tuple[bool, str]],

@@ -43,10 +43,11 @@ from ..contract.retention import (KEEP, REMOVE, Inventory, Policy, Save, Verdict
                                   known_saves, leftover_step, markers, pinned, retired_by,
                                   retirement_record)
 from ..errors import BadPath
-from . import protocol, s3_retention
+from . import events, protocol, s3_retention
 from .durable import DirFds, create_new, open_dir, remove_tree
 from .posix import check_owner, open_entry, open_root, publications, save_relpath
 from .roots import is_s3
+from .roots import latest as any_latest
 from .roots import publications as any_publications
 
 
@@ -383,7 +384,6 @@ def retire(root: str, target: str | None, reason: str, by: str, host: str) -> di
     so that ``latest`` skips it on purpose and gc removes its save once its execution has
     ceased; recorded as a ``retired`` event. pub/ is never touched. Returns what was
     retired, whether it already was (by whom), and the latest publication now."""
-    from . import events  # events imports the stores: imported when used
     pubs = any_publications(root)  # every entry parsed: a bad one is the first error
     names_ = {p.name: p for p in pubs}
     retired, by_person = retired_state(root)
@@ -400,14 +400,14 @@ def retire(root: str, target: str | None, reason: str, by: str, host: str) -> di
     pub = names_[name]
     if name in by_person:
         old = by_person[name]
-        return {"name": name, "step": pub.step, "path": pub.path, "already": old, "latest": _now_latest(root)}
+        return {"name": name, "step": pub.step, "path": pub.path, "already": old, "latest": any_latest(root)}
     old = _person_marker(root, name, retirement_record(by, reason, host))
     if old is not None:  # a person retired it meanwhile
         return {"name": name, "step": pub.step, "path": pub.path, "already": retired_by(old),
-                "latest": _now_latest(root)}
+                "latest": any_latest(root)}
     events.record("retired", root=root, attempt="retire", name=name, step=pub.step, path=pub.path, by=by,
                   reason=reason, on=host, was_retired_by_gc=name in retired)
-    return {"name": name, "step": pub.step, "path": pub.path, "already": None, "latest": _now_latest(root)}
+    return {"name": name, "step": pub.step, "path": pub.path, "already": None, "latest": any_latest(root)}
 
 
 def retired_state(root: str) -> tuple[set[str], dict[str, dict]]:
@@ -418,11 +418,6 @@ def retired_state(root: str) -> tuple[set[str], dict[str, dict]]:
         root_fd = fds.add(open_root(root))
         marks = _listing(root, root_fd, layout.RETIRED)
         return set(marks), _by_person(root, root_fd, marks)
-
-
-def _now_latest(root: str):
-    from .roots import latest
-    return latest(root)
 
 
 def pin(root: str, save: str) -> tuple[str, bool]:
