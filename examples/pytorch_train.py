@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     step = 0
-    pub = store.latest(root)
+    pub = store.latest_save(root)  # a vanished save is an error, never a fresh start
     if pub is not None:
         state = torch.load(os.path.join(root, pub.path, "state.pt"), weights_only=True)
         model.load_state_dict(state["model"])

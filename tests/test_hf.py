@@ -280,3 +280,37 @@ def test_missing_dispatch_env_fails_at_train_begin_and_local_mode_runs(monkeypat
     monkeypatch.setenv("DISPATCH_LOCAL", "1")
     t = train(4, None, output_dir=str(tmp_path / "out"))
     assert t.state.global_step == 4 and (tmp_path / "out" / "checkpoint-4").is_dir()
+
+
+def test_the_module_docstrings_import_runs():
+    """Issue 20: the usage the module's docstring shows imports (it named dispatch_slurm.hf)."""
+    lines = [x.strip() for x in hf.__doc__.splitlines() if x.strip().startswith(("from dispatch_slurm", "import "))]
+    assert lines
+    for line in lines:
+        exec(line, {})
+
+
+def test_outside_slurm_local_runs_the_readme_snippet_and_env_local_publishes(monkeypatch, tmp_path):
+    """Issue 20: with DISPATCH_LOCAL=1 and no dispatch variables the README's calls work
+    (output_dir() a folder of the working directory, nothing to resume from); with the
+    variables `env --local` prints, the callback publishes and the next run resumes."""
+    for k in ("DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT", "DISPATCH_LOCAL",
+              "DISPATCH_LOCAL_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DISPATCH_LOCAL", "1")
+    assert hf.output_dir() == str(tmp_path / "dispatch-local-run") and hf.resume_from_checkpoint() is None
+    t = train(2, hf.resume_from_checkpoint(), output_dir=hf.output_dir())
+    assert t.state.global_step == 2 and (tmp_path / "dispatch-local-run" / "checkpoint-2").is_dir()
+    monkeypatch.setenv("DISPATCH_LOCAL_DIR", str(tmp_path / "elsewhere"))
+    assert hf.output_dir() == str(tmp_path / "elsewhere")
+    monkeypatch.delenv("DISPATCH_LOCAL")
+    for run in (1, 2):
+        out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "env", "--local", "--format", "json"],
+                             cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+        for k, v in json.loads(out).items():
+            monkeypatch.setenv(k, v)
+        resume = hf.resume_from_checkpoint()
+        assert (resume is None) == (run == 1)
+        train(2 * run, resume)
+        assert store.latest(str(tmp_path / "dispatch-local")).step == 2 * run

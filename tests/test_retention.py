@@ -409,6 +409,42 @@ def _kill_gc_at_random(attempts, sums, keep, fresh, spawn):
 
 # ---- ls, the CLI, the supervisor ----------------------------------------------------------------------
 
+def test_a_persons_retirement_moves_gcs_latest_and_is_no_cessation_evidence(root, three):
+    """Issue 20: `retire --latest` on LIVE's step 90. gc then keeps step 80 as the latest,
+    keeps 90 while LIVE runs (a person's marker says nothing about cessation) and removes
+    it once LIVE has ceased; `ls` and `report` agree with `latest`."""
+    from dispatch_slurm.contract.retention import ceased_by_retirement
+    cli("retire", root, "--latest", "-m", "diverged", check=True)
+    inv = gc.scan(str(root))
+    assert inv.latest.path == rel(three[(LIVE, 80)], root) and LIVE not in ceased_by_retirement(inv)
+    v = run_gc(root, ceased(A, B), keep_last=1)
+    assert v[rel(three[(LIVE, 80)], root)].why == "the latest publication's save"
+    live90 = v[rel(three[(LIVE, 90)], root)]
+    assert live90.action == "keep" and live90.why.startswith("retired by ") and "(diverged)" in live90.why
+    assert three[(LIVE, 90)].exists() and three[(LIVE, 80)].exists()
+    v = run_gc(root, ceased(A, B, LIVE), keep_last=1)
+    assert v[rel(three[(LIVE, 90)], root)].action == "remove" and not three[(LIVE, 90)].exists()
+    assert three[(LIVE, 80)].exists() and store.latest(str(root)).path == rel(three[(LIVE, 80)], root)
+    rows = {d["step"]: d for d in json.loads(cli("ls", root, "--json", check=True).stdout)}
+    assert rows[90]["state"] == "retired" and not rows[90]["exists"] and rows[80]["state"] == "latest"
+    report = json.loads(cli("report", root, "--json", check=True).stdout)
+    assert report["latest"]["path"] == rel(three[(LIVE, 80)], root)
+    assert "retired by " in cli("report", root, check=True).stdout
+
+
+def test_ls_calls_a_save_the_trainer_rotated_away_gone_not_kept(root, three):
+    import shutil
+    shutil.rmtree(three[(B, 50)])  # save_total_limit removed it; its publication stays
+    rows = {d["step"]: d for d in json.loads(cli("ls", root, "--json", check=True).stdout)}
+    assert rows[50]["state"] == "gone" and not rows[50]["exists"] and rows[60]["state"] == "kept"
+    out = cli("ls", root, check=True)
+    line = next(x for x in out.stdout.splitlines() if x.split()[3] == "50")
+    assert " gone " in line and " kept " not in line
+    assert "gone (the trainer's rotation removed them, not retired): 1 save;" in out.stderr
+    totals = json.loads(cli("report", root, "--json", check=True).stdout)["retention"]["totals"]
+    assert totals["gone"]["saves"] == 1
+
+
 def test_ls_shows_state_and_size(root, three):
     run_gc(root, ceased(A), keep_last=1)
     rows = json.loads(cli("ls", root, "--json", check=True).stdout)
@@ -417,7 +453,7 @@ def test_ls_shows_state_and_size(root, three):
     assert by[rel(three[(LIVE, 90)], root)]["state"] == "latest"
     assert by[rel(three[(B, 40)], root)]["state"] == "kept" and by[rel(three[(B, 40)], root)]["size"] >= 3 * 4096
     out = cli("ls", root, check=True)
-    assert "retired: 3 saves, 0B still on disk" in out.stderr and "unpublished among them: 1" in out.stderr
+    assert "retired: 3 saves, 0 B still on disk" in out.stderr and "unpublished among them: 1 save," in out.stderr
     assert out.stdout.splitlines()[0].split() == ["G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH"]
 
 
@@ -533,5 +569,5 @@ def test_the_report_shows_kept_and_retired_saves_with_sizes(root, three):
     assert r["totals"]["retired"]["saves"] == 3 and r["totals"]["kept"]["saves"] == 6
     assert {s["path"] for s in r["saves"] if s["state"] == "retired"} == {rel(three[(A, s)], root) for s in (10, 20, 30)}
     text = cli("report", root, check=True).stdout
-    assert "retention (no gc policy" in text and "retired 3 save(s) 0 B" in text
+    assert "retention (no gc policy" in text and "retired 3 saves 0 B" in text
     assert f"{rel(three[(LIVE, 90)], root)} (latest)" in text

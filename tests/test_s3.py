@@ -42,7 +42,7 @@ def _put(srv, url, data=b"w"):
 def _race_publish(url, save, barrier, results):
     barrier.wait()
     try:
-        res = store.publish(save, 1, root=url, epoch=E1)
+        res = store.publish(save, root=url, epoch=E1)  # the step its name says
         results.put("exists" if res.existed else "ok")
     except Exception as e:  # noqa: BLE001 -- any error is an outcome the test names
         results.put(f"error: {e}")

@@ -188,6 +188,84 @@ def test_bad_entry_is_an_error_naming_it_never_skipped(r):
         store.latest(r.url)
     proc = cli("latest", r.url, "--resume")
     assert proc.returncode == 2 and "bad entry" in proc.stderr and proc.stdout == ""
+    # the message names the fix: move that entry out of pub/ (issue 20)
+    mv = "aws s3 mv" if r.url.startswith("s3://") else "mv"
+    assert f"{mv} {r.url}/pub/{bad}" in proc.stderr and "then run the command again" in proc.stderr
+
+
+# ---- issue 20: a vanished latest save, and a person's retirement -----------------------------------
+
+def test_a_vanished_latest_save_is_an_error_naming_it_and_the_fix_never_a_path(r):
+    publish(r, f"exec/{A1}/checkpoint-10", 10, E1)
+    gone = publish(r, f"exec/{A1}/checkpoint-20", 20, E1)
+    r.remove_save(gone.path)
+    with pytest.raises(store.VanishedSave):
+        store.latest_save(r.url)
+    for mode in ([], ["--path"], ["--resume"], ["--json"]):
+        proc = cli("latest", r.url, *mode)
+        assert proc.returncode == 2 and proc.stdout == "", (mode, proc)
+        err = proc.stderr
+        assert err.count("\n") == 1 and f"{r.url}/pub/{gone.name}" in err and f"{r.url}/{gone.path}" in err, err
+        assert f"dispatch-slurm retire {r.url} --latest" in err
+    assert "no longer exists" in cli("ls", r.url).stderr
+    retired = cli("retire", r.url, "--latest", "-m", "save vanished", check=True)
+    assert "latest is now step 10" in retired.stdout
+    assert cli("latest", r.url, "--resume", check=True).stdout == f"{r.url}/exec/{A1}/checkpoint-10\n"
+
+
+def test_a_person_retires_the_latest_and_latest_moves_back_on_purpose(r):
+    pubs = [publish(r, f"exec/{A1}/checkpoint-{s}", s, E1) for s in (10, 20, 30)]
+    out = cli("retire", r.url, "--latest", "-m", "loss diverged", check=True)
+    assert out.stdout.startswith("retired step 30 ") and "latest is now step 20" in out.stdout
+    assert store.latest(r.url) == pubs[1] and store.latest_save(r.url) == pubs[1]
+    assert r.listing("pub") == sorted(p.name for p in pubs), "pub/ is never touched"
+    marker = json.loads(_content(r, "retired", pubs[2].name))
+    assert marker["reason"] == "loss diverged" and marker["by"]
+    # by name, as pub/NAME or its full path: the same publication, already retired
+    for target in (pubs[2].name, f"pub/{pubs[2].name}", f"{r.url}/pub/{pubs[2].name}"):
+        again = cli("retire", r.url, target, "-m", "twice", check=True)
+        assert again.stdout.startswith("already retired by ") and "loss diverged" in again.stdout
+    assert json.loads(_content(r, "retired", pubs[2].name))["reason"] == "loss diverged", "never rewritten"
+    cli("retire", r.url, pubs[1].name, "-m", "also bad", check=True)
+    assert store.latest(r.url) == pubs[0]
+    assert [e["name"] for e in events.read(r.url) if e["type"] == "retired"] == [pubs[2].name, pubs[1].name]
+    rows = {d["step"]: d for d in json.loads(cli("ls", r.url, "--json", check=True).stdout)}
+    assert rows[30]["state"] == rows[20]["state"] == "retired" and rows[30]["reason"] == "loss diverged"
+    assert rows[10]["state"] == "latest" and rows[30]["retired_by"] not in (None, "gc")
+    later = publish(r, f"exec/{A2}/checkpoint-5", 5, E2)  # the next execution publishes above them all
+    assert store.latest(r.url) == later
+    bad = cli("retire", r.url, "no-such-name", "-m", "x")
+    assert bad.returncode == 2 and "is not a publication" in bad.stderr
+    assert cli("retire", r.url, "-m", "x").returncode == 2, "NAME or --latest"
+
+
+def test_retiring_every_publication_leaves_nothing_to_resume_and_says_so(r):
+    publish(r, f"exec/{A1}/checkpoint-10", 10, E1)
+    out = cli("retire", r.url, "--latest", "-m", "bad from the start", check=True)
+    assert "the next execution starts from step 0" in out.stderr
+    assert store.latest(r.url) is None and cli("latest", r.url, "--resume", check=True).stdout == ""
+    assert cli("retire", r.url, "--latest", "-m", "x").returncode == 2
+
+
+def test_a_latest_gc_retired_stays_an_error_until_a_person_retires_it(r):
+    first = publish(r, f"exec/{A1}/checkpoint-10", 10, E1)
+    top = publish(r, f"exec/{A1}/checkpoint-20", 20, E1)
+    r.plant("retired", top.name)  # an empty marker: gc's kind, made by hand (gc never retires the latest)
+    if isinstance(r, Posix):
+        os.chmod(r.path / "retired" / top.name, 0o444)  # read-only, as gc makes them
+    with pytest.raises(StoreError, match="retired by gc"):
+        store.latest(r.url)
+    proc = cli("latest", r.url)
+    assert proc.returncode == 2 and f"dispatch-slurm retire {r.url} --latest" in proc.stderr
+    cli("retire", r.url, "--latest", "-m", "the marker was made by hand", check=True)
+    assert store.latest(r.url) == first
+    assert json.loads(_content(r, "retired", top.name))["reason"] == "the marker was made by hand"
+
+
+def _content(r, folder, name) -> str:
+    if isinstance(r, Posix):
+        return (r.path / folder / name).read_text()
+    return r.c.get_object(Bucket=r.bucket, Key=f"{r.prefix}{folder}/{name}")["Body"].read().decode()
 
 
 def test_submission_numbers(r):

@@ -1,28 +1,40 @@
 """What every command shares: the root convention, the DISPATCH_* fallbacks, output.
 
 Root convention: a command about a root takes it as its first argument, ROOT (run,
-plan, supersede, release, stop, latest, ls, submit); a command about something inside
-a root takes ``--root`` (publish SAVE, watch, ceased JOBID). Either falls back to
-$DISPATCH_CHECKPOINT where it may be omitted. Every fallback to a DISPATCH_* variable
-is click's ``envvar=``, so ``--help`` names the variable."""
+plan, supersede, release, stop, latest, ls, gc, report, retire, submit); a command about
+something inside a root takes ``--root`` (publish SAVE, watch, ceased JOBID). Either falls
+back to $DISPATCH_CHECKPOINT where it may be omitted. Every fallback to a DISPATCH_*
+variable is click's ``envvar=``, so ``--help`` names the variable.
+
+One rule for relative roots, in every command: a root named on the command line is made
+absolute at once (lexically: symlinks are kept), so what a command prints or records is
+absolute; a relative $DISPATCH_CHECKPOINT is refused, as `env` refuses it inside a job
+(every node and task of a job must read the same path)."""
 
 import os
 import sys
 
 import click
+from click.core import ParameterSource
 
 from ..contract import names
 from ..contract.epoch import EPOCH_MAX, parse_part
 from ..errors import DispatchError
+from ..report.render import size  # noqa: F401  (one size formatter: the report's, IEC)
+
+ROOT_HELP = "ROOT defaults to $DISPATCH_CHECKPOINT."
 
 
 def root_argument(required: bool = True):
-    """ROOT, from $DISPATCH_CHECKPOINT when omitted."""
-    return click.argument("root", envvar="DISPATCH_CHECKPOINT", required=required, callback=_normalize_root)
+    """ROOT, from $DISPATCH_CHECKPOINT when omitted. ``required=False`` shows it as
+    [ROOT] in the usage (commands with no argument after it); one of the two must be
+    given either way."""
+    return click.argument("root", envvar="DISPATCH_CHECKPOINT", required=required, callback=_root)
 
 
 def root_option(help_: str = "checkpoint root"):
-    return click.option("--root", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help=help_)
+    return click.option("--root", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help=help_,
+                        callback=_root_option)
 
 
 def finite(ctx, param, value):
@@ -32,10 +44,32 @@ def finite(ctx, param, value):
     return value
 
 
-def _normalize_root(ctx, param, value):
-    if value is not None and value.startswith(names.S3_SCHEME):
+def _root(ctx, param, value):
+    if value is None:
+        raise click.UsageError("no checkpoint root: name ROOT or set DISPATCH_CHECKPOINT", ctx=ctx)
+    return absolute_root(value, ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT)
+
+
+def _root_option(ctx, param, value):
+    if value is None:
+        return None
+    return absolute_root(value, ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT)
+
+
+def absolute_root(value: str, from_env: bool) -> str:
+    """The relative-root rule (module doc): an S3 root checked, a path made absolute
+    (named here) or refused when relative (from $DISPATCH_CHECKPOINT)."""
+    if value.startswith(names.S3_SCHEME):
         return names.normalize_root(value)  # checked, never rewritten into another prefix
-    return value if value is None else value.rstrip("/") or "/"
+    if not value:
+        raise click.BadParameter("the checkpoint root is empty" + (" ($DISPATCH_CHECKPOINT)" if from_env else ""))
+    if from_env:
+        if not value.startswith("/"):
+            raise click.BadParameter(f"$DISPATCH_CHECKPOINT={value!r} is relative: a job's root must be absolute "
+                                     "(every node and task reads the same path); set it to an absolute path, "
+                                     "or name the root on the command line")
+        return value.rstrip("/") or "/"
+    return os.path.abspath(value)
 
 
 class EpochType(click.ParamType):
@@ -59,7 +93,7 @@ def epoch_option():
 
 def echo_path(path: str) -> None:
     """Print a path exactly as the filesystem has it (a non-UTF-8 name is printed as its
-    bytes, not as an encoding error), for `$(dispatch-slurm latest --path)`."""
+    bytes, not as an encoding error), for `p=$(dispatch-slurm latest --path)`."""
     out = getattr(sys.stdout, "buffer", None)
     if out is None:
         click.echo(path)
@@ -80,27 +114,19 @@ def publication_json(root: str, p: names.Publication) -> dict:
             "step": p.step, "path": p.path, "abspath": os.path.join(root, p.path)}
 
 
-def size(n: float) -> str:
-    """Bytes for people, one word (a table column): 512B, 4.0KB, 50.0MB, 1.2GB (powers of
-    1000, as df -H)."""
-    if n < 1000:
-        return f"{n}B"
-    for unit in ("KB", "MB", "GB"):
-        n /= 1000
-        if n < 1000:
-            return f"{n:.1f}{unit}"
-    return f"{n / 1000:.1f}TB"
-
-
 def retention_summary(saves) -> str:
-    """One paragraph: what is kept, retired and reclaimable, with sizes (``ls``, ``gc``)."""
+    """One paragraph: what is kept, gone, retired and reclaimable, with sizes (``ls``)."""
+    from ..report.render import plural
+
     def total(pred):
         rows = [r for r in saves if pred(r)]
-        return len(rows), size(sum(r["size"] for r in rows))
+        return plural(len(rows), "save"), size(sum(r["size"] for r in rows))
     kept = total(lambda r: r["state"] == "kept")
-    unpublished = total(lambda r: not r["publications"] and not r["retired"])
-    retired = total(lambda r: r["retired"])
+    unpublished = total(lambda r: r["state"] == "kept" and not r["publications"])
+    gone = total(lambda r: r["state"] == "gone")
+    retired = total(lambda r: r["state"] == "retired")
     reclaimable = total(lambda r: r["state"] == "reclaimable")
-    return (f"kept: {kept[0]} saves, {kept[1]} (unpublished among them: {unpublished[0]}, {unpublished[1]}); "
-            f"retired: {retired[0]} saves, {retired[1]} still on disk; reclaimable now: {reclaimable[0]} saves, "
+    return (f"kept: {kept[0]}, {kept[1]} (unpublished among them: {unpublished[0]}, {unpublished[1]}); "
+            f"gone (the trainer's rotation removed them, not retired): {gone[0]}; "
+            f"retired: {retired[0]}, {retired[1]} still on disk; reclaimable now: {reclaimable[0]}, "
             f"{reclaimable[1]}")

@@ -19,20 +19,28 @@ from . import common
 @click.command("env")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json", "dotenv"]), default="sh", show_default=True)
 @click.option("--no-mkdir", is_flag=True, help="compute only; do not create the exec folder")
-def env_(fmt, no_mkdir):
+@click.option("--local", is_flag=True, help="a new execution on this machine, without Slurm: root "
+              f"$DISPATCH_CHECKPOINT, else ./{envmod.LOCAL_ROOT} (created); a new submission number each time")
+def env_(fmt, no_mkdir, local):
     """Print this execution's DISPATCH_* variables and create its exec folder.
 
     Use inside the sbatch script:  eval "$(dispatch-slurm env)"
 
     When it fails in sh format with stdout not a terminal, it prints `exit 2` for the
     eval as well as the error on stderr, so the job script stops there instead of
-    training without its exec folder (eval of an empty string succeeds)."""
+    training without its exec folder (eval of an empty string succeeds).
+
+    With --local (a laptop, a login node: no Slurm), each call is a new execution of
+    cluster "local": it allocates the next submission number under the root, as
+    `submit` does, so a later execution outranks an earlier one; latest, publish, watch,
+    the preemption handler and the integrations then work as in a job."""
     try:
         site = siteconf.load()
-        values = envmod.compute(os.environ, site)
+        environ = _local_inputs() if local else os.environ
+        values = envmod.compute(environ, site)
         if not no_mkdir:
             store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"], site.exec_mode,
-                                create_root="%a" in os.environ["DISPATCH_CHECKPOINT"])
+                                create_root="%a" in environ["DISPATCH_CHECKPOINT"])
     except (DispatchError, OSError):
         if fmt == "sh" and not sys.stdout.isatty():
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
@@ -90,8 +98,9 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
 @click.option("--pattern", default=names.STEP_PATTERN, show_default=True,
               help="regex a save's name must match in full; its one group is the step")
 @click.option("--once", is_flag=True, help="one scan, then exit")
-@click.option("--until-pid", type=click.IntRange(1), help="exit after a final scan once process PID has exited; "
-              "SIGTERM is then ignored, so the trainer's last save (in its grace window) is published")
+@click.option("--until-pid", type=click.IntRange(1, 2**22), help="exit after a final scan once process PID has "
+              "exited (refused if it does not exist at the start); SIGTERM is then ignored, so the trainer's last "
+              "save (in its grace window) is published")
 @click.option("--poll", is_flag=True, help="poll instead of inotify")
 @click.option("--interval", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               callback=common.finite, help="seconds between polls")
@@ -102,10 +111,16 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
     """Publish each complete save in the exec folder, in step order, at this execution's
     epoch; one line per publication on stdout. Stops at the first error (exit 2).
 
-    Run it beside a trainer that cannot publish itself:
+    Run it beside a trainer that cannot publish itself, and end the job script with the
+    trainer's exit status (a bare `wait` would turn a crash into success):
 
-        dispatch-slurm watch --until-pid $TRAINER_PID &"""
+    \b
+        python train.py --output-dir "$DISPATCH_EXEC_DIR" & T=$!
+        dispatch-slurm watch --until-pid $T
+        wait $T"""
     from ..runtime import watch as watchmod
+    if until_pid is not None:
+        watchmod.check_pid(until_pid)
     root, epoch_ = store.env_root(root), store.env_epoch(epoch_)
     layout = watchmod.Layout(marker, pattern)
 
@@ -123,6 +138,16 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
 
 
 COMMANDS = (env_, submit, watch)
+
+
+def _local_inputs() -> dict:
+    """The job environment of an execution outside Slurm (`env --local`)."""
+    root = os.environ.get("DISPATCH_CHECKPOINT")
+    if not root:
+        root = os.path.abspath(envmod.LOCAL_ROOT)
+        os.makedirs(root, mode=0o700, exist_ok=True)  # the default root is ours to create; a named one is not
+    root = names.normalize_root(root)
+    return envmod.local(os.environ, root, store.allocate_submission(root))
 
 
 def _signal(root: str, spec: str, grace: int | None) -> str:

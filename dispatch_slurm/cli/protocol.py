@@ -15,7 +15,8 @@ from . import common
 
 @click.command()
 @click.argument("save", type=click.Path())
-@click.option("--step", type=click.IntRange(0), help="training step  [default: from a checkpoint-<step> name]")
+@click.option("--step", type=click.IntRange(0), help="training step; a checkpoint-<step> name must agree (unless "
+              "--adopt)  [default: from a checkpoint-<step> name]")
 @common.root_option()
 @common.epoch_option()
 @click.option("--adopt", is_flag=True, help="publish a save this execution did not write (e.g. an older "
@@ -38,24 +39,31 @@ def publish(save, step, root, epoch_, adopt, no_sync, as_json):
         click.echo(f"{what}: step {pub.step} of {common.text(pub.path)} at epoch {pub.epoch} as {layout.PUB}/{pub.name}")
 
 
-@click.command()
-@common.root_argument()
+@click.command(epilog=common.ROOT_HELP)
+@common.root_argument(required=False)
 @click.option("--path", "path_only", is_flag=True, help="print only the save's absolute path")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--resume", is_flag=True, help="for a resume argument: print the path, or nothing (exit 0) "
+@click.option("--resume", is_flag=True, help="for a resume point: print the path, or nothing (exit 0) "
               "when nothing is published yet; any error still exits 2")
 def latest(root, path_only, as_json, resume):
-    """The latest publication of ROOT: the greatest (epoch, step).
+    """The latest publication of ROOT: the greatest (epoch, step) not retired by a
+    person (`dispatch-slurm retire`), and its save, which must still exist.
 
-    Exit 0 found, 1 none published yet, 2 error (e.g. an entry that does not parse).
-    With --resume, "none yet" is exit 0 with no output, so a job script can write
-    --resume-from "$(dispatch-slurm latest --resume)" and still stop on an error."""
-    pub = store.latest(root)
+    Exit 0 found, 1 none published yet, 2 error (an entry of pub/ that does not parse,
+    a latest save that no longer exists: the message names the fix). With --resume,
+    "none yet" is exit 0 with no output. In a job script assign it to a variable first:
+    `set -e` stops the script when an assignment fails, not when a command substitution
+    inside an argument does.
+
+    \b
+        resume=$(dispatch-slurm latest --resume)
+        srun python train.py ${resume:+--resume-from "$resume"}"""
+    pub = store.latest_save(root)
     if pub is None:
         if as_json:
             click.echo("null")
         if not resume:
-            click.echo(f"dispatch-slurm: nothing published under {root}/{layout.PUB} yet", err=True)
+            click.echo(f"dispatch-slurm: nothing published under {common.text(root)}/{layout.PUB} yet", err=True)
         sys.exit(0 if resume else 1)
     if path_only or resume:
         common.echo_path(os.path.join(root, pub.path))
@@ -66,34 +74,61 @@ def latest(root, path_only, as_json, resume):
         click.echo(f"{common.text(os.path.join(root, pub.path))}\tstep {pub.step}\tG={g} N={n} R={r}")
 
 
-@click.command("ls")
-@common.root_argument()
+def _state(p, inv, exists: bool) -> tuple[str, str | None, str | None]:
+    """(state, retired by, reason) of one publication in `ls`."""
+    if p.name in inv.retired:
+        who = inv.by_person.get(p.name)
+        return "retired", who["by"] if who else "gc", who["reason"] if who else None
+    if inv.latest is not None and p.name == inv.latest.name:
+        return "latest", None, None
+    return ("kept" if exists else "gone"), None, None
+
+
+@click.command("ls", epilog=common.ROOT_HELP)
+@common.root_argument(required=False)
 @click.option("--json", "as_json", is_flag=True)
 def ls_(root, as_json):
     """Every publication of ROOT in (epoch, step) order: whether its save still exists,
-    its size on disk and its state (latest, kept, or retired by gc); then, on stderr,
-    unpublished saves and what gc can reclaim (`dispatch-slurm gc --dry-run` says more).
-    On an s3:// root the size is the bytes stored."""
-    saves = {r["path"]: r for r in retention.state(root)}
-    pubs, rows = store.publications(root), []
+    its size on disk and its state: latest (what `latest` names), kept, gone (the save no
+    longer exists: the trainer's rotation removed it) or retired (by gc, or by a person
+    with `dispatch-slurm retire`); then, on stderr, unpublished saves and what gc can
+    reclaim (`dispatch-slurm gc --dry-run` says more). On an s3:// root the size is the
+    bytes stored."""
+    inv, state = retention.scan_state(root)
+    saves = {r["path"]: r for r in state}
+    pubs, rows = sorted((p for s in inv.saves.values() for p in s.pubs), key=lambda p: p.name), []
     for p in pubs:
         d = common.publication_json(root, p)
-        retired = p.name in saves[p.path]["retired"]
-        d.update(state="retired" if retired else "latest" if p == pubs[-1] else "kept")
+        st, by, reason = _state(p, inv, saves[p.path]["exists"])
+        d.update(state=st, retired_by=by, reason=reason)
         d.update(exists=saves[p.path]["exists"], size=saves[p.path]["size"], why=saves[p.path]["why"])
         rows.append(d)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
-    head = ("G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH")
-    table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]), str(d["step"]),
-                       "yes" if d["exists"] else "NO", common.size(d["size"]),
-                       d["state"], common.text(d["path"])) for d in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
-    for row in table:
-        click.echo("  ".join([c.rjust(w) for c, w in zip(row, widths)] + [row[-1]]))
+    else:
+        head = ("G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH")
+        table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]), str(d["step"]),
+                           "yes" if d["exists"] else "NO", common.size(d["size"]),
+                           d["state"] + (f" by {d['retired_by']}" if d["retired_by"] else ""),
+                           common.text(d["path"])) for d in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
+        for row in table:
+            click.echo("  ".join([c.rjust(w) for c, w in zip(row, widths)] + [row[-1]]))
     if not rows:
-        click.echo(f"(no publication under {root}/{layout.PUB})", err=True)
+        click.echo(f"(no publication under {common.text(root)}/{layout.PUB})", err=True)
+    for d in rows:
+        if d["reason"] is not None:
+            click.echo(f"retired by {d['retired_by']}: step {d['step']} ({common.text(d['path'])}): "
+                       f"{common.text(d['reason'])}", err=True)
+    top = inv.latest
+    if top is not None and top.name in inv.retired:
+        click.echo(f"dispatch-slurm: the latest publication (step {top.step}) is retired by gc, which never "
+                   "retires the latest: `latest` refuses it; to resume from the previous one: "
+                   f"dispatch-slurm retire {common.text(root)} --latest -m REASON", err=True)
+    elif top is not None and not saves[top.path]["exists"]:
+        click.echo(f"dispatch-slurm: the latest publication's save {common.text(top.path)} no longer exists: "
+                   "`latest` refuses it; to resume from the previous publication: "
+                   f"dispatch-slurm retire {common.text(root)} --latest -m 'save vanished'", err=True)
     click.echo(common.retention_summary(saves.values()), err=True)
 
 

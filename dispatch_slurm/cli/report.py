@@ -8,8 +8,8 @@ from .. import report as reportmod
 from . import common
 
 
-@click.command()
-@common.root_argument()
+@click.command(epilog=common.ROOT_HELP)
+@common.root_argument(required=False)
 @click.option("--json", "as_json", is_flag=True, help="everything the report knows, as JSON")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="also draw the timeline as a PNG "
               "(needs matplotlib: the plot extra)")

@@ -1,6 +1,11 @@
-"""Retention: `gc`, which removes the saves a policy does not keep, safely."""
+"""Retention: `gc`, which removes the saves a policy does not keep, safely; `retire`,
+a person's word that a publication is not to be resumed from."""
 
+import getpass
 import json
+import os
+import socket
+import sys
 
 import click
 
@@ -8,6 +13,8 @@ from .. import store
 from ..contract.names import STEP_PATTERN
 from ..contract.retention import GONE, KEEP, REMOVE, Policy
 from ..store import retention as store_gc
+from ..store.resume import save_exists
+from ..report.render import plural
 from ..supervisor import retention
 from . import common
 
@@ -28,16 +35,15 @@ def _summary(verdicts, dry_run: bool) -> str:
     did = "would remove" if dry_run else "removed"
     freed = sum(v.save.size if dry_run else v.freed for v in gone)
     rotated = sum(not v.save.exists for v in gone)
-    return (f"dispatch-slurm gc: {did} {len(gone) - rotated} saves ({common.size(freed)}) and "
-            f"{'would retire' if dry_run else 'retired'} {rotated} publications whose save was already gone; "
-            f"kept {len(kept)} saves "
-            f"({common.size(sum(v.save.size for v in kept))}), {len(waiting)} of them "
-            f"({common.size(sum(v.save.size for v in waiting))}) only until their execution has ceased and "
-            "gone quiet")
+    return (f"dispatch-slurm gc: {did} {plural(len(gone) - rotated, 'save')} ({common.size(freed)}) and "
+            f"{'would retire' if dry_run else 'retired'} {plural(rotated, 'publication')} whose save was already "
+            f"gone; kept {plural(len(kept), 'save')} ({common.size(sum(v.save.size for v in kept))}), "
+            f"{len(waiting)} of them ({common.size(sum(v.save.size for v in waiting))}) only until their "
+            "execution has ceased and gone quiet")
 
 
-@click.command()
-@common.root_argument()
+@click.command(epilog=common.ROOT_HELP)
+@common.root_argument(required=False)
 @click.option("--keep-last", type=click.IntRange(1), metavar="K",
               help="keep the K newest saves that still exist (the latest is always kept)")
 @click.option("--keep-every", type=click.IntRange(1), metavar="N",
@@ -61,12 +67,13 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     --min-age; never the latest publication's save, a pinned save or through a symlink.
 
         dispatch-slurm gc /scratch/me/run1 --keep-last 2 --keep-every 1000 --dry-run"""
+    if keep_last is None and not (pin or unpin):
+        raise click.UsageError("say how many saves to keep: --keep-last K (and --keep-every N to keep milestones)")
+    # every option checked before anything is pinned: bad input changes nothing
+    policy = Policy(keep_last=keep_last, keep_every=keep_every, min_age=min_age, pattern=pattern)
     _say_pins(root, pin, unpin)
     if keep_last is None:
-        if pin or unpin:
-            return
-        raise click.UsageError("say how many saves to keep: --keep-last K (and --keep-every N to keep milestones)")
-    policy = Policy(keep_last=keep_last, keep_every=keep_every, min_age=min_age, pattern=pattern)
+        return
     verdicts = retention.gc(root, policy, said=said, dry_run=dry_run)
     if as_json:
         latest = store.latest(root)
@@ -81,4 +88,55 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     click.echo(_summary(verdicts, dry_run), err=True)
 
 
-COMMANDS = (gc,)
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (a container)
+        return f"uid {os.getuid()}"
+
+
+@click.command(epilog=common.ROOT_HELP)
+@common.root_argument()
+@click.argument("name", required=False)
+@click.option("--latest", "latest_", is_flag=True, help="retire the publication `dispatch-slurm latest` names "
+              "(or a latest gc retired, which `latest` refuses)")
+@click.option("--message", "-m", "reason", required=True, help="why (kept in the marker and the event)")
+@click.option("--json", "as_json", is_flag=True)
+def retire(root, name, latest_, reason, as_json):
+    """Retire one publication of ROOT on purpose: NAME (an entry of ROOT/pub/, as
+    `dispatch-slurm ls ROOT --json` names it; pub/NAME or its full path also do), or
+    --latest. `latest` then names the previous publication not retired, and gc removes
+    the retired save once its execution has ceased (pin it with `gc --pin` to keep it).
+
+    It writes ROOT/retired/NAME holding who and why (gc's own markers are empty) and a
+    `retired` event; pub/ is never touched, and a retirement is never undone. Stop the
+    job first when retiring its latest save: a running execution keeps publishing.
+
+    \b
+        dispatch-slurm retire /scratch/me/run1 --latest -m "loss diverged after step 5000"
+
+    Exit 0 retired (or already retired), 2 error."""
+    if (name is None) == (not latest_):
+        raise click.UsageError("name one publication (NAME) or pass --latest, not both")
+    res = store_gc.retire(root, name, reason, _user(), socket.gethostname())
+    now = res["latest"]
+    if as_json:
+        click.echo(json.dumps({**{k: v for k, v in res.items() if k != "latest"}, "root": root,
+                               "latest": None if now is None else common.publication_json(root, now)}))
+        return
+    what = f"step {res['step']} ({common.text(res['path'])}, pub/{res['name']})"
+    if res["already"]:
+        click.echo(f"already retired by {res['already']['by']} ({common.text(res['already']['reason'])}): {what}")
+    else:
+        click.echo(f"retired {what}: {common.text(reason)}")
+    if now is None:
+        click.echo("dispatch-slurm: no publication is left to resume from: the next execution starts from step 0",
+                   err=True)
+    else:
+        gone = "" if save_exists(root, now.path) else \
+            f" (its save no longer exists: `dispatch-slurm retire {common.text(root)} --latest` again, or restore it)"
+        click.echo(f"latest is now step {now.step} ({common.text(now.path)}){gone}")
+    sys.stdout.flush()
+
+
+COMMANDS = (gc, retire)

@@ -110,6 +110,19 @@ def compute(environ: Mapping[str, str], site: Site | None = None) -> dict[str, s
     return out
 
 
+LOCAL_ROOT = "dispatch-local"  # `env --local`'s root when $DISPATCH_CHECKPOINT is not set, under the working dir
+LOCAL_CLUSTER = "local"
+
+
+def local(environ: Mapping[str, str], root: str, n: int) -> dict[str, str]:
+    """The inputs of an execution on this machine, outside Slurm (`env --local`): Slurm's
+    variables dropped, cluster "local", the job id the submission number ``n`` (allocated
+    under the root, so every local execution has its own attempt and a greater epoch)."""
+    keep = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
+    return {**keep, "DISPATCH_CHECKPOINT": root, "DISPATCH_SUBMISSION": str(n), "SLURM_JOB_ID": str(n),
+            "SLURM_CLUSTER_NAME": LOCAL_CLUSTER}
+
+
 def render(values: Mapping[str, str], fmt: str = "sh") -> str:
     """sh: `export K='v'` lines for eval/source; dotenv: K='v'; json: one object."""
     import json

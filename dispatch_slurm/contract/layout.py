@@ -12,7 +12,7 @@ CEASED = "ceased"      # ceased/<attempt>.<node>: the Epilog's cessation evidenc
 RECORD = "record.jsonl"  # the supervisor's facts
 CLAIMS = "supervisor"  # supervisor/<NNNNNN>: who writes the record
 REQUESTS = "requests"  # requests/release.<k>, requests/supersede.<G>, requests/stop.<G>
-RETIRED = "retired"    # retired/<publication name>: gc removed (or is removing) that save
+RETIRED = "retired"    # retired/<publication name>: gc (empty) or a person (who and why) retired it
 PINNED = "pinned"      # pinned/<b32 path>: a save gc never removes
 
 #: (entry, who writes it, what it is): the on-disk contract, in README order.
@@ -26,8 +26,10 @@ ENTRIES = (
     ("record.jsonl", "the supervisor", "the supervisor's facts, one JSON object per line, fsynced"),
     ("supervisor/<NNNNNN>[.exited]", "the supervisor", "claims: who writes the record; .exited when one stops"),
     ("requests/<verb>.<k>", "a person (release, supersede, stop)", "requests the supervisor picks up"),
-    ("retired/<epoch>-<step>-<b32>", "gc", "a retired publication: its save is gone or being removed; "
-                                          "O_EXCL, fsynced before gc touches the save; never the latest"),
+    ("retired/<epoch>-<step>-<b32>", "gc, retire (a person)",
+     "a retired publication, never resumed from; O_EXCL, fsynced before gc touches its save. gc's are empty "
+     "(the save is gone or being removed; never the latest); a person's hold who and why (one JSON line), "
+     "and `latest` skips it to the previous publication"),
     ("pinned/<b32>", "gc --pin, publish --adopt (while it adopts)", "a save (or a folder of saves) "
                                                                      "gc never removes"),
 )

@@ -18,11 +18,18 @@ kept, in this order of reasons, when it is
 Everything else of a ceased execution goes: published saves past the policy (their
 publications retired first), unpublished leftovers (entries of the exec folder named
 like a save, e.g. a save cut short by the end of the execution), and the rest of a
-retired save whose removal was interrupted."""
+retired save whose removal was interrupted or whose publication a person retired.
+
+Who retired a publication is its ``retired/`` marker's content: gc's markers are empty;
+a person's (``dispatch-slurm retire``) hold one JSON line saying who and why. Only gc's
+prove that an execution ceased (gc retires nothing of an execution before that); a
+person's says only that the publication is not to be resumed from."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
@@ -34,6 +41,33 @@ from .names import STEP_PATTERN, Publication
 KEEP, REMOVE, GONE = "keep", "remove", "gone"
 #: what the report and `ls` call each action
 STATES = {KEEP: "kept", REMOVE: "reclaimable", GONE: "retired"}
+#: a kept publication whose save no longer exists (the trainer's rotation removed it): not retired, not kept
+VANISHED = "gone"
+# a save whose every publication is retired shows as retired, whether its files are gone or, retired by a
+# person, wait for their execution to cease
+#: every state a save can be shown in, in the report's order
+SHOWN = (*STATES.values(), VANISHED)
+
+
+def retirement_record(user: str, reason: str, host: str, t: float | None = None) -> bytes:
+    """The content of a person's ``retired/<name>`` marker: one JSON line."""
+    rec = {"v": 1, "by": user, "reason": reason, "host": host, "t": time.time() if t is None else t}
+    return (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+
+
+def retired_by(content: bytes) -> dict | None:
+    """Who retired a publication, from its marker's content: None for gc (an empty
+    marker), else the person's record (``by``, ``reason``, ``t``; a marker whose line
+    does not parse is still a person's: gc never writes a byte)."""
+    if not content:
+        return None
+    try:
+        rec = json.loads(content.splitlines()[0])
+    except (ValueError, IndexError):
+        rec = None
+    if not isinstance(rec, dict):
+        return {"by": "a person", "reason": "(its record does not parse)", "t": None}
+    return {"by": str(rec.get("by") or "a person"), "reason": str(rec.get("reason") or ""), "t": rec.get("t")}
 
 
 @dataclass(frozen=True)
@@ -86,6 +120,7 @@ class Inventory:
     retired: set[str]         # every name in retired/
     pins: set[str]            # every pinned path
     empty: set[str] = field(default_factory=set)  # attempts whose exec folder is empty
+    by_person: dict[str, dict] = field(default_factory=dict)  # retired/ names a person retired -> retired_by()
 
 
 @dataclass
@@ -98,7 +133,10 @@ class Verdict:
 
     def as_dict(self, latest: Optional[Publication] = None) -> dict:
         s = self.save
-        return {"path": s.path, "attempt": s.attempt, "state": STATES[self.action], "action": self.action,
+        done = bool(s.retired) and all(p.name in s.retired for p in s.pubs)
+        state = STATES[REMOVE] if self.action == REMOVE else STATES[GONE] if done else \
+            VANISHED if not s.exists else STATES[KEEP]  # retired by a person, still on disk: retired
+        return {"path": s.path, "attempt": s.attempt, "state": state, "action": self.action,
                 "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
                 "latest": latest is not None and latest.path == s.path}
@@ -168,9 +206,19 @@ def keep_set(inv: Inventory, policy: Policy) -> dict[str, str]:
 
 def ceased_by_retirement(inv: Inventory) -> dict[str, str]:
     """Executions gc already retired a save of: it did so only after their cessation was
-    shown, and an execution that ceased stays ceased."""
+    shown, and an execution that ceased stays ceased. A person's retirement is no such
+    evidence (a person may retire the save of a running execution)."""
     return {s.attempt: "gc retired its saves earlier, once its cessation was shown"
-            for s in inv.saves.values() if s.attempt and s.retired}
+            for s in inv.saves.values() if s.attempt and any(n not in inv.by_person for n in s.retired)}
+
+
+def _by_whom(s: Save, inv: Inventory) -> str:
+    """'retired by <user> (<reason>)' when a person retired the save's publications, else ''."""
+    people = [inv.by_person[n] for n in s.retired if n in inv.by_person]
+    if not people:
+        return ""
+    reason = f" ({people[0]['reason']})" if people[0]["reason"] else ""
+    return f"retired by {people[0]['by']}{reason}"
 
 
 def _verdict(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str],
@@ -179,9 +227,19 @@ def _verdict(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str],
         return KEEP, "the latest publication's save"
     if s.problem or s.attempt is None:
         return KEEP, s.problem or "not inside an execution's folder (exec/<attempt>/): gc leaves it"
+    done = bool(s.retired) and all(p.name in inv.retired for p in s.pubs)
+    person = _by_whom(s, inv) if done else ""
+    if not person:
+        return _rules(s, inv, policy, keep, ceased, now, done)
+    # a person retired it: the same rules, and the why says so first
+    action, why, *waiting = _rules(s, inv, policy, keep, ceased, now, done)
+    return (action, f"{person}: {why.removeprefix('retired: ')}", *waiting)
+
+
+def _rules(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str], ceased: Mapping[str, tuple[bool, str]],
+           now: float, done: bool) -> tuple:
     if pinned(s.path, inv.pins):
         return KEEP, "pinned"
-    done = bool(s.retired) and all(p.name in inv.retired for p in s.pubs)
     if done and not s.exists:
         return GONE, "retired: its save is removed"
     ok, why = ceased.get(s.attempt, (None, "not asked"))

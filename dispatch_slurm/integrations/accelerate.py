@@ -50,7 +50,7 @@ def load_state(accelerator, root: str | None = None) -> int | None:
     found = [None]
     if accelerator.is_main_process:
         root = store.env_root(root)
-        pub = store.latest(root)
+        pub = store.latest_save(root)  # a vanished save is an error, never None
         found[0] = None if pub is None else (os.path.join(root, pub.path), pub.step)
     if accelerator.num_processes > 1:
         broadcast_object_list(found)

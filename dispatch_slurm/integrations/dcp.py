@@ -101,7 +101,7 @@ def load(state_dict, root: str | None = None) -> int | None:
     save); its step, or None when nothing is published yet."""
     found = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
-        pub = store.latest(store.env_root(root))
+        pub = store.latest_save(store.env_root(root))  # a vanished save is an error, never None
         found[0] = None if pub is None else (os.path.join(store.env_root(root), pub.path), pub.step)
     if dist.is_initialized():
         dist.broadcast_object_list(found, src=0)

@@ -1,6 +1,6 @@
 """Hugging Face Trainer integration (``pip install dispatch-slurm[hf]``).
 
-    from dispatch_slurm.hf import DispatchCallback, output_dir, resume_from_checkpoint
+    from dispatch_slurm.integrations.hf import DispatchCallback, output_dir, resume_from_checkpoint
     args = TrainingArguments(output_dir=output_dir(), save_total_limit=2, ...)
     trainer = Trainer(model, args, callbacks=[DispatchCallback()], ...)
     trainer.train(resume_from_checkpoint=resume_from_checkpoint())
@@ -37,7 +37,11 @@ if anything failed).
 Outside dispatch (no ``$DISPATCH_CHECKPOINT``/``$DISPATCH_EXEC_DIR``/``$DISPATCH_EPOCH``)
 ``on_train_begin`` fails at once, naming what is missing, instead of at the first save.
 ``DispatchCallback(local=True)`` (or ``$DISPATCH_LOCAL=1``) says the run is deliberately
-outside Slurm: the callback then does nothing.
+outside dispatch-slurm: the callback then does nothing, ``output_dir()`` is
+``$DISPATCH_LOCAL_DIR`` (default ``./dispatch-local-run``) and ``resume_from_checkpoint()``
+None, so the same script runs as a plain Trainer run. To try dispatch-slurm itself
+without Slurm, use ``eval "$(dispatch-slurm env --local)"`` instead: a real root, real
+publications.
 """
 
 import os
@@ -46,21 +50,31 @@ try:
     from transformers import TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(f"dispatch_slurm.hf needs transformers: pip install 'dispatch-slurm[hf]' ({e})") from e
+    raise ImportError(f"dispatch_slurm.integrations.hf needs transformers: pip install 'dispatch-slurm[hf]' ({e})") from e
 
 from .. import store
 from ..errors import DispatchError
 from ..runtime import preempt
 
 NEEDED = ("DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR", "DISPATCH_EPOCH")
+LOCAL_DIR = "dispatch-local-run"  # output_dir() of a plain run (DISPATCH_LOCAL=1), under the working directory
+
+
+def _local() -> bool:
+    return os.environ.get("DISPATCH_LOCAL", "") not in ("", "0")
 
 
 def output_dir() -> str:
     """This execution's own folder, $DISPATCH_EXEC_DIR: use it as ``output_dir`` so the
-    Trainer's rotation can only ever delete this execution's saves."""
+    Trainer's rotation can only ever delete this execution's saves. With DISPATCH_LOCAL=1
+    and no exec folder (a plain run, dispatch-slurm out of the way): $DISPATCH_LOCAL_DIR,
+    by default ./dispatch-local-run (absolute)."""
     path = os.environ.get("DISPATCH_EXEC_DIR")
+    if not path and _local():
+        return os.path.abspath(os.environ.get("DISPATCH_LOCAL_DIR") or LOCAL_DIR)
     if not path:
-        raise DispatchError("$DISPATCH_EXEC_DIR is not set (run `eval \"$(dispatch-slurm env)\"` first)")
+        raise DispatchError("$DISPATCH_EXEC_DIR is not set (run `eval \"$(dispatch-slurm env)\"` first, "
+                            "`env --local` outside Slurm, or set DISPATCH_LOCAL=1 for a plain run)")
     return path
 
 
@@ -70,14 +84,12 @@ def resume_from_checkpoint(root: str | None = None) -> str | None:
     fall-back to an older one (that would quietly drop the progress since)."""
     root = root or os.environ.get("DISPATCH_CHECKPOINT")
     if not root:
-        raise DispatchError("no checkpoint root: $DISPATCH_CHECKPOINT is not set")
-    pub = store.latest(root)
-    if pub is None:
-        return None
-    path = os.path.join(root, pub.path)
-    if not os.path.isdir(path):
-        raise DispatchError(f"the latest publication {pub.name} names {path}, which no longer exists")
-    return path
+        if _local():
+            return None  # a run outside dispatch-slurm: nothing published to resume from
+        raise DispatchError("no checkpoint root: $DISPATCH_CHECKPOINT is not set (run `eval \"$(dispatch-slurm "
+                            "env)\"` first, `env --local` outside Slurm, or set DISPATCH_LOCAL=1 for a plain run)")
+    pub = store.latest_save(root)
+    return None if pub is None else os.path.join(root, pub.path)
 
 
 def _barrier() -> None:
@@ -96,7 +108,7 @@ class DispatchCallback(TrainerCallback):
     def __init__(self, root: str | None = None, epoch: int | None = None, sync: bool = True,
                  local: bool | None = None):
         self.root, self.epoch, self.sync = root, epoch, sync
-        self.local = os.environ.get("DISPATCH_LOCAL", "") not in ("", "0") if local is None else local
+        self.local = _local() if local is None else local
         self.stopping = False
 
     def on_train_begin(self, args, state, control, **kwargs):

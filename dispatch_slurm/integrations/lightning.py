@@ -63,10 +63,8 @@ def plugins() -> list:
 def resume_path(root: str | None = None) -> str | None:
     """The latest publication's checkpoint file, or None if nothing is published yet."""
     root = store.env_root(root)
-    pub = store.latest(root)
+    pub = store.latest_save(root)  # a vanished save is an error, never None
     path = None if pub is None else os.path.join(root, pub.path)
-    if path is not None and not os.path.exists(path):
-        raise DispatchError(f"the latest publication {pub.name} names {path}, which no longer exists")
     _chosen[:] = [path]
     return path
 

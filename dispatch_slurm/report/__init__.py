@@ -28,7 +28,8 @@ from typing import Any, Optional
 from ..contract import layout, names
 from ..contract.epoch import decompose
 from ..store import events as eventsmod
-from ..store import roots
+from ..store import protocol, roots
+from ..store import retention as store_gc
 from ..supervisor import retention
 from ..supervisor.record import Record
 from . import render, timeline
@@ -102,9 +103,11 @@ def _pub_times(root: str, pubs: list, evs: list[dict]) -> list:
     return out
 
 
-def _resume_point(pubs: list, before: Optional[float], epoch: int) -> Optional[dict]:
-    """The latest publication of a lower epoch that existed when an execution started."""
-    seen = [(p, t) for p, t in pubs if p.epoch < epoch and (before is None or (t is not None and t <= before))]
+def _resume_point(pubs: list, before: Optional[float], epoch: int, withdrawn: dict[str, float]) -> Optional[dict]:
+    """The latest publication of a lower epoch that existed when an execution started,
+    less those a person had retired by then (``withdrawn``: name -> when)."""
+    seen = [(p, t) for p, t in pubs if p.epoch < epoch and (before is None or (t is not None and t <= before))
+            and not (p.name in withdrawn and (before is None or withdrawn[p.name] <= before))]
     if not seen:
         return None
     p, t = max(seen, key=lambda pt: (pt[0].epoch, pt[0].step, pt[0].name))
@@ -119,8 +122,9 @@ def build(root: str) -> dict[str, Any]:
     execs = sorted((_execution(a, folders[a], evs, facts, pubs) for a in folders),
                    key=lambda e: (e["epoch"] is None, e["epoch"] or 0, e["attempt"]))
     interruptions = []
+    withdrawn = {e.get("name"): e["t"] for e in evs if e["type"] == "retired"}
     for old, new in zip(execs, execs[1:]):
-        resumed = _resume_point(pubs, new["started_at"], new["epoch"] or 0)
+        resumed = _resume_point(pubs, new["started_at"], new["epoch"] or 0, withdrawn)
         overlap = None
         if old["last_write_at"] is not None and new["started_at"] is not None:
             overlap = max(0.0, old["last_write_at"] - new["started_at"])
@@ -128,7 +132,8 @@ def build(root: str) -> dict[str, Any]:
         interruptions.append({"old": old["attempt"], "new": new["attempt"], "old_ended": old["ended"],
                               "overlap_s": overlap, "resumed_from": resumed, "steps_lost": lost})
     holds = _holds(facts)
-    latest = max(pubs, key=lambda pt: pt[0].name)[0] if pubs else None
+    retired, by_person = store_gc.retired_state(root)
+    latest = protocol.latest_of([p for p, _ in pubs], retired, by_person)  # what `latest` names
     return {"root": root, "executions": execs, "interruptions": interruptions, "holds": holds,
             "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
                              for p, t in pubs],

@@ -6,8 +6,13 @@ import time
 from typing import Optional
 
 
-def _t(t: Optional[float], t0: float) -> str:
-    return "-" if t is None else f"+{t - t0:.1f}s"
+def _t(t: Optional[float], t0: Optional[float]) -> str:
+    return "-" if t is None or t0 is None else f"+{t - t0:.1f}s"
+
+
+def _dash(value) -> str:
+    """A value, or '-' for one nobody knows (never 'None')."""
+    return "-" if value is None else str(value)
 
 
 def _ended(e: dict) -> str:
@@ -23,13 +28,20 @@ def _ended(e: dict) -> str:
     return f"{end['state']}{by}{then}"
 
 
-def _size(n: float) -> str:
+def size(n: float) -> str:
+    """Bytes for people (IEC, as du -h and ls -h count): 512 B, 4.0 KiB, 50.0 MiB, 1.2 TiB.
+    The one size format of `report`, `ls` and `gc`."""
     if n < 1024:
         return f"{n:.0f} B"
-    for unit in ("KiB", "MiB", "GiB"):
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-        if n < 1024 or unit == "GiB":
+        if n < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 save', '2 saves', '0 saves'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _retention(ret: Optional[dict]) -> list[str]:
@@ -38,27 +50,35 @@ def _retention(ret: Optional[dict]) -> list[str]:
         return []
     keep = ret["policy"]["keep_last"]
     out = ["", f"retention ({'run --keep-last ' + str(keep) if keep else 'no gc policy: every published save kept'}):"]
-    out.append("  " + ", ".join(f"{state} {t['saves']} save(s) {_size(t['bytes'])}" for state, t in ret["totals"].items()))
+    out.append("  " + ", ".join(f"{state} {plural(t['saves'], 'save')} {size(t['bytes'])}"
+                                for state, t in ret["totals"].items()))
     for s in ret["saves"]:
         mark = " (latest)" if s["latest"] else ""
-        out.append(f"  {s['state']:<11} {_size(s['size']):>10}  {s['path']}{mark}: {s['why']}")
+        out.append(f"  {s['state']:<11} {size(s['size']):>10}  {s['path']}{mark}: {s['why']}")
     return out
 
 
 def text(r: dict) -> str:
     execs = r["executions"]
-    t0 = min((e["started_at"] for e in execs if e["started_at"] is not None), default=0.0)
+    t0 = min((e["started_at"] for e in execs if e["started_at"] is not None), default=None)
     latest = r["latest"]
-    out = [f"{r['root']}: {len(execs)} execution(s), {len(r['publications'])} publication(s); latest: "
-           + (f"step {latest['step']} ({latest['path']})" if latest else "nothing published"),
-           f"times are seconds after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}", ""]
+    out = [f"{r['root']}: {plural(len(execs), 'execution')}, {plural(len(r['publications']), 'publication')}; "
+           "latest: " + (f"step {latest['step']} ({latest['path']})" if latest else
+                         "none left to resume from (every publication retired)" if r["publications"] else
+                         "nothing published")]
+    if t0 is not None:
+        out.append(f"times are seconds after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}")
+    out.append("")
     rows = [("EXECUTION", "JOB", "G", "N", "R", "NODES", "STARTED", "LAST WRITE", "PUBS", "MAX STEP", "ENDED")]
     for e in execs:
-        rows.append((e["attempt"], str(e["job"]), str(e["generation"]), str(e["submission"]), str(e["restart"]),
-                     ",".join(e["nodes"]) or "-", _t(e["started_at"], t0), _t(e["last_write_at"], t0),
-                     str(len(e["publications"])), str(e["max_step"]), _ended(e)))
+        rows.append((e["attempt"], _dash(e["job"]), _dash(e["generation"]), _dash(e["submission"]),
+                     _dash(e["restart"]), ",".join(e["nodes"]) or "-", _t(e["started_at"], t0),
+                     _t(e["last_write_at"], t0), str(len(e["publications"])), _dash(e["max_step"]), _ended(e)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    out += ["  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in rows]
+    if execs:
+        out += ["  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in rows]
+    else:
+        out.append("no execution has written under this root yet")
     if r["interruptions"]:
         out += ["", "interruptions:"]
     for i in r["interruptions"]:

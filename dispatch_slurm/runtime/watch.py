@@ -151,7 +151,8 @@ class Watcher:
 
     def describe(self) -> str:
         """What this watch does, in one line (watch says it when it starts)."""
-        done = self.layout.marker and f"<save>/{self.layout.marker} exists" or f"<save>/{HF_STATE} parses"
+        m = self.layout.marker
+        done = f"<save>/{m} exists, for a file save <save>.{m}" if m else f"<save>/{HF_STATE} parses"
         return (f"watching {self.exec_dir} for saves named {self.layout.regex.pattern} (complete when {done}); "
                 f"publishing each at epoch {self.epoch} into {self.root}/pub")
 
@@ -306,6 +307,17 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
             ino.close()
         if pidfd is not None:
             os.close(pidfd)
+
+
+def check_pid(pid: int) -> None:
+    """Refuse to wait for a process that does not exist: a typo or a stale pid would
+    end the watch after one scan, and nothing would be published while the trainer runs.
+    (A trainer that exited but was not reaped yet still exists: the watch then makes its
+    final scan at once.)"""
+    if not _alive(pid):
+        raise DispatchError(f"--until-pid {pid}: no such process (it has exited already, or the pid is wrong), "
+                            "so nothing would be published while the trainer runs; start the watch right after "
+                            "the trainer: T=$!; dispatch-slurm watch --until-pid $T; wait $T")
 
 
 def _alive(pid: int) -> bool:

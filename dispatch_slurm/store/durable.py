@@ -10,10 +10,27 @@ where they were checked. One create-new (``create_new``), one append-and-sync
 import errno
 import os
 import stat
+from contextlib import contextmanager
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextmanager
+def _named(name: str, dir_fd: int | None):
+    """An OSError about ``name`` under ``dir_fd`` names its full path (the folder's,
+    from /proc/self/fd), so "read-only file system" says where: the same exception,
+    only its filename completed."""
+    try:
+        yield
+    except OSError as e:
+        if dir_fd is not None and e.filename == name and not os.path.isabs(name):
+            try:
+                e.filename = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name)
+            except OSError:
+                pass
+        raise
 
 
 def _sync_directory(fd: int) -> None:
@@ -37,7 +54,8 @@ def ensure_dir(name: str, parent_fd: int, mode: int = 0o777) -> tuple[int, bool]
         fd = open_dir(name, dir_fd=parent_fd)  # the common case: it exists
     except FileNotFoundError:
         try:
-            os.mkdir(name, mode, dir_fd=parent_fd)
+            with _named(name, parent_fd):
+                os.mkdir(name, mode, dir_fd=parent_fd)
             created = True
         except FileExistsError:  # a concurrent creator won; fine
             pass
@@ -68,7 +86,8 @@ def create_new(name: str, dir_fd: int, data: bytes = b"", mode: int = 0o444, syn
     Two writers cannot both succeed (FileExistsError for the loser). The content is
     fsynced before the entry, and the directory after it: once this returns, the
     file and its entry survive a crash (the caller fsyncs the parents it created)."""
-    fd = os.open(name, _NEW_FLAGS, mode, dir_fd=dir_fd)
+    with _named(name, dir_fd):
+        fd = os.open(name, _NEW_FLAGS, mode, dir_fd=dir_fd)
     try:
         _write_all(fd, data)
         if data and sync:
@@ -82,7 +101,8 @@ def create_new(name: str, dir_fd: int, data: bytes = b"", mode: int = 0o444, syn
 def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0o644) -> None:
     """Append ``data`` to ``name`` in one write (O_APPEND, never through a symlink),
     then fsync it (and its directory when the file was new)."""
-    fd = os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
+    with _named(name, dir_fd):
+        fd = os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
     try:
         new = os.fstat(fd).st_size == 0
         _write_all(fd, data)

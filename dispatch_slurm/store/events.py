@@ -47,7 +47,7 @@ from .roots import is_s3
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
-                   "execution_ended", "cessation", "hold", "release", "gc"})
+                   "execution_ended", "cessation", "hold", "release", "gc", "retired"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -141,14 +141,14 @@ def create_publication(root: str, root_fd: int, name: str) -> bool:
     return created
 
 
+def list_entries(root: str, name: str) -> list[str]:
+    """The entries of the protocol folder ``<root>/<name>`` ([] if it does not exist)."""
+    with folder(root, name) as fd:
+        return [] if fd is None else os.listdir(fd)
+
+
 def _list_pub(root: str) -> list[str]:
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        pub_fd = open_entry(root, root_fd, layout.PUB)
-        if pub_fd is None:
-            return []
-        fds.add(pub_fd)
-        return os.listdir(pub_fd)
+    return list_entries(root, layout.PUB)
 
 
 def publications(root: str) -> list[Publication]:
@@ -157,21 +157,10 @@ def publications(root: str) -> list[Publication]:
 
 
 def latest(root: str) -> Publication | None:
-    """The publication with the greatest (epoch, step), or None; a retired latest is an
-    error (protocol.latest)."""
-    return protocol.latest(_list_pub(root), root, lambda name: _has(root, layout.RETIRED, name))
-
-
-def _has(root: str, name: str, entry: str) -> bool:
-    """Whether ``<root>/<name>/<entry>`` exists (never through a symlink)."""
-    with folder(root, name) as fd:
-        if fd is None:
-            return False
-        try:
-            os.stat(entry, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return True
+    """The publication with the greatest (epoch, step) a person has not retired, or
+    None; a latest gc retired is an error (protocol.latest)."""
+    return protocol.latest(_list_pub(root), root, lambda name: read_entry(root, layout.RETIRED, name),
+                           lambda: list_entries(root, layout.RETIRED))
 
 
 def check_owner(root: str, root_fd: int) -> None:

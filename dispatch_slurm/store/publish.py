@@ -37,7 +37,8 @@ class Published(NamedTuple):
 def env_root(root: str | None = None) -> str:
     root = root or os.environ.get("DISPATCH_CHECKPOINT")
     if not root:
-        raise DispatchError("no checkpoint root: pass ROOT (or --root) or set DISPATCH_CHECKPOINT")
+        raise DispatchError("no checkpoint root: pass --root (root= in Python) or set DISPATCH_CHECKPOINT "
+                            "(inside a job: eval \"$(dispatch-slurm env)\")")
     return root
 
 
@@ -129,6 +130,25 @@ def _on_s3(root: str, save: str, decide) -> tuple[str, str, str | None, bool]:
         return rel, name, why, s3.create_publication(root, key)
 
 
+def _step(save, step: int | None, pattern: str, adopt: bool) -> int:
+    """The step to publish ``save`` at: its name's (``checkpoint-<step>``), or ``step``,
+    which must then agree with the name: one save published as two steps would be
+    counted twice and could outrank its own later saves. An adoption (a person's
+    deliberate act, recorded in its event) may name another step."""
+    if step is None:
+        return names.step_of(save, pattern)
+    if adopt:
+        return step
+    try:
+        named = names.step_of(save, pattern)
+    except BadPath:
+        return step  # a name without a step (a file save, another layout): the caller's step
+    if named != step:
+        raise BadPath(f"refusing to publish {os.fsdecode(save)} as step {step}: its name says step {named} "
+                      "(leave the step out, or give the step its name says)")
+    return step
+
+
 def publish(save: str, step: int | None = None, *, root: str | None = None, epoch: int | None = None,
             by: str = "publish", sync: bool = True, adopt: bool = False,
             pattern: str = names.STEP_PATTERN) -> Published:
@@ -138,7 +158,7 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
     published and what a retry does."""
     root, epoch = env_root(root), env_epoch(epoch)
     decompose(epoch)  # an epoch no (G, N, R) composes is refused before anything else
-    step = names.step_of(save, pattern) if step is None else step
+    step = _step(save, step, pattern, adopt)
     attempt = os.environ.get("DISPATCH_ATTEMPT") or None
 
     def decide(rel):

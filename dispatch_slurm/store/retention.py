@@ -23,7 +23,10 @@ intact or clearly retired:
    every key under it).
 
 gc never retires the latest publication, and pub/ only grows, so a publication below
-the latest stays below it: ``latest`` (the max of pub/) never names a retired save."""
+the latest stays below it: ``latest`` (the max of pub/) never names a retired save.
+A person may retire any publication (``retire``: a marker holding who and why); the
+latest is then the greatest publication not retired, for gc as for ``latest``, and the
+retired save is removed like any other once its execution has ceased."""
 
 from __future__ import annotations
 
@@ -37,12 +40,14 @@ from typing import Iterator, Mapping, Optional
 
 from ..contract import layout, names
 from ..contract.retention import (KEEP, REMOVE, Inventory, Policy, Save, Verdict, decide, empty_folders,
-                                  known_saves, leftover_step, markers, pinned)
+                                  known_saves, leftover_step, markers, pinned, retired_by,
+                                  retirement_record)
 from ..errors import BadPath
-from . import protocol, s3_retention
+from . import events, protocol, s3_retention
 from .durable import DirFds, create_new, open_dir, remove_tree
 from .posix import check_owner, open_entry, open_root, publications, save_relpath
 from .roots import is_s3
+from .roots import latest as any_latest
 from .roots import publications as any_publications
 
 
@@ -171,13 +176,37 @@ def scan(root: str, pattern: str = names.STEP_PATTERN) -> Inventory:
     pubs = publications(root)
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
-        saves = known_saves(pubs, _listing(root, root_fd, layout.RETIRED), f"{root}/{layout.RETIRED}")
+        marks = _listing(root, root_fd, layout.RETIRED)
+        saves = known_saves(pubs, marks, f"{root}/{layout.RETIRED}")
+        by_person = _by_person(root, root_fd, marks)
         empty: set[str] = set()
         newest = _exec_folders(root, root_fd, saves, re.compile(pattern), empty)
         for s in saves.values():
             _measure(s, root_fd)
-        return Inventory(max(pubs, default=None, key=lambda p: p.name), saves, newest,
-                         {n for s in saves.values() for n in s.retired}, pins(root, root_fd), empty)
+        retired = {n for s in saves.values() for n in s.retired}
+        return Inventory(protocol.latest_of(pubs, retired, by_person), saves, newest, retired,
+                         pins(root, root_fd), empty, by_person)
+
+
+def _by_person(root: str, root_fd: int, marks: list[str]) -> dict[str, dict]:
+    """The retired/ markers a person made (not empty: gc's are), with who and why."""
+    if not marks:
+        return {}
+    out = {}
+    fd = open_entry(root, root_fd, layout.RETIRED)
+    try:
+        for name in marks:
+            try:
+                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            with os.fdopen(f, "rb") as fh:
+                who = retired_by(fh.read(4096))
+            if who is not None:
+                out[name] = who
+    finally:
+        os.close(fd)
+    return out
 
 
 def _rmdir(name: str, dir_fd: int) -> bool:
@@ -283,9 +312,112 @@ def state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[s
     ``size`` (bytes on disk; on S3 bytes stored), ``why``, its publications and retired
     markers. Without a policy every published save counts as kept; without ``ceased``
     only what gc retired before is known to have ceased."""
+    return scan_state(root, policy, ceased, now)[1]
+
+
+def scan_state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[str, tuple[bool, str]]] = None,
+               now: Optional[float] = None) -> tuple[Inventory, list[dict]]:
+    """``state``, with the inventory it was decided from (``ls``: the latest, who retired what)."""
     policy = policy or Policy(min_age=0)
     inv = scan(root, policy.pattern)
-    return [v.as_dict(inv.latest) for v in decide(inv, policy, ceased or {}, time.time() if now is None else now)]
+    verdicts = decide(inv, policy, ceased or {}, time.time() if now is None else now)
+    return inv, [v.as_dict(inv.latest) for v in verdicts]
+
+
+def _person_marker(root: str, name: str, record: bytes) -> bytes | None:
+    """Create ``retired/<name>`` holding ``record``, durably (O_EXCL, then the file,
+    retired/ and the root fsynced); an existing empty marker (gc's, or a retire killed
+    before it wrote) is filled instead, a person's left as it is. Returns the existing
+    content of a person's marker, None if this call wrote the record."""
+    if is_s3(root):
+        return s3_retention.person_marker(root, name, record)
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        check_owner(root, root_fd)
+        fd = fds.add(open_entry(root, root_fd, layout.RETIRED, create=True))
+        try:
+            create_new(name, fd, record)
+        except FileExistsError:
+            old = _fill(name, fd, record)
+            if old:
+                return old
+        os.fsync(root_fd)
+    return None
+
+
+def _fill(name: str, dir_fd: int, record: bytes) -> bytes:
+    """Write ``record`` into the empty marker ``name`` (gc makes them read-only: made
+    writable for the write, read-only again after); its content if it was not empty."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadPath(f"{layout.RETIRED}/{name} is not a regular file (remove it)")
+        old = os.read(fd, 4096)
+        if old:
+            return old
+        os.fchmod(fd, st.st_mode | stat.S_IWUSR)
+        w = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            os.write(w, record)
+            os.fsync(w)
+        finally:
+            os.close(w)
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    finally:
+        os.close(fd)
+    os.fsync(dir_fd)
+    return b""
+
+
+def _publication(root: str, target: str) -> str:
+    """The publication name ``target`` names: the name, pub/<name>, or <root>/pub/<name>."""
+    for prefix in (f"{root.rstrip('/')}/{layout.PUB}/", f"{layout.PUB}/"):
+        if target.startswith(prefix):
+            return target[len(prefix):]
+    return target
+
+
+def retire(root: str, target: str | None, reason: str, by: str, host: str) -> dict:
+    """A person's retirement of one publication (``target``, or with None the one
+    ``latest`` names, or a latest gc retired): ``retired/<name>`` holding who and why,
+    so that ``latest`` skips it on purpose and gc removes its save once its execution has
+    ceased; recorded as a ``retired`` event. pub/ is never touched. Returns what was
+    retired, whether it already was (by whom), and the latest publication now."""
+    pubs = any_publications(root)  # every entry parsed: a bad one is the first error
+    names_ = {p.name: p for p in pubs}
+    retired, by_person = retired_state(root)
+    if target is None:
+        name, _ = protocol.live_latest([p.name for p in pubs], retired, lambda n: n in by_person)
+        if name is None:
+            raise BadPath(f"nothing to retire: no publication under {root}/{layout.PUB} is left that "
+                          "`dispatch-slurm latest` would name")
+    else:
+        name = _publication(root, target)
+        if name not in names_:
+            raise BadPath(f"{name!r} is not a publication of {root} (the names are in "
+                          f"`dispatch-slurm ls {root} --json`; or retire the latest: --latest)")
+    pub = names_[name]
+    if name in by_person:
+        old = by_person[name]
+        return {"name": name, "step": pub.step, "path": pub.path, "already": old, "latest": any_latest(root)}
+    old = _person_marker(root, name, retirement_record(by, reason, host))
+    if old is not None:  # a person retired it meanwhile
+        return {"name": name, "step": pub.step, "path": pub.path, "already": retired_by(old),
+                "latest": any_latest(root)}
+    events.record("retired", root=root, attempt="retire", name=name, step=pub.step, path=pub.path, by=by,
+                  reason=reason, on=host, was_retired_by_gc=name in retired)
+    return {"name": name, "step": pub.step, "path": pub.path, "already": None, "latest": any_latest(root)}
+
+
+def retired_state(root: str) -> tuple[set[str], dict[str, dict]]:
+    """Every retired/ name, and those a person retired (with who and why)."""
+    if is_s3(root):
+        return s3_retention.markers_state(root)
+    with DirFds() as fds:
+        root_fd = fds.add(open_root(root))
+        marks = _listing(root, root_fd, layout.RETIRED)
+        return set(marks), _by_person(root, root_fd, marks)
 
 
 def pin(root: str, save: str) -> tuple[str, bool]:
@@ -348,4 +480,4 @@ def adopting(root: str, root_fd: int, rel: str) -> Iterator[None]:
         os.close(fd)
 
 
-__all__ = ["Policy", "scan", "collect", "state", "pin", "unpin", "adopting", "pins"]
+__all__ = ["Policy", "scan", "collect", "state", "pin", "unpin", "adopting", "pins", "retire", "retired_state"]

@@ -178,9 +178,9 @@ def publications(root) -> list[Publication]:
 
 
 def latest(root) -> Publication | None:
-    """As posix.latest: a retired latest is an error (protocol.latest)."""
-    return protocol.latest(list_names(root, layout.PUB), root,
-                           lambda name: object_exists(f"{root}/{layout.RETIRED}/{name}"))
+    """As posix.latest (protocol.latest): one GET of the greatest name's retired/ marker."""
+    return protocol.latest(list_names(root, layout.PUB), root, lambda name: read(f"{root}/{layout.RETIRED}/{name}"),
+                           lambda: list_names(root, layout.RETIRED))
 
 
 def allocate_submission(root) -> int:

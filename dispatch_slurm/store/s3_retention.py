@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..contract import layout, names
-from ..contract.retention import Inventory, Save, known_saves, leftover_step, markers
+from ..contract.retention import Inventory, Save, known_saves, leftover_step, markers, retired_by
 from ..errors import BadPath, StoreError
 from . import protocol, s3
 
@@ -53,16 +53,48 @@ def _usage(root: str, saves: dict[str, Save], pattern: re.Pattern) -> dict[str, 
 def scan(root: str, pattern: str = names.STEP_PATTERN) -> Inventory:
     """store/retention.scan on an S3 root."""
     pubs = s3.publications(root)
-    retired = s3.list_names(root, layout.RETIRED)
+    listed = list(s3.walk(root, layout.RETIRED))
+    retired = [name for name, _ in listed]
     saves = known_saves(pubs, retired, f"{root}/{layout.RETIRED}")
+    by_person = _by_person(root, listed)
     newest = _usage(root, saves, re.compile(pattern))
     prefix = s3.split(root)[1]
     for s in saves.values():
         new = [p.name for p in s.pubs] if s.pubs or s.retired else markers(s)  # the markers gc may PUT
         if any(len(f"{prefix}{layout.RETIRED}/{m}".encode()) > s3.KEY_MAX for m in new):
             s.problem = f"its {layout.RETIRED}/ key would be over S3's limit of {s3.KEY_MAX} bytes: left alone"
-    return Inventory(max(pubs, default=None, key=lambda p: p.name), saves, newest, set(retired),
-                     pins(root), set())
+    return Inventory(protocol.latest_of(pubs, set(retired), by_person), saves, newest, set(retired),
+                     pins(root), set(), by_person)
+
+
+def _by_person(root: str, listed: list[tuple[str, dict]]) -> dict[str, dict]:
+    """The retired/ markers a person made, with who and why: gc's are empty, so only
+    the others are read."""
+    return {name: who for name, o in listed if o["Size"]
+            for who in [retired_by(s3.read(f"{root}/{layout.RETIRED}/{name}") or b"")] if who is not None}
+
+
+def markers_state(root: str) -> tuple[set[str], dict[str, dict]]:
+    """Every retired/ name, and those a person retired."""
+    listed = list(s3.walk(root, layout.RETIRED))
+    return {name for name, _ in listed}, _by_person(root, listed)
+
+
+def person_marker(root: str, name: str, record: bytes) -> bytes | None:
+    """store/retention._person_marker on S3: a conditional PUT with the record; over an
+    existing empty marker (gc's) a plain PUT (only a person's retire writes content, and
+    gc's conditional PUT of an existing marker changes nothing). The existing content of
+    a person's marker, or None if this call wrote the record."""
+    bucket, prefix = s3.split(root)
+    key, url = f"{prefix}{layout.RETIRED}/{name}", f"{root}/{layout.RETIRED}/{name}"
+    if s3.create_new(bucket, key, f"{root}/{layout.RETIRED}", body=record):
+        return None
+    old = s3.read(url)
+    if old:
+        return old
+    with s3.errors(url):
+        s3.client().put_object(Bucket=bucket, Key=key, Body=record)
+    return None
 
 
 def pins(root: str) -> set[str]:

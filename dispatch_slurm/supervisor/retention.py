@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Optional
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
-from ..contract.retention import REMOVE, STATES, Policy, Verdict, needs
+from ..contract.retention import REMOVE, SHOWN, Policy, Verdict, needs
 from ..errors import DispatchError
 from ..slurm import cessation
 from ..slurm.client import Slurm, SlurmError
@@ -149,6 +149,6 @@ def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = 
     want = needs(store_gc.scan(root, policy.pattern), policy, time.time())
     rows = store_gc.state(root, policy, ceased(root, want, slurm) if want and ask else {})
     totals = {state: {"saves": sum(r["state"] == state for r in rows),
-                      "bytes": sum(r["size"] for r in rows if r["state"] == state)} for state in STATES.values()}
+                      "bytes": sum(r["size"] for r in rows if r["state"] == state)} for state in SHOWN}
     return {"root": root, "policy": {"keep_last": policy.keep_last, "keep_every": policy.keep_every,
                                      "min_age": policy.min_age}, "saves": rows, "totals": totals}
