@@ -9,6 +9,7 @@ import sys
 import click
 
 from .. import store
+from ..store import epochs
 from ..contract import env as envmod
 from ..contract import epoch as epochmod
 from ..contract import names, siteconf
@@ -18,9 +19,11 @@ from . import common
 
 @click.command("env")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json", "dotenv"]), default="sh", show_default=True)
-@click.option("--no-mkdir", is_flag=True, help="compute only; do not create the exec folder")
+@click.option("--no-mkdir", is_flag=True, help="compute and check only; create nothing (no claim, no exec folder)")
 def env_(fmt, no_mkdir):
-    """Print this execution's DISPATCH_* variables and create its exec folder.
+    """Print this execution's DISPATCH_* variables, claim its epoch and create its exec
+    folder. Refused: a DISPATCH_SUBMISSION never allocated under ROOT/sub/, and an epoch
+    another job already claimed (ROOT/epochs/).
 
     Use inside the sbatch script:  eval "$(dispatch-slurm env)"
 
@@ -30,9 +33,8 @@ def env_(fmt, no_mkdir):
     try:
         site = siteconf.load()
         values = envmod.compute(os.environ, site)
-        if not no_mkdir:
-            store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"], site.exec_mode,
-                                create_root="%a" in os.environ["DISPATCH_CHECKPOINT"])
+        epochs.prepare(values, site.exec_mode, names.normalize_root(os.environ["DISPATCH_CHECKPOINT"]),
+                       mkdir=not no_mkdir)
     except (DispatchError, OSError):
         if fmt == "sh" and not sys.stdout.isatty():
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
