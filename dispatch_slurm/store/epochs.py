@@ -207,6 +207,7 @@ def check_submission(root: str, n: int, label: str = "DISPATCH_SUBMISSION") -> N
     entry = names.submission_name(n)
     where = f"{root}/{layout.SUB}/{entry}"
     if is_s3(root):
+        s3.reachable(root)
         found = s3.object_exists(where)
     else:
         with DirFds() as fds:
@@ -236,6 +237,8 @@ def prepare(values: dict, mode: int, pattern: str, label: str = "DISPATCH_SUBMIS
     from . import roots
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
     epoch = epoch_of(attempt)
+    if is_s3(root):
+        s3.reachable(root)  # a missing bucket is said as such, not as a missing claim
     owner = _claimant(root, epoch, None, missing_root_ok="%a" in pattern)
     if owner is not None and owner != attempt:
         raise EpochClaimed(claimed_message(root, epoch, owner, attempt, pattern), owner)
