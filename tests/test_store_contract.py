@@ -163,7 +163,7 @@ def test_one_epoch_per_execution(r, monkeypatch):
     store.allocate_submission(r.url)
     epochs.prepare(first, 0o700, r.url)
     before = r.listing("epochs")
-    with pytest.raises(epochs.EpochClaimed, match=f"claimed by job c.1 .*this job \\(c.2\\)"):
+    with pytest.raises(epochs.EpochClaimed, match=r"claimed by job c.1 .*this job \(c.2\)"):
         epochs.prepare(second, 0o700, r.url)
     assert r.listing("epochs") == before == [f"{E1:020d}"] and r.size("epochs", f"{E1:020d}") == len(A1) + 1
     theirs = r.save(f"exec/c.2.{E1}/checkpoint-5")
