@@ -34,7 +34,8 @@ def test_task_prolog_prints_verbatim_exports_and_makes_the_folder(root):
 def test_task_prolog_fails_the_task_with_a_message(root, tmp_path):
     out, err = io.StringIO(), io.StringIO()
     assert hooks.task_prolog(job_env(tmp_path / "nope"), out, err) == 1
-    assert "does not exist" in err.getvalue() and out.getvalue() == ""
+    assert "does not exist" in err.getvalue()
+    assert out.getvalue() == f"print {err.getvalue()}", "Slurm shows a TaskProlog's `print` lines, not its stderr"
     allocate(root, 3)
     (root / "exec").symlink_to("/etc")
     err = io.StringIO()

@@ -214,8 +214,9 @@ def prolog(environ, site_conf: str | None = None) -> int:
 
 def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None = None) -> int:
     """Runs as the job user for every task: print `export K=V` lines (Slurm takes the
-    value verbatim, so no shell quoting). An error fails the task with the message
-    in the job's stderr."""
+    value verbatim, so no shell quoting). An error fails the task (exit 1); Slurm drops a
+    TaskProlog's stderr and puts "TaskProlog failed status=1" in the job's, so the message
+    goes out as a `print` line too, which Slurm writes to the task's output."""
     if not environ.get("DISPATCH_CHECKPOINT"):
         return 0
     try:
@@ -225,7 +226,10 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
             raise DispatchError("a DISPATCH_* value contains a newline")
         epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]))
     except (DispatchError, OSError) as e:
-        err.write(printable(f"dispatch-slurm: error: {e}") + "\n")
+        line = printable(f"dispatch-slurm: error: {e}")
+        err.write(line + "\n")
+        out.write(f"print {line}\n")
+        out.flush()
         return 1
     lines = "".join(f"export {k}={v}\n" for k, v in values.items())
     if hasattr(out, "buffer"):  # the bytes of a path as the filesystem has them

@@ -24,7 +24,7 @@ TRAINER = """
 resume=$(dispatch-slurm latest --resume)
 echo "resume=$resume"
 mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-500" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-500"
-touch {cdir}/$SLURM_JOB_ID.at500
+touch {cdir}/$SLURM_JOB_ID.ready
 while [ ! -e {cdir}/go ]; do sleep 0.2; done
 mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-600" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-600"
 """
@@ -34,10 +34,17 @@ set -euo pipefail
 export DISPATCH_CHECKPOINT={root} DISPATCH_SUBMISSION=1   # by hand, as the old error message invited
 eval "$(dispatch-slurm env)"
 """ + TRAINER
+# the plugin's job: its claim is made before the script starts; publish 500 and 600 at the word
+# (one Python start: this test runs on every release)
 PLUGIN = """#!/bin/bash
 #SBATCH -o {cdir}/%j.out -e {cdir}/%j.err
 set -euo pipefail
-""" + TRAINER
+touch {cdir}/$SLURM_JOB_ID.ready
+while [ ! -e {cdir}/go ]; do sleep 0.2; done
+mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-500" "$DISPATCH_EXEC_DIR/checkpoint-600"
+python3 -c 'import sys; from dispatch_slurm import store; [store.publish(p) for p in sys.argv[1:]]' \
+  "$DISPATCH_EXEC_DIR/checkpoint-500" "$DISPATCH_EXEC_DIR/checkpoint-600"
+"""
 
 
 def cluster_name(c: Cluster) -> str:
@@ -57,16 +64,18 @@ def written(host_root, job: int) -> list[str]:
                   if mark in p.name or (p.is_file() and mark.encode() in p.read_bytes()))
 
 
-def check_refused(c: Cluster, hdir, host_root, first: int, second: int, name: str) -> str:
-    """The second job ended FAILED, never trained, wrote nothing; its stderr names the first."""
+def check_refused(c: Cluster, hdir, host_root, first: int, second: int, name: str, where: str = "err") -> str:
+    """The second job ended FAILED, never trained, wrote nothing; its stderr (a TaskProlog's
+    `print` line: its output) names the first."""
     c.wait_job(second, {"FAILED"}, timeout=90)
-    err = (hdir / f"{second}.err").read_text()
+    err = (hdir / f"{second}.{where}").read_text()
     root = f"/checkpoints/{host_root.relative_to(c.checkpoints)}"
     assert (f"epoch 1000000 of {root} is already claimed by job {name}.{first} "
             f"({root}/epochs/00000000000001000000); this job ({name}.{second}) would share its epoch") in err, err
     assert f"fix: submit with `dispatch-slurm submit {root} -- ...` or `sbatch --dispatch-checkpoint={root}`" in err
     out = hdir / f"{second}.out"
     assert "resume=" not in (out.read_text() if out.exists() else ""), "the refused job trained"
+    assert not (hdir / f"{second}.ready").exists(), "the refused job's script ran"
     assert written(host_root, second) == [], "the refused job wrote under the root"
     return err
 
@@ -98,7 +107,7 @@ def test_hand_set_submission_numbers_never_share_an_epoch(slurm_cluster: Cluster
 
     allocate_one(c, root)  # one real submission; then two jobs reuse its N by hand
     first = c.submit("alice", script)
-    c.wait_until(lambda: (hdir / f"{first}.at500").exists(), timeout=90, what="the first job's step 500")
+    c.wait_until(lambda: (hdir / f"{first}.ready").exists(), timeout=90, what="the first job at step 500")
     second = c.submit("alice", script)
     check_refused(c, hdir, host_root, first, second, name)
 
@@ -107,8 +116,8 @@ def test_hand_set_submission_numbers_never_share_an_epoch(slurm_cluster: Cluster
     third = c.submit("alice", args=["--export=ALL,DISPATCH_CHECKPOINT,DISPATCH_SUBMISSION", "-w", "c2",
                                     "-o", f"{cdir}/%j.out", "-e", f"{cdir}/%j.err", "--wrap", f"touch {cdir}/ran"],
                      env=env)
-    check_refused(c, hdir, host_root, first, third, name)
-    assert not (hdir / "ran").exists()
+    check_refused(c, hdir, host_root, first, third, name, where="out")  # Slurm drops a TaskProlog's stderr
+    assert "TaskProlog failed" in (hdir / f"{third}.err").read_text() and not (hdir / "ran").exists()
     finish_first(c, hdir, host_root, first, name)
     assert c.exec(CONTROLLER, ["sinfo", "-R", "-h"]).stdout.strip() == "", "a node was drained"
 
@@ -133,7 +142,7 @@ def test_the_plugin_never_runs_two_jobs_at_one_epoch(slurm_cluster: Cluster, wor
     script = PLUGIN.format(cdir=cdir)
     first, second = (c.submit("alice", script, args=[*opts, "-H", "-w", node]) for node in ("c1", "c2"))
     c.exec(CONTROLLER, ["scontrol", "release", str(first)], user="alice")
-    c.wait_until(lambda: (hdir / f"{first}.at500").exists(), timeout=90, what="the first job's step 500")
+    c.wait_until(lambda: (hdir / f"{first}.ready").exists(), timeout=90, what="the first job running")
     c.exec(CONTROLLER, ["scontrol", "release", str(second)], user="alice")
     check_refused(c, hdir, host_root, first, second, name)
     log = c.exec("c2", "cat /var/log/dispatch-slurm.log").stdout
