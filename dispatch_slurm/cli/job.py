@@ -9,11 +9,11 @@ import sys
 import click
 
 from .. import store
-from ..store import epochs
 from ..contract import env as envmod
 from ..contract import epoch as epochmod
 from ..contract import names, siteconf
 from ..errors import DispatchError
+from ..store import epochs
 from . import common
 
 
