@@ -57,8 +57,12 @@ int dsp_alloc_post_opt(spank_t sp)
 		slurm_error("--dispatch-checkpoint=%s: %s", checkpoint, err);
 		return -1;
 	}
-	if (dsp_opt_submission())
-		return 0;
+	if (dsp_opt_submission()) {	/* allocated by the supervisor or a person: it must be, and unclaimed */
+		if (!dsp_check_submission(root, &in, err, sizeof(err)))
+			return 0;
+		slurm_error("%s", err);
+		return -1;
+	}
 	if (getenv("SLURM_JOB_ID")) {
 		/* srun inside an allocation: N belongs to the submission, never allocated again */
 		slurm_error("--dispatch-checkpoint inside job %s needs --dispatch-submission "

@@ -9,6 +9,7 @@
 
 #include <slurm/spank.h>
 
+#include "claim.h"
 #include "contract.h"
 
 #ifndef DSP_VERSION

@@ -76,9 +76,10 @@ static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *si
 	in.array_task = (struct dsp_arg){ env[2], names[2] };
 	in.account = (struct dsp_arg){ env[3], names[3] };
 	in.attempt = (struct dsp_arg){ env[4], names[4] };
-	rc = dsp_compute(&in, site, out, err, sizeof(err)) ||
+	/* one epoch per execution (claim.c): refused before anything is written, claimed after */
+	rc = dsp_compute(&in, site, out, err, sizeof(err)) || dsp_claim_epoch(checkpoint, out, 0, err, sizeof(err)) ||
 	     dsp_make_exec_dir(out->checkpoint, out->attempt, site->exec_mode, strstr(checkpoint, "%a") != NULL,
-			       err, sizeof(err));
+			       err, sizeof(err)) || dsp_claim_epoch(checkpoint, out, 1, err, sizeof(err));
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		free(env[i]);
 	if (rc)

@@ -8,11 +8,17 @@
  *         (site.grace=S and site.account.<A>=S become site.conf lines)
  *   site  <path> <must_exist>     -> dsp_site_load's answer: grace=S, exec_mode=0NNN,
  *                                    account=<A>=S ... (file order), then "end"
+ *   claim-name  <epoch>           -> the claim's name under epochs/
+ *   claim-parse <epoch> <hex>     -> what the claim's bytes say: "claim <attempt>", "incomplete", "bad"
+ *   claim <0|1> K=V ...           -> dsp_claim_epoch(DISPATCH_CHECKPOINT, the execution K=V computes,
+ *                                    create): "ok" or "error: ..." (claim.c, on the real filesystem)
+ *   check-submission K=V ...      -> dsp_check_submission at submit time: "ok" or "error: ..."
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "claim.h"
 #include "contract.h"
 
 #define MAXF 64
@@ -24,6 +30,51 @@ static const char *field(char **f, int nf, const char *key)
 		if (!strncmp(f[i], key, kl) && f[i][kl] == '=')
 			return f[i] + kl + 1;
 	return NULL;
+}
+
+#define ARG(v) { field(f, nf, v), v }
+#define INPUTS { ARG("DISPATCH_CHECKPOINT"), ARG("DISPATCH_GENERATION"), ARG("DISPATCH_SUBMISSION"), \
+	ARG("DISPATCH_GRACE"), ARG("DISPATCH_SHARED_CHECKPOINT"), ARG("SLURM_JOB_ID"), ARG("SLURM_CLUSTER_NAME"), \
+	ARG("SLURM_JOB_RESTART_COUNT"), ARG("SLURM_RESTART_COUNT"), ARG("SLURM_ARRAY_TASK_ID"), \
+	ARG("SLURM_JOB_ACCOUNT"), ARG("DISPATCH_ATTEMPT") }
+
+static void claim_requests(char **f, int nf, char *err, size_t errsz)
+{
+	if (!strcmp(f[0], "claim-name") && nf == 2) {
+		char out[32];
+		printf("%s\n", dsp_claim_name(f[1], out, sizeof(out)) ? "error: name" : out);
+	} else if (!strcmp(f[0], "claim-parse") && nf == 3) {
+		char data[DSP_CLAIM_MAX + 1], owner[DSP_CLAIM_MAX];
+		size_t len = strlen(f[2]) / 2;
+		for (size_t i = 0; i < len && i < sizeof(data); i++)
+			sscanf(f[2] + 2 * i, "%2hhx", (unsigned char *)&data[i]);
+		int rc = len > DSP_CLAIM_MAX ? -1 : dsp_claim_parse(data, len, f[1], owner, sizeof(owner));
+		if (rc == 1)
+			printf("claim %s\n", owner);
+		else
+			printf("%s\n", rc ? "bad" : "incomplete");
+	} else if (!strcmp(f[0], "claim") && nf >= 2) {
+		struct dsp_in in = INPUTS;
+		struct dsp_site site;
+		struct dsp_out o;
+		dsp_site_init(&site);
+		if (dsp_compute(&in, &site, &o, err, errsz) ||
+		    dsp_claim_epoch(in.checkpoint.value, &o, atoi(f[1]), err, errsz))
+			printf("error: %s\n", err);
+		else
+			printf("ok\n");
+		dsp_site_free(&site);
+	} else if (!strcmp(f[0], "check-submission")) {
+		struct dsp_in in = INPUTS;
+		char root[DSP_PATH];
+		if (dsp_normalize_root(in.checkpoint.value, root, sizeof(root), err, errsz) ||
+		    dsp_check_submission(root, &in, err, errsz))
+			printf("error: %s\n", err);
+		else
+			printf("ok\n");
+	} else {
+		printf("error: bad request '%s'\n", f[0]);
+	}
 }
 
 int main(void)
@@ -93,13 +144,7 @@ int main(void)
 				continue;
 			}
 			free(conf);
-#define ARG(v) { field(f, nf, v), v }
-			struct dsp_in in = {
-				ARG("DISPATCH_CHECKPOINT"), ARG("DISPATCH_GENERATION"), ARG("DISPATCH_SUBMISSION"),
-				ARG("DISPATCH_GRACE"), ARG("DISPATCH_SHARED_CHECKPOINT"), ARG("SLURM_JOB_ID"),
-				ARG("SLURM_CLUSTER_NAME"), ARG("SLURM_JOB_RESTART_COUNT"), ARG("SLURM_RESTART_COUNT"),
-				ARG("SLURM_ARRAY_TASK_ID"), ARG("SLURM_JOB_ACCOUNT"), ARG("DISPATCH_ATTEMPT"),
-			};
+			struct dsp_in in = INPUTS;
 			if (dsp_compute(&in, &site, &o, err, sizeof(err))) {
 				printf("error: %s\nend\n", err);
 			} else {
@@ -113,7 +158,7 @@ int main(void)
 			}
 			dsp_site_free(&site);
 		} else {
-			printf("error: bad request '%s'\n", f[0]);
+			claim_requests(f, nf, err, sizeof(err));
 		}
 		fflush(stdout);
 	}

@@ -27,6 +27,24 @@ def cli(*args, env=None, check=False, cwd=None):
     return proc
 
 
+def allocate(root, n: int = 1) -> int:
+    """Allocate submission numbers under ``root`` (as `dispatch-slurm submit` does, O_EXCL
+    under sub/) until N=n exists: a job env with DISPATCH_SUBMISSION=n is then one a real
+    submission gives. `env` and the hooks refuse an N never allocated."""
+    from dispatch_slurm import store
+    got = 0
+    while got < n:
+        got = store.allocate_submission(str(root))
+    return got
+
+
+def claim(root, attempt: str) -> None:
+    """Claim the epoch of ``attempt`` under ``root`` (as env and the hooks do), so a test
+    that counts a publish's syscalls sees only the publication's own."""
+    from dispatch_slurm.store import epochs
+    epochs.claim(str(root), attempt)
+
+
 HOST_SITE = "/opt/host-site"  # where a cluster sees this machine's torch, if it can use it
 
 

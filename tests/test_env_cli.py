@@ -10,7 +10,7 @@ import pytest
 
 from dispatch_slurm.contract import env, siteconf
 from dispatch_slurm.errors import EnvError, EpochError
-from support import cli, vectors
+from support import allocate, cli, vectors
 
 ENV = vectors("env.json")
 
@@ -50,6 +50,7 @@ def slurm_env(root, **extra):
 
 
 def test_cli_env_creates_exec_dir_and_evals(root):
+    allocate(root)
     e = slurm_env(root, SLURM_RESTART_COUNT="1")
     proc = cli("env", env=e, check=True)
     assert "export DISPATCH_ATTEMPT=linux.42.1000001" in proc.stdout
@@ -76,6 +77,7 @@ def test_cli_env_refusals_exit_2(root, tmp_path):
 
 
 def test_cli_array_task_root(root):
+    allocate(root)  # one submission number for the array, beside its task roots
     e = slurm_env(f"{root}/task-%a", SLURM_ARRAY_TASK_ID="5")
     out = json.loads(cli("env", "--format", "json", env=e, check=True).stdout)
     assert out["DISPATCH_CHECKPOINT"] == f"{root}/task-5"

@@ -9,7 +9,9 @@ import tempfile
 
 import pytest
 
+from dispatch_slurm import store
 from dispatch_slurm.slurm import hooks
+from support import allocate
 
 OPT = hooks.SPANK_OPT
 
@@ -20,6 +22,7 @@ def job_env(root, **extra):
 
 
 def test_task_prolog_prints_verbatim_exports_and_makes_the_folder(root):
+    allocate(root, 3)
     out, err = io.StringIO(), io.StringIO()
     assert hooks.task_prolog(job_env(root, SLURM_RESTART_COUNT="2"), out, err) == 0
     lines = out.getvalue().splitlines()
@@ -31,7 +34,9 @@ def test_task_prolog_prints_verbatim_exports_and_makes_the_folder(root):
 def test_task_prolog_fails_the_task_with_a_message(root, tmp_path):
     out, err = io.StringIO(), io.StringIO()
     assert hooks.task_prolog(job_env(tmp_path / "nope"), out, err) == 1
-    assert "does not exist" in err.getvalue() and out.getvalue() == ""
+    assert "does not exist" in err.getvalue()
+    assert out.getvalue() == f"print {err.getvalue()}", "Slurm shows a TaskProlog's `print` lines, not its stderr"
+    allocate(root, 3)
     (root / "exec").symlink_to("/etc")
     err = io.StringIO()
     assert hooks.task_prolog(job_env(root), io.StringIO(), err) == 1
@@ -116,6 +121,7 @@ def test_prolog_and_epilog_exit_0_and_record_for_any_root(tmp_path, shared, monk
     os.chown(base, 65534, 65534)
     env = {**NOBODY, "SLURM_JOB_ID": "77", "SLURM_CLUSTER_NAME": "linux", "SLURMD_NODENAME": "n1",
            OPT + "checkpoint": os.fsdecode(root), OPT + "submission": "1"}
+    assert hooks.as_job_user(env, store.allocate_submission, os.fsdecode(root)) == {"ok": 1}  # as sbatch did
     assert hooks.prolog(env) == 0
     values = hooks.recorded_execution("77")
     assert values is not None and os.fsencode(values["DISPATCH_CHECKPOINT"]) == root
@@ -145,5 +151,6 @@ def test_the_task_prolog_reads_the_admins_site_conf_not_the_jobs(root, tmp_path)
     admins.write_text("grace = 45\n")
     out = io.StringIO()
     env = job_env(root, DISPATCH_SITE_CONF=str(mine))
+    allocate(root, 3)
     assert hooks.task_prolog(env, out, io.StringIO(), site_conf=str(admins)) == 0
     assert "export DISPATCH_GRACE_S=45" in out.getvalue().splitlines()

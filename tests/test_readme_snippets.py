@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from dispatch_slurm import store
+from support import allocate
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -129,7 +130,7 @@ def job(tmp_path):
         (bin_ / name).symlink_to(REPO / "tests" / "stubs" / "slurm-cli")
     root = tmp_path / "root"
     root.mkdir()
-    n = [store.allocate_submission(str(root)) for _ in range(2)][-1]  # N=2, allocated as submit does
+    n = allocate(root, 2)  # the submissions that gave this job its N=2
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
     env.update(PATH=f"{bin_}:{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", HOME=str(tmp_path),
                USER="me", TRAINER_ARGS=str(tmp_path / "trainer.args"), STUB_SLURM_STATE=str(tmp_path / "slurm.json"),

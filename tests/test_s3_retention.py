@@ -133,13 +133,14 @@ def test_pins_are_honoured(r):
     assert not any(f.startswith(f"exec/{B}/") for f in _files(r))
 
 
-def test_adopting_a_retired_save_is_refused(r):
+def test_adopting_a_retired_save_is_refused(r, monkeypatch):
     saves = _story(r)
     _gc(r, A, B, keep_last=1)
     r.save(saves[(A, 10)])  # the save is back (a stray writer), its publication retired
     with pytest.raises(BadPath, match="gc retired it"):
         store.publish(f"{r.url}/{saves[(A, 10)]}", 95, root=r.url, epoch=names.attempt_epoch(LIVE), adopt=True)
     assert not r.listing("pinned"), "the refused adopter dropped its pin"
+    monkeypatch.setenv("DISPATCH_ATTEMPT", f"c.5.{names.attempt_epoch(LIVE) + 1}")  # LIVE's requeue adopts
     adopted = store.publish(f"{r.url}/{saves[(LIVE, 80)]}", 95, root=r.url, epoch=names.attempt_epoch(LIVE) + 1,
                             adopt=True).publication
     assert store.latest(r.url) == adopted and not r.listing("pinned")

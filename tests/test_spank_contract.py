@@ -23,7 +23,7 @@ def contract(tmp_path_factory):
     out = tmp_path_factory.mktemp("spank") / "test_contract"
     src = REPO / "spank_env"
     subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-o", str(out),
-                    *(str(src / f) for f in ("test_contract.c", "contract.c", "siteconf.c"))], check=True)
+                    *(str(src / f) for f in ("test_contract.c", "contract.c", "siteconf.c", "claim.c"))], check=True)
     proc = subprocess.Popen([str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(*fields, multiline=False):

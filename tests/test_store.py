@@ -15,8 +15,9 @@ import pytest
 
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
-from dispatch_slurm.errors import BadName, BadPath, StoreError
+from dispatch_slurm.errors import BadName, BadPath, DispatchError, StoreError
 from dispatch_slurm.store import events
+from support import claim
 
 E1, E2 = 1_000_000, 2_000_000  # N=1 and N=2, G=R=0
 A1, A2 = f"c.1.{E1}", f"c.2.{E2}"  # the attempts (exec folders) of two executions
@@ -88,10 +89,14 @@ def test_only_a_save_of_the_publishing_execution_is_published(root, monkeypatch)
             with pytest.raises(BadPath, match="part of the protocol, not a save"):
                 publish(root, protocol_entry, 1, E2, adopt=adopt)
     assert store.latest(root) is None
+    with pytest.raises(DispatchError, match=f"no execution has claimed that epoch .*epochs/{E2:020d}"):
+        publish(root, old, 900, E2, adopt=True)  # adopted by whom? Not an epoch's claimant: refused
+    monkeypatch.setenv("DISPATCH_ATTEMPT", A2)  # the replacement adopts the old save
     res = store.publish(old, 900, root=root, epoch=E2, adopt=True)
     assert res.adopted and store.latest(root) == res.publication
     ev = [e for e in events.read(root) if e["type"] == "published"]
     assert ev[-1]["adopted"] is True and ev[-1]["adopted_from"] == A1
+    assert (root / "epochs" / f"{E2:020d}").read_bytes() == f"{A2}\n".encode(), "the adopter claimed its epoch"
 
 
 def test_publish_refuses_missing_or_outside_saves(root, tmp_path):
@@ -289,6 +294,7 @@ def test_syscall_order_from_a_real_trace(root, first):
     (a / "model.bin").write_bytes(b"w" * 100)
     if not first:
         publish(root, save(root, f"exec/{A1}/checkpoint-0"), 0, E1)
+    claim(root, A1)  # as env did when the execution started: publish only reads it
     proc = _strace([], root, a)
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = _events(proc.stderr.splitlines())
@@ -312,6 +318,7 @@ def test_fsync_eio_means_no_success_and_a_retry_completes_durability(root, which
     returns (existed)."""
     a = save(root, f"exec/{A1}/checkpoint-1")
     (root / "pub").mkdir()  # so that fsync #1 is pub's and #2 the root's, after the entry
+    claim(root, A1)  # as env did when the execution started: publish only reads it
     proc = _strace(["-e", f"inject=fsync:error=EIO:when={which}"], root, a, sync=False)
     assert proc.returncode != 0
     assert "RETURNED" not in proc.stdout
@@ -340,7 +347,7 @@ def full_fs(tmp_path):
     """A real filesystem with no free inode: creating the publication fails ENOSPC."""
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=6", "tmpfs", str(mnt)]).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=8", "tmpfs", str(mnt)]).returncode:
         pytest.skip("cannot mount tmpfs (needs root)")
     try:
         yield mnt
@@ -352,6 +359,7 @@ def test_enospc_means_no_success(full_fs):
     root = full_fs
     (root / "pub").mkdir()
     s = save(root, f"exec/{A1}/checkpoint-1")
+    claim(root, A1)
     # fill the remaining inodes
     i = 0
     while True:

@@ -11,7 +11,7 @@ import pytest
 
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
-from dispatch_slurm.errors import BadName, BadPath, StoreError
+from dispatch_slurm.errors import BadName, BadPath, EnvError, StoreError
 from dispatch_slurm.store import events
 from support import cli
 
@@ -141,10 +141,39 @@ def test_only_a_save_of_the_publishing_execution_is_published(r, monkeypatch):
     with pytest.raises(BadPath, match="not inside an execution's folder"):
         store.publish(r.save("elsewhere/checkpoint-1"), 1, root=r.url, epoch=E1)
     assert store.latest(r.url) is None
+    with pytest.raises(BadPath, match="no execution has claimed that epoch"):
+        store.publish(old, 900, root=r.url, epoch=E2, adopt=True)  # adopted by nobody known
+    monkeypatch.setenv("DISPATCH_ATTEMPT", A2)  # the replacement adopts the old save
     res = store.publish(old, 900, root=r.url, epoch=E2, adopt=True)
     assert res.adopted and store.latest(r.url) == res.publication
     ev = [e for e in events.read(r.url) if e["type"] == "published"]
     assert ev[-1]["adopted"] is True and ev[-1]["adopted_from"] == A1
+
+
+def test_one_epoch_per_execution(r, monkeypatch):
+    """Issue 20 #4 on both stores: the first execution at an epoch claims it (env, or its
+    first publication on a root from before claims); another job's env and publications at
+    that epoch are refused naming it, before anything is written."""
+    from dispatch_slurm.contract import env as envmod
+    from dispatch_slurm.store import epochs
+    job = {"DISPATCH_CHECKPOINT": r.url, "DISPATCH_SUBMISSION": "1", "SLURM_CLUSTER_NAME": "c"}
+    first, second = (envmod.compute({**job, "SLURM_JOB_ID": j}) for j in ("1", "2"))
+    with pytest.raises(EnvError, match="DISPATCH_SUBMISSION=1 was never allocated"):
+        epochs.prepare(first, 0o700, r.url)
+    store.allocate_submission(r.url)
+    epochs.prepare(first, 0o700, r.url)
+    before = r.listing("epochs")
+    with pytest.raises(epochs.EpochClaimed, match=r"claimed by job c.1 .*this job \(c.2\)"):
+        epochs.prepare(second, 0o700, r.url)
+    assert r.listing("epochs") == before == [f"{E1:020d}"] and r.size("epochs", f"{E1:020d}") == len(A1) + 1
+    theirs = r.save(f"exec/c.2.{E1}/checkpoint-5")
+    with pytest.raises(epochs.EpochClaimed, match="claimed by job c.1 .*not by this execution"):
+        store.publish(theirs, root=r.url, epoch=E1)
+    ours = store.publish(r.save(f"exec/{A1}/checkpoint-6"), root=r.url, epoch=E1).publication
+    assert store.latest(r.url) == ours
+    old_root = r.save(f"exec/{A2}/checkpoint-7")  # no claim of E2 yet: its first publication claims it
+    store.publish(old_root, root=r.url, epoch=E2)
+    assert r.listing("epochs") == [f"{E1:020d}", f"{E2:020d}"]
 
 
 def test_missing_or_outside_saves_are_refused(r):

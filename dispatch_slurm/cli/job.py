@@ -13,16 +13,19 @@ from ..contract import env as envmod
 from ..contract import epoch as epochmod
 from ..contract import names, siteconf
 from ..errors import DispatchError
+from ..store import epochs
 from . import common
 
 
 @click.command("env")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json", "dotenv"]), default="sh", show_default=True)
-@click.option("--no-mkdir", is_flag=True, help="compute only; do not create the exec folder")
+@click.option("--no-mkdir", is_flag=True, help="compute and check only; create nothing (no claim, no exec folder)")
 @click.option("--local", is_flag=True, help="a new execution on this machine, without Slurm: root "
               f"$DISPATCH_CHECKPOINT, else ./{envmod.LOCAL_ROOT} (created); a new submission number each time")
 def env_(fmt, no_mkdir, local):
-    """Print this execution's DISPATCH_* variables and create its exec folder.
+    """Print this execution's DISPATCH_* variables, claim its epoch and create its exec
+    folder. Refused: a DISPATCH_SUBMISSION never allocated under ROOT/sub/, and an epoch
+    another job already claimed (ROOT/epochs/).
 
     Use inside the sbatch script:  eval "$(dispatch-slurm env)"
 
@@ -38,9 +41,8 @@ def env_(fmt, no_mkdir, local):
         site = siteconf.load()
         environ = _local_inputs() if local else os.environ
         values = envmod.compute(environ, site)
-        if not no_mkdir:
-            store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"], site.exec_mode,
-                                create_root="%a" in environ["DISPATCH_CHECKPOINT"])
+        epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]),
+                       mkdir=not no_mkdir)
     except (DispatchError, OSError):
         if fmt == "sh" and not sys.stdout.isatty():
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")

@@ -14,12 +14,16 @@ CLAIMS = "supervisor"  # supervisor/<NNNNNN>: who writes the record
 REQUESTS = "requests"  # requests/release.<k>, requests/supersede.<G>, requests/stop.<G>
 RETIRED = "retired"    # retired/<publication name>: gc (empty) or a person (who and why) retired it
 PINNED = "pinned"      # pinned/<b32 path>: a save gc never removes
+EPOCHS = "epochs"      # epochs/<epoch, 20 digits>: the one execution (attempt) that runs at that epoch
 
 #: (entry, who writes it, what it is): the on-disk contract, in README order.
 ENTRIES = (
     ("exec/<attempt>/...", "the execution", "one execution's saves; nothing else writes there"),
     ("pub/<epoch>-<step>-<b32>", "publish", "publications: empty, never renamed, rewritten or appended to"),
     ("sub/<NNNNNN>", "submit, the plugin, the supervisor", "submission numbers, O_EXCL-allocated"),
+    ("epochs/<epoch, 20 digits>", "the first process of an execution (env, the hooks, the plugin), or its "
+                                  "first publish", "the epoch's claim: `<attempt>` and a newline, O_EXCL, "
+                                                   "fsynced; another job at that epoch is refused"),
     ("events/<attempt>.<host>.<pid>.jsonl", "every process", "events (JSON lines), one file per process"),
     ("ceased/<attempt>.<node>", "the Epilog, as the job user", "cessation evidence: the execution's processes "
                                                                "on that node are gone"),
@@ -35,7 +39,7 @@ ENTRIES = (
 )
 
 #: entries a save may never be: publishing or adopting one of them is refused
-PROTOCOL = frozenset({PUB, SUB, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED})
+PROTOCOL = frozenset({PUB, SUB, EPOCHS, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED})
 
 
 def exec_relpath(attempt: str) -> str:

@@ -26,6 +26,7 @@ _B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 _TO_INT32 = str.maketrans(_B32, "0123456789abcdefghijklmnopqrstuv")
 _PUB_RE = re.compile(r"([0-9]{20})-([0-9]{20})-([A-Z2-7]+)")
 _SUB_RE = re.compile(r"[0-9]{6}")
+_CLAIM_RE = re.compile(rb"[A-Za-z0-9_-]{1,64}\.[0-9]{1,20}\.([0-9]{1,20})\n")
 _TOKEN_SAFE = re.compile(r"[^A-Za-z0-9_-]")
 _DEC = re.compile(r"[0-9]+")
 S3_SCHEME = "s3://"
@@ -130,6 +131,32 @@ def parse_submission(name: str, where: str | None = None) -> int:
     if _SUB_RE.fullmatch(name) is None or name == "000000":
         raise BadName(name, "not a 6-digit submission number 000001..999999", where)
     return int(name)
+
+
+def claim_name(epoch: int) -> str:
+    """The claim of an epoch, ``epochs/<epoch, 20 digits>``: the digits of a publication name."""
+    decompose(epoch)
+    return _digits("epoch", epoch, EPOCH_MAX)
+
+
+def claim_content(attempt: str) -> bytes:
+    """A claim's bytes: the attempt token and a newline. The newline says the write is
+    complete: a reader that finds none (or an empty file) caught its writer between the
+    create and the write, or the writer died there."""
+    return attempt.encode("ascii") + b"\n"
+
+
+def parse_claim(data: bytes, epoch: int, where: str | None = None) -> str | None:
+    """The attempt an ``epochs/<epoch>`` claim names; None while it is incomplete (empty,
+    or no final newline); BadName for anything else: a claim holds exactly one token of
+    that very epoch (the C plugin reads claims by the same rule, tests/vectors/claims.json)."""
+    if not data.endswith(b"\n"):
+        return None
+    m = _CLAIM_RE.fullmatch(data)
+    if m is None or m[1] != str(epoch).encode():
+        raise BadName(claim_name(epoch), f"not a claim of epoch {epoch} (<cluster>.<job>.{epoch} and a newline): "
+                      f"{data[:80]!r}", where)
+    return data[:-1].decode("ascii")
 
 
 def attempt_token(cluster: str, job_id: str, epoch: int) -> str:

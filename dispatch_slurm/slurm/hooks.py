@@ -38,11 +38,10 @@ import syslog
 import time
 import traceback
 
-from .. import store
 from ..contract import env as envmod
-from ..contract import siteconf
+from ..contract import names, siteconf
 from ..errors import DispatchError
-from ..store import ceased, events
+from ..store import ceased, epochs, events
 
 RUN_DIR = "/run/dispatch-slurm"
 LOG = "/var/log/dispatch-slurm.log"
@@ -156,9 +155,10 @@ def _read_answer(rfd: int, pid: int, deadline: float) -> bytes | None:
     return b"".join(chunks)
 
 
-def _prepare(values: dict, mode: int) -> str:
-    """As the job user: the exec folder (and, for a %a root, the task's root)."""
-    return store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"], mode)
+def _prepare(values: dict, mode: int, pattern: str) -> str:
+    """As the job user: N checked against sub/, the epoch claimed, the exec folder made
+    (store/epochs.py). The Prolog never sees a %a root (see prolog())."""
+    return epochs.prepare(values, mode, pattern, label="--dispatch-submission")
 
 
 def env_file(job_id: str) -> str:
@@ -194,9 +194,13 @@ def prolog(environ, site_conf: str | None = None) -> int:
     except DispatchError as e:
         log(f"user error, job will fail in its tasks: {e}")
         return 0
-    result = as_job_user(environ, _prepare, values, site.exec_mode)
+    pattern = names.normalize_root(inputs["DISPATCH_CHECKPOINT"])
+    result = as_job_user(environ, _prepare, values, site.exec_mode, pattern)
     if "ok" not in result:
-        log(f"{'BUG' if 'bug' in result else 'user error'}: {result.get('bug') or result['user_error']}")
+        # no .env/.json files: the plugin's user_init, which runs the same checks as the job
+        # user, fails the job's tasks with this message in its stderr (remote.c)
+        log(f"{'BUG' if 'bug' in result else 'user error, job will fail in its tasks'}: "
+            f"{result.get('bug') or result['user_error']}")
         return 0
     try:  # root's own files, in root's own folder; bytes as the filesystem has them
         os.makedirs(RUN_DIR, mode=0o755, exist_ok=True)
@@ -210,8 +214,9 @@ def prolog(environ, site_conf: str | None = None) -> int:
 
 def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None = None) -> int:
     """Runs as the job user for every task: print `export K=V` lines (Slurm takes the
-    value verbatim, so no shell quoting). An error fails the task with the message
-    in the job's stderr."""
+    value verbatim, so no shell quoting). An error fails the task (exit 1); Slurm drops a
+    TaskProlog's stderr and puts "TaskProlog failed status=1" in the job's, so the message
+    goes out as a `print` line too, which Slurm writes to the task's output."""
     if not environ.get("DISPATCH_CHECKPOINT"):
         return 0
     try:
@@ -219,10 +224,12 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
         values = envmod.compute(environ, site)
         if any("\n" in v for v in values.values()):
             raise DispatchError("a DISPATCH_* value contains a newline")
-        store.make_exec_dir(values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"], site.exec_mode,
-                            create_root="%a" in environ["DISPATCH_CHECKPOINT"])
+        epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]))
     except (DispatchError, OSError) as e:
-        err.write(printable(f"dispatch-slurm: error: {e}") + "\n")
+        line = printable(f"dispatch-slurm: error: {e}")
+        err.write(line + "\n")
+        out.write(f"print {line}\n")
+        out.flush()
         return 1
     lines = "".join(f"export {k}={v}\n" for k, v in values.items())
     if hasattr(out, "buffer"):  # the bytes of a path as the filesystem has them

@@ -13,7 +13,11 @@ attempt token carries its epoch (``<cluster>.<job>.<epoch>``). Publishing it at 
 other epoch, or from another execution, would let an old execution's save outrank
 its replacement, so it is refused unless the caller adopts it explicitly
 (``adopt=True``, recorded in the event). Protocol entries (pub/, sub/, ...) are never
-saves. An adopted save is pinned while it is published, and refused if gc retired it."""
+saves. An adopted save is pinned while it is published, and refused if gc retired it.
+
+Whose epoch: ``epochs/<epoch>`` names the one execution that runs at an epoch (epochs.py).
+A publication for another execution than the claimant is refused; one at an unclaimed
+epoch (a root from before claims, a publish outside the hooks) claims it first."""
 
 import os
 from typing import NamedTuple
@@ -22,7 +26,7 @@ from ..contract import layout, names
 from ..contract.epoch import EPOCH_MAX, decompose, parse_part
 from ..contract.names import Publication
 from ..errors import BadPath, DispatchError
-from . import events, retention, s3, s3_retention
+from . import epochs, events, retention, s3, s3_retention
 from .durable import DirFds, sync_tree, walk_to
 from .posix import check_name_fits, create_publication, open_root, save_relpath
 from .roots import is_s3
@@ -101,13 +105,15 @@ def _decide(rel: str, save, epoch: int, step: int, attempt: str | None, adopt: b
     return names.encode(epoch, step, rel), why
 
 
-def _on_posix(root: str, save: str, decide, sync: bool) -> tuple[str, str, str | None, bool]:
-    """The save's files fsynced, then O_EXCL-create pub/<name>, fsync pub/ and the root."""
+def _on_posix(root: str, save: str, decide, claim, sync: bool) -> tuple[str, str, str | None, bool]:
+    """The epoch's claim checked, the save's files fsynced, then O_EXCL-create pub/<name>,
+    fsync pub/ and the root."""
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
         rel = save_relpath(root, root_fd, save)
         name, why = decide(rel)
         check_name_fits(root_fd, name, rel)
+        claim(rel, why, root_fd)
         if sync:
             _sync(fds, root_fd, rel, save)
         if why:  # another execution's save: gc may be removing it (store/retention.py)
@@ -118,12 +124,14 @@ def _on_posix(root: str, save: str, decide, sync: bool) -> tuple[str, str, str |
     return rel, name, why, created
 
 
-def _on_s3(root: str, save: str, decide) -> tuple[str, str, str | None, bool]:
-    """PUT pub/<name> with If-None-Match: *. Nothing to fsync: the save's objects were
-    durable when their PUTs returned, and so is the publication when this one does."""
+def _on_s3(root: str, save: str, decide, claim) -> tuple[str, str, str | None, bool]:
+    """The epoch's claim checked, then PUT pub/<name> with If-None-Match: *. Nothing to
+    fsync: the save's objects were durable when their PUTs returned, and so is the
+    publication when this one does."""
     rel = s3.save_relpath(root, save)
     name, why = decide(rel)
     key = s3.pub_key(root, name, rel)
+    claim(rel, why, None)
     if not why:
         return rel, name, why, s3.create_publication(root, key)
     with s3_retention.adopting(root, rel):  # another execution's save: gc may be removing it
@@ -163,11 +171,17 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
 
     def decide(rel):
         return _decide(rel, save, epoch, step, attempt, adopt)
+
+    def claim(rel, why, root_fd):
+        """One epoch per execution (store/epochs.py): the publishing execution is
+        DISPATCH_ATTEMPT, else the writer of its own save; an adoption without
+        DISPATCH_ATTEMPT joins the epoch's claimant."""
+        epochs.for_publication(root, epoch, attempt or (None if why else rel.split("/")[1]), save, root_fd)
     if is_s3(root):
         root = names.normalize_root(root)
-        rel, name, why, created = _on_s3(root, os.fspath(save), decide)
+        rel, name, why, created = _on_s3(root, os.fspath(save), decide, claim)
     else:
-        rel, name, why, created = _on_posix(root, save, decide, sync)
+        rel, name, why, created = _on_posix(root, save, decide, claim, sync)
     pub = Publication(epoch, step, rel, name)
     parts = rel.split("/")
     writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None

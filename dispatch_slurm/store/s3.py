@@ -197,9 +197,15 @@ def make_exec_dir(root, attempt: str, mode: int = 0o700, create_root: bool = Fal
     at its first save. ``mode`` and ``create_root`` have no meaning on S3."""
     if not attempt or "/" in attempt or attempt in (".", ".."):
         raise BadPath(f"attempt token {attempt!r} is not a single path component")
+    reachable(root)
+    return f"{root}/{layout.exec_relpath(attempt)}"
+
+
+def reachable(root) -> None:
+    """Ask the bucket once (one key listed): a missing bucket or a credential problem is
+    an error naming it, never taken for a missing object."""
     bucket, prefix = split(root)
     next(_pages(bucket, prefix, str(root), MaxKeys=1))
-    return f"{root}/{layout.exec_relpath(attempt)}"
 
 
 def present(url: str) -> bool:

@@ -343,6 +343,8 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
     hosts = [CONTROLLER, *c.node_names]
     for h in hosts:
         c.exec(h, "mkdir -p /etc/dispatch-slurm && printf 'grace = 45\\n' > /etc/dispatch-slurm/site.conf")
+    c.exec("c1", ["python3", "-c", f"from dispatch_slurm import store; store.allocate_submission({root!r})"],
+           user="alice")  # N=1, as `dispatch-slurm submit` allocates it (the hooks refuse one never allocated)
     try:
         env = {"DISPATCH_CHECKPOINT": root, "DISPATCH_SUBMISSION": "1", "DISPATCH_SITE_CONF": f"{cdir}/mine.conf"}
         c.submit("alice", args=["--export=ALL," + ",".join(env), "-o", "/dev/null",

@@ -154,7 +154,27 @@ ENV_ERRORS = [
     {"env": {**BASE, "SLURM_ARRAY_TASK_ID": "3", "DISPATCH_CHECKPOINT": "/c/%a/x"}, "error": "last component"},
 ]
 
+# epochs/<epoch, 20 digits>: "<attempt>\n", one token of that very epoch. A claim without
+# its final newline (or empty) is incomplete: its writer is between create and write.
+E1, E2 = epoch(0, 1, 0), epoch(1, 2, 0)
+CLAIMS = {
+    "names": [{"epoch": str(e), "name": f"{e:020d}"} for e in (E1, epoch(0, 1, 7), E2, epoch(99_999_999, 999_999, 999_999))],
+    "contents": [
+        *({"epoch": str(e), "data": f"{t}\n", "expect": f"claim {t}"} for e, t in [
+            (E1, "linux.42.1000000"), (E2, "my_cluster.7.1000002000000"), (E1, "x" * 64 + ".1.1000000"),
+            (E1, "c-1_x.123456789.1000000"), (E1, "a.00012345678901234567.1000000")]),
+        *({"epoch": str(E1), "data": d, "expect": "incomplete"} for d in [
+            "", "linux.42.1000000", "linux.42.10", "linux.42.1000000\nx", "\n\n\nx"]),
+        *({"epoch": str(E1), "data": d, "expect": "bad"} for d in [
+            "\n", "linux.42.2000000\n", "linux.42.01000000\n", "linux.42.1000000\n\n", "linux.42.1000000 \n",
+            "x" * 65 + ".1.1000000\n", "linux..1000000\n", ".42.1000000\n", "linux.4a.1000000\n",
+            "lin ux.42.1000000\n", "caf\u00e9.1.1000000\n", "linux.42\n", "linux.42.1000000.1000000\n",
+            "a.123456789012345678901.1000000\n", "linux.42.100000\n", "linux.42.1000000\r\n"]),
+    ],
+}
+
 if __name__ == "__main__":
+    dump("claims.json", CLAIMS)
     dump("epochs.json", EPOCHS)
     dump("names.json", NAMES)
     dump("tokens.json", TOKENS)

@@ -1,0 +1,274 @@
+"""One epoch per execution: ``<root>/epochs/<epoch, 20 digits>`` names the one attempt that
+runs and publishes at that epoch.
+
+The epoch orders lineages (an old run's late save never outranks its replacement's) only
+if two jobs never share one. A submission number allocated under ``sub/`` gives every
+submission its own epoch, but nothing stops a user from setting ``DISPATCH_SUBMISSION``
+by hand in two jobs. So every process that computes an execution's environment (``env``,
+the Prolog's user child, the TaskProlog; the plugin's user_init in C, spank_env/claim.c)
+first refuses an N that ``sub/`` never allocated, then claims the epoch: the first one
+creates the claim, O_EXCL, holding its attempt token and a newline, fsynced; every later
+process of that execution (another node, task or step) computes the same token and finds
+its own claim; a process of another job finds a foreign one and is refused, naming that
+job, before it writes anything (its exec folder, empty, at most). ``publish`` reads the
+claim too (one open and read), so a publication at an epoch another attempt claimed is
+refused, and a root from before claims existed gets its claims at its first publishes.
+No lock: the create decides, as for ``sub/`` and ``pub/``.
+
+A claim read empty or without its newline is being written (its writer is between the
+create and the write) or its writer died there: it is read again until ``SETTLE_S``, then
+refused naming the file. On S3 the claim is one conditional PUT (If-None-Match: *) with
+its body, so it is never seen half-written; a 412 is answered by a GET."""
+
+import errno
+import os
+import stat
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Iterator
+
+from ..contract import layout, names
+from ..contract.epoch import decompose
+from ..errors import BadName, BadPath, DispatchError, EnvError, StoreError
+from . import s3
+from .durable import DirFds, create_new
+from .posix import open_entry, open_root
+from .roots import is_s3
+
+SETTLE_S = 5.0  # how long an incomplete claim is read again before it is refused
+CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
+_sleep = time.sleep  # between reads of an incomplete claim (a test makes the wait observable)
+
+Read = Callable[[], bytes | None]
+Create = Callable[[bytes], bool]
+
+
+class EpochClaimed(DispatchError):
+    """Another execution (attempt) owns the epoch."""
+
+    def __init__(self, message: str, owner: str):
+        super().__init__(message)
+        self.owner = owner
+
+
+def epoch_of(attempt: str) -> int:
+    epoch = names.attempt_epoch(attempt)
+    if epoch is None:
+        raise BadPath(f"attempt token {attempt!r} is not <cluster>.<job>.<epoch>")
+    return epoch
+
+
+def _job(attempt: str) -> str:
+    """``<cluster>.<job id>`` of an attempt token: the job, as its user knows it."""
+    return attempt.rpartition(".")[0]
+
+
+def _fix(root: str) -> str:
+    return (f"fix: submit with `dispatch-slurm submit {root} -- ...` or `sbatch --dispatch-checkpoint={root}` "
+            "(each allocates a new submission number); never set DISPATCH_SUBMISSION by hand")
+
+
+def claimed_message(root: str, epoch: int, owner: str, attempt: str, fix_root: str | None = None) -> str:
+    """Why ``attempt`` may not run at ``epoch``: ``owner`` claimed it first."""
+    return (f"epoch {epoch} of {root} is already claimed by job {_job(owner)} "
+            f"({root}/{layout.EPOCHS}/{names.claim_name(epoch)}); this job ({_job(attempt)}) would share its "
+            "epoch: it would resume from that job's saves and publish among them, and the other job's lineage "
+            f"could be taken for the latest; {_fix(fix_root or root)}")
+
+
+# ---- the rule, over either store's create and read ------------------------------------
+
+def _settled(read: Read, root: str, epoch: int) -> str | None:
+    """The attempt the claim names, None if there is none; an incomplete one is read
+    again until SETTLE_S, then refused naming the file."""
+    where = f"{root}/{layout.EPOCHS}"
+    deadline, pause = time.monotonic() + SETTLE_S, 0.01
+    while True:
+        data = read()
+        if data is None:
+            return None
+        if len(data) > CLAIM_MAX:
+            raise BadName(names.claim_name(epoch), f"{len(data)}+ bytes: not a claim", where)
+        owner = names.parse_claim(data, epoch, where)
+        if owner is not None:
+            return owner
+        if time.monotonic() >= deadline:
+            raise StoreError(
+                f"{where}/{names.claim_name(epoch)} is still {'empty' if not data else 'without its newline'} "
+                f"after {SETTLE_S:g} s: the process that created it died before writing it (or the filesystem "
+                f"is stalled), so no job can run at epoch {epoch}: if none of this root's jobs runs at it, "
+                f"remove that file, and resubmit (`dispatch-slurm submit {root} -- ...`)")
+        _sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def _owner(read: Read, create: Create | None, root: str, epoch: int, mine: str | None) -> str | None:
+    """The claimant of ``epoch``: whoever the claim names; with ``create``, a missing claim
+    is created for ``mine`` first (the create decides between racers)."""
+    for _ in range(3):  # a claim removed by hand between a failed create and the read: again
+        owner = _settled(read, root, epoch)
+        if owner is not None or create is None:
+            return owner
+        if create(names.claim_content(mine)):
+            return mine
+    raise StoreError(f"{root}/{layout.EPOCHS}/{names.claim_name(epoch)} keeps vanishing: something removes "
+                     "claims (dispatch-slurm never does)")
+
+
+@contextmanager
+def _posix(root: str, epoch: int, root_fd: int | None, missing_root_ok: bool) -> Iterator[tuple[Read, Create]]:
+    """(read, create) of ``epochs/<epoch>``, never through a symlink (epochs/ and the claim
+    are opened with O_NOFOLLOW); read is None-safe when ``missing_root_ok`` and the root
+    does not exist (an array task's root, made with its exec folder)."""
+    name = names.claim_name(epoch)
+    where = f"{root}/{layout.EPOCHS}/{name}"
+    with DirFds() as fds:
+        if root_fd is None:
+            try:
+                root_fd = fds.add(open_root(root))
+            except StoreError:
+                if not missing_root_ok or os.path.lexists(root):
+                    raise
+                yield (lambda: None), (lambda body: False)
+                return
+        ep: list[int] = []
+
+        def folder(create: bool) -> int | None:
+            if not ep:
+                fd = open_entry(root, root_fd, layout.EPOCHS, create=create)
+                if fd is None:
+                    return None
+                ep.append(fds.add(fd))
+            return ep[0]
+
+        def read() -> bytes | None:
+            fd = folder(False)
+            if fd is None:
+                return None
+            try:
+                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                hint = "; it is a symlink, which the protocol never follows (remove it)" if e.errno == errno.ELOOP else ""
+                raise StoreError(f"{where}: {e.strerror}{hint}") from None
+            with os.fdopen(f, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise StoreError(f"{where} is not a regular file: not a claim (remove it)")
+                return fh.read(CLAIM_MAX + 1)
+
+        def create(body: bytes) -> bool:
+            fd = folder(True)
+            try:
+                create_new(name, fd, body)  # the content fsynced, then epochs/
+            except FileExistsError:
+                return False
+            except OSError as e:
+                raise StoreError(f"{where}: {e.strerror}") from None
+            os.fsync(root_fd)
+            return True
+        yield read, create
+
+
+@contextmanager
+def _s3(root: str, epoch: int) -> Iterator[tuple[Read, Create]]:
+    bucket, prefix = s3.split(root)
+    name = names.claim_name(epoch)
+    yield (lambda: s3.read(f"{root}/{layout.EPOCHS}/{name}"),
+           lambda body: s3.create_new(bucket, f"{prefix}{layout.EPOCHS}/{name}", f"{root}/{layout.EPOCHS}", body))
+
+
+def _claimant(root: str, epoch: int, mine: str | None, *, root_fd: int | None = None,
+              missing_root_ok: bool = False) -> str | None:
+    """Who claimed ``epoch`` (None: nobody); ``mine`` given: claim it for ``mine`` if nobody has."""
+    store = _s3(root, epoch) if is_s3(root) else _posix(root, epoch, root_fd, missing_root_ok)
+    with store as (read, create):
+        return _owner(read, create if mine is not None else None, root, epoch, mine)
+
+
+# ---- the entry points ---------------------------------------------------------------------
+
+def claim(root: str, attempt: str, fix_root: str | None = None) -> None:
+    """Claim the epoch ``attempt`` carries for it, or find it already its own; EpochClaimed
+    (naming the other job and the fix) when another attempt holds it. ``fix_root``: the
+    root to name in the fix (an array job's %a pattern)."""
+    epoch = epoch_of(attempt)
+    owner = _claimant(root, epoch, attempt)
+    if owner != attempt:
+        raise EpochClaimed(claimed_message(root, epoch, owner, attempt, fix_root), owner)
+
+
+def check_submission(root: str, n: int, label: str = "DISPATCH_SUBMISSION") -> None:
+    """Refuse a submission number never allocated under ``<root>/sub/`` (``root``: where N
+    is allocated, the parent of an array's %a roots): a hand-set N is how two jobs come
+    to share an epoch."""
+    decompose(n * 10**6)  # N in range
+    entry = names.submission_name(n)
+    where = f"{root}/{layout.SUB}/{entry}"
+    if is_s3(root):
+        s3.reachable(root)
+        found = s3.object_exists(where)
+    else:
+        with DirFds() as fds:
+            fd = open_entry(root, fds.add(open_root(root)), layout.SUB)
+            found = fd is not None and _exists(entry, fds.add(fd))
+    if not found:
+        raise EnvError(f"{label}={n} was never allocated under {root} (no {where}): a submission number comes "
+                       f"from `dispatch-slurm submit {root} -- ...`, `dispatch-slurm run` or `sbatch "
+                       f"--dispatch-checkpoint={root}`, which create {layout.SUB}/<N> and pass N to the job; "
+                       "never set it by hand")
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def prepare(values: dict, mode: int, pattern: str, label: str = "DISPATCH_SUBMISSION", mkdir: bool = True) -> str:
+    """What every way in does once it has computed an execution's values (env, the
+    Prolog's user child, the TaskProlog; remote.c and claim.c in the plugin): refuse an
+    epoch another job claimed; for the execution's first process, refuse an N never
+    allocated; make the exec folder; claim the epoch. ``pattern``: the root as the job
+    named it (an array's ``.../task-%a``); ``mkdir=False`` checks only, creating nothing."""
+    from . import roots
+    root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
+    epoch = epoch_of(attempt)
+    if is_s3(root):
+        s3.reachable(root)  # a missing bucket is said as such, not as a missing claim
+    owner = _claimant(root, epoch, None, missing_root_ok="%a" in pattern)
+    if owner is not None and owner != attempt:
+        raise EpochClaimed(claimed_message(root, epoch, owner, attempt, pattern), owner)
+    if owner is None:  # the first process: its N must be one a submission allocated (a later
+        # one finds the claim, as does a step re-running env with an array task's expanded root)
+        check_submission(names.submission_dir(pattern), int(values["DISPATCH_SUBMISSION"]), label)
+    if not mkdir:
+        return values["DISPATCH_EXEC_DIR"]
+    path = roots.make_exec_dir(root, attempt, mode, create_root="%a" in pattern)
+    claim(root, attempt, pattern)
+    return path
+
+
+def for_publication(root: str, epoch: int, publisher: str | None, save, root_fd: int | None = None) -> str:
+    """The attempt a publication at ``epoch`` is made for; refuses one at an epoch another
+    attempt claimed. ``publisher``: the publishing execution (DISPATCH_ATTEMPT, else the
+    writer of its own save), which claims an unclaimed epoch (roots from before claims, a
+    publish outside the hooks); None (an adoption outside any execution) joins the epoch's
+    claimant, and is refused at an unclaimed epoch, which it cannot claim for anyone."""
+    if publisher is not None and names.attempt_epoch(publisher) != epoch:
+        raise BadPath(f"refusing to publish {save} at epoch {epoch}: DISPATCH_ATTEMPT={publisher} is an "
+                      f"execution of epoch {names.attempt_epoch(publisher)}; publish at its own epoch")
+    owner = _claimant(root, epoch, publisher, root_fd=root_fd)
+    where = f"{root}/{layout.EPOCHS}/{names.claim_name(epoch)}"
+    if owner is None:
+        raise BadPath(f"refusing to adopt {save} at epoch {epoch}: no execution has claimed that epoch "
+                      f"({where} does not exist) and DISPATCH_ATTEMPT is not set; adopt from inside the "
+                      "job that runs at it (after `eval \"$(dispatch-slurm env)\"`)")
+    if publisher is not None and owner != publisher:
+        raise EpochClaimed(f"refusing to publish {save} at epoch {epoch}: that epoch of {root} is claimed by job "
+                           f"{_job(owner)} ({where}), not by this execution ({publisher}): two jobs at one epoch "
+                           f"would mix their lineages; {_fix(root)}", owner)
+    return owner
