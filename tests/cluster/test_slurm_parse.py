@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dispatch_slurm.slurm.client import CommandResult, Slurm, SlurmError
+from testbed.cluster import base_state
 
 DATA = Path(__file__).parent / "data"
 
@@ -119,7 +120,7 @@ def test_nodes_parse_the_same_on_both_releases(release):
         "c2": {"IDLE"},
         "c3": {"DOWN", "NOT_RESPONDING"},
     }
-    assert nodes["c3"].reason == "Not responding" and nodes["c3"].base_state == "DOWN"
+    assert nodes["c3"].reason == "Not responding" and base_state(nodes["c3"]) == "DOWN"
 
 
 def test_unknown_job_and_failed_command_name_the_command():
