@@ -179,6 +179,13 @@ class Slurm(Shell):
         out = self.run(["scontrol", "show", "config"])
         return {m.group(1): m.group(2).strip() for m in re.finditer(r"^(\w+)\s*=\s*(.*)$", out, re.M)}
 
+    def partitions(self) -> dict[str, dict[str, str]]:
+        """``scontrol show partition -o`` as {PartitionName: {name: value}} (GraceTime,
+        PreemptMode, Nodes...): the text form, like ``config``, the same on every release."""
+        out = self.run(["scontrol", "show", "partition", "-o"])
+        fields = (dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines())
+        return {f["PartitionName"]: f for f in fields if "PartitionName" in f}
+
     def cluster_name(self) -> str:
         """ClusterName from ``scontrol show config`` (part of every DISPATCH_ATTEMPT)."""
         name = self.config().get("ClusterName", "")
