@@ -138,15 +138,23 @@ def remove_orphans() -> list[str]:
     host = socket.gethostname()
     dead: set[str] = set()
     try:
-        for c in client.containers.list(all=True, filters={"label": LABEL}):
+        # Other processes' clusters come and go meanwhile: one removed between the listing
+        # and its inspection is skipped (it was no orphan of ours), one removed twice is gone.
+        for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
             owner = c.labels.get(OWNER_LABEL, "")
             h, _, pid = owner.rpartition(":")
             if h == host and pid.isdigit() and not _pid_alive(int(pid)):
                 dead.add(c.labels[LABEL])
-                c.remove(force=True)
+                try:
+                    c.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
         for n in client.networks.list(filters={"label": LABEL}):
             if n.attrs.get("Labels", {}).get(LABEL) in dead:
-                n.remove()
+                try:
+                    n.remove()
+                except docker.errors.NotFound:
+                    pass
     finally:
         client.close()
     return sorted(dead)
