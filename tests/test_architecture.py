@@ -4,7 +4,9 @@
   integrations; slurm and supervisor on top of the store; the CLI on everything. The
   core (contract, store, runtime) imports nothing Slurm-, Docker- or test-bed-related.
 * The wheel users install holds the package and nothing of the test bed.
-* Every module keeps radon's maintainability index at A."""
+* Every module keeps radon's maintainability index at A.
+* The modules of slurm/ reach one another through public names only (issue 21: the
+  client imported facts' privates), so each module's private names are its own to change."""
 
 import ast
 import pathlib
@@ -94,3 +96,39 @@ def test_every_module_is_maintainable():
     radon = pytest.importorskip("radon.metrics")
     ranks = {name: radon.mi_visit(path.read_text(), multi=True) for name, path in _modules()}
     assert min(ranks.values()) >= 20, {n: round(v, 1) for n, v in ranks.items() if v < 20}  # radon's A
+
+
+def _private_uses(name: str, path: pathlib.Path, package: str) -> set[str]:
+    """The private names (``_x``) of modules of ``package`` that module ``name`` uses:
+    ``from .facts import _x`` and ``facts._x`` after ``from . import facts``."""
+    pkg = name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    modules, found = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+            mod = ".".join([*base, node.module] if node.module else base)
+            for a in node.names:
+                full = f"{mod}.{a.name}"
+                if mod.startswith(package) and a.name.startswith("_") and not a.name.startswith("__"):
+                    found.add(full)
+                if full.startswith(package + "."):
+                    modules.add(a.asname or a.name)  # a module bound by name (or a public name)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.add(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_slurm_modules_use_no_private_name_of_one_another():
+    used = {name: _private_uses(name, path, "dispatch_slurm.slurm") for name, path in _modules()
+            if name.startswith("dispatch_slurm.slurm.")}
+    assert used and not {n: u for n, u in used.items() if u}, {n: u for n, u in used.items() if u}
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    bad = tmp_path / "client.py"
+    bad.write_text("from .facts import _number\nfrom . import facts\nx = facts._NO_VAL\n")
+    assert _private_uses("dispatch_slurm.slurm.client", bad, "dispatch_slurm.slurm") == {
+        "dispatch_slurm.slurm.facts._number", "facts._NO_VAL"}

@@ -1,6 +1,6 @@
 """What Slurm says, parsed: jobs and nodes as the client's callers see them, the same
-on every release; the shapes each release prints are told apart here (see client.py for
-which command prints which)."""
+on every release; the shapes each release prints are told apart here (see dialects.py
+for which command prints which). Pure: no command runs here."""
 
 from __future__ import annotations
 
@@ -41,13 +41,6 @@ _FLAG_IMPLIES_BASE = {
     "STOPPED": "RUNNING",
 }
 _NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for uint32 (NO_VAL); INFINITE is 0xFFFFFFFF.
-#: The data_parser version of every ``--json`` read (24.11 and later): see the module doc.
-DATA_PARSER = "v0.0.42"
-# The first release with DATA_PARSER, and the first with data_parser at all (before: 22.05).
-_PINNED_FROM, _DATA_PARSER_FROM = (24, 11), (23, 2)
-# sacct's text columns (22.05), printed with SLURM_TIME_FORMAT=%s (Unix times).
-_SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "Partition", "User", "JobName",
-                 "Cluster", "Comment", "Reason")
 
 
 @dataclass(frozen=True)
@@ -93,11 +86,7 @@ class JobInfo:
     @property
     def start_time(self) -> Optional[int]:
         """Unix time the current execution started (None while it never started)."""
-        return _time(self.raw, "start_time")
-
-    @property
-    def end_time(self) -> Optional[int]:
-        return _time(self.raw, "end_time")
+        return unix_time(self.raw, "start_time")
 
     @property
     def comment(self) -> str:
@@ -123,14 +112,9 @@ class NodeInfo:
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @property
-    def base_state(self) -> str:
-        base = self.state & {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"}
-        return next(iter(sorted(base)), "UNKNOWN")
-
-    @property
     def boot_time(self) -> Optional[int]:
         """Unix time the node last booted, as its slurmd reported it."""
-        return _time(self.raw, "boot_time")
+        return unix_time(self.raw, "boot_time")
 
     @property
     def responding(self) -> bool:
@@ -141,8 +125,9 @@ class NodeInfo:
         return not (self.state & bad) and bool(self.state)
 
 
-def _time(raw: dict[str, Any], key: str) -> Optional[int]:
-    """A Unix time field; Slurm's 0 means "not yet", like an unset one."""
+def unix_time(raw: dict[str, Any], key: str) -> Optional[int]:
+    """The Unix time ``raw[key]`` of a job or node object as any release prints it (or as
+    the sacct parsers set it); Slurm's 0 means "not yet", like an unset one."""
     return _number(raw.get(key)) or None
 
 
@@ -164,6 +149,12 @@ def _number(v: Any) -> Optional[int]:
     except (TypeError, ValueError):
         return None
     return None if n >= _NO_VAL else n
+
+
+def raw_job_id(j: dict[str, Any]) -> Optional[int]:
+    """The id of a job object as any release prints it (an int, or data_parser's number
+    object), before parsing the rest: callers pick their jobs out of a dump with it."""
+    return _number(j.get("job_id"))
 
 
 def _split_job_state(value: Any) -> tuple[str, frozenset[str]]:
@@ -210,7 +201,7 @@ def parse_job(j: dict[str, Any], hostnames: Callable[[Any], list[str]]) -> JobIn
     state, flags = _split_job_state(j.get("job_state"))
     code, signo = _exit_status(j.get("exit_code"))
     return JobInfo(
-        job_id=int(_number(j.get("job_id")) or 0),
+        job_id=int(raw_job_id(j) or 0),
         state=state,
         flags=flags,
         reason=str(j.get("state_reason") or ""),
@@ -227,13 +218,13 @@ def parse_job(j: dict[str, Any], hostnames: Callable[[Any], list[str]]) -> JobIn
 
 
 def parse_accounted(j: dict[str, Any], hostnames: Callable[[Any], list[str]]) -> JobInfo:
-    """A ``sacct --json=DATA_PARSER`` job record (24.11 on)."""
+    """A ``sacct --json=v0.0.42`` job record (24.11 on)."""
     state, flags = _split_job_state((j.get("state") or {}).get("current"))
     code, signo = _exit_status(j.get("exit_code"))
     t = j.get("time") or {}
     comment = j.get("comment") or {}
     return JobInfo(
-        job_id=int(_number(j.get("job_id")) or 0), state=state, flags=flags,
+        job_id=int(raw_job_id(j) or 0), state=state, flags=flags,
         reason=str((j.get("state") or {}).get("reason") or ""),
         restart_count=int(_number(j.get("restart_cnt")) or 0),
         nodes=hostnames(j.get("nodes")), batch_host="", exit_code=code, exit_signal=signo,
@@ -273,4 +264,3 @@ def parse_node(n: dict[str, Any]) -> NodeInfo:
     state.update(str(f).upper() for f in flags)
     return NodeInfo(name=str(n.get("name") or ""), state=frozenset(state), reason=str(n.get("reason") or ""), raw=n)
 
-# -- lookups and actions the supervisor needs --

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from dispatch_slurm.slurm import client as slurmmod
-from testbed.cluster import CONTROLLER, Cluster, ClusterError
+from dispatch_slurm.slurm import dialects
+from testbed.cluster import CONTROLLER, Cluster, ClusterError, end_time
 from dispatch_slurm.slurm.client import SlurmError
 
 pytestmark = pytest.mark.cluster
 
 def facts(j) -> tuple:
-    return (j.job_id, j.state, j.restart_count, j.nodes, j.exit_code, j.exit_signal, j.start_time, j.end_time,
+    return (j.job_id, j.state, j.restart_count, j.nodes, j.exit_code, j.exit_signal, j.start_time, end_time(j),
             j.partition, j.user, j.name)
 
 
@@ -81,10 +81,11 @@ def test_the_json_version_is_pinned(slurm_cluster: Cluster, monkeypatch):
     c = slurm_cluster
     s = c.slurm_as("alice")
     if c.slurm_release == "22.05":
-        assert not s._scontrol_json
+        assert isinstance(s.dialect, dialects.Slurm2205)
         return
-    data = s._pinned_json(["scontrol", "show", "nodes"])
-    assert data["meta"]["plugin"]["data_parser"] == f"data_parser/{slurmmod.DATA_PARSER}"
-    monkeypatch.setattr(slurmmod, "DATA_PARSER", "v0.0.39")
+    assert isinstance(s.dialect, dialects.Slurm2411)
+    data = s.dialect.pinned_json(s, ["scontrol", "show", "nodes"])
+    assert data["meta"]["plugin"]["data_parser"] == f"data_parser/{dialects.DATA_PARSER}"
+    monkeypatch.setattr(dialects, "DATA_PARSER", "v0.0.39")
     with pytest.raises(SlurmError, match=r"has no data_parser v0\.0\.39, the JSON version dispatch-slurm reads"):
         s.nodes()

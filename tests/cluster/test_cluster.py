@@ -133,7 +133,7 @@ def test_admin_requeue_counts_a_restart(slurm_cluster: Cluster):
     c = slurm_cluster
     jid = c.submit("bob", args=["-o", "/dev/null", "--wrap", "sleep 300"])
     c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"])
-    c.slurm.requeue(jid)
+    c.requeue(jid)
     # Requeued jobs wait cred_expire+1 s before they may start again (Reason=BeginTime).
     job = c.wait_job(jid, lambda j: j.state == "PENDING" and not j.flags and j.reason == "BeginTime",
                      timeout=deadlines(c)["end"])

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 from dispatch_slurm.errors import DispatchError
 from dispatch_slurm.slurm.client import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
+from dispatch_slurm.slurm.facts import unix_time
 
 from . import wait
 from .wait import WaitTimeout
@@ -47,7 +48,9 @@ __all__ = [
     "TRACKINGS",
     "Cluster",
     "ClusterError",
+    "base_state",
     "build_image",
+    "end_time",
     "remove_orphans",
     "source_root",
 ]
@@ -68,6 +71,19 @@ T = TypeVar("T")
 
 class ClusterError(DispatchError):
     """The test cluster could not be built, started or driven, or a wait ran out."""
+
+
+def end_time(job: JobInfo) -> Optional[int]:
+    """Unix time the job's current execution ended (None while it runs): only the tests
+    compare it (slurmctld's against sacct's), the package never decides by it."""
+    return unix_time(job.raw, "end_time")
+
+
+def base_state(node: NodeInfo) -> str:
+    """The node's one base state (IDLE, ALLOCATED, MIXED, DOWN...), for tests that name it;
+    the package reads the state set (``NodeInfo.responding``)."""
+    base = node.state & {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"}
+    return next(iter(sorted(base)), "UNKNOWN")
 
 
 def source_root() -> Path:
@@ -122,15 +138,23 @@ def remove_orphans() -> list[str]:
     host = socket.gethostname()
     dead: set[str] = set()
     try:
-        for c in client.containers.list(all=True, filters={"label": LABEL}):
+        # Other processes' clusters come and go meanwhile: one removed between the listing
+        # and its inspection is skipped (it was no orphan of ours), one removed twice is gone.
+        for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
             owner = c.labels.get(OWNER_LABEL, "")
             h, _, pid = owner.rpartition(":")
             if h == host and pid.isdigit() and not _pid_alive(int(pid)):
                 dead.add(c.labels[LABEL])
-                c.remove(force=True)
+                try:
+                    c.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
         for n in client.networks.list(filters={"label": LABEL}):
             if n.attrs.get("Labels", {}).get(LABEL) in dead:
-                n.remove()
+                try:
+                    n.remove()
+                except docker.errors.NotFound:
+                    pass
     finally:
         client.close()
     return sorted(dead)
@@ -461,7 +485,10 @@ class Cluster:
         return self.slurm.nodes()
 
     def node(self, name: str) -> NodeInfo:
-        return self.slurm.node(name)
+        for n in self.slurm.nodes():
+            if n.name == name:
+                return n
+        raise SlurmError(["scontrol", "show", "node", name], None, f"node {name} is not known", what="found no node")
 
     def wait_until(
         self, probe: Callable[[], Optional[T]], *, timeout: float, what: str, poll: float = 0.5
@@ -542,6 +569,10 @@ class Cluster:
     def cancel(self, job_id: int, signal: Optional[str] = None, *, user: Optional[str] = None) -> None:
         """scancel, as ``user`` (default root)."""
         (self.slurm_as(user) if user else self.slurm).cancel(job_id, signal)
+
+    def requeue(self, job_id: int) -> None:
+        """``scontrol requeue`` as root: back to PENDING, restart count +1 (what an operator does)."""
+        self.slurm.run(["scontrol", "requeue", str(int(job_id))])
 
     def preempt(self, job_id: int, *, user: str = "bob", hold: str = "sleep 300", timeout: float = 60.0) -> int:
         """Preempt a running job the way a site does: submit a job to the higher-tier
