@@ -168,6 +168,7 @@ sleep 300
 """
 
 
+@pytest.mark.vm
 def test_escaped_process_outlives_a_cancel_only_without_cgroup_tracking(slurm_cluster: Cluster, workdir):
     """What the tracking mode changes for an old execution: proctrack/cgroup kills every
     process of the job's cgroup when the job ends, wherever it moved in the process tree;

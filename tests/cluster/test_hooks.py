@@ -51,21 +51,22 @@ def expected(c: Cluster, root: str, job_id: int, n: int, r: int = 0, g: int = 0)
 
 
 MULTI_NODE = """#!/bin/bash
-#SBATCH -N 3 --ntasks-per-node=2 -o {out}/slurm-%j.out -e {out}/slurm-%j.err
+#SBATCH -N {nodes} --ntasks-per-node=2 -o {out}/slurm-%j.out -e {out}/slurm-%j.err
 {ENV_DUMP} > {out}/batch
 dispatch-slurm env --format json --no-mkdir > {out}/cli.json
 srun bash -c '{ENV_DUMP} > {out}/task.$SLURM_PROCID.$(hostname)'
 """
 
 
+@pytest.mark.vm
 @pytest.mark.parametrize("path", ["spank", "taskprolog"])
 def test_every_task_sees_the_contract(slurm_cluster: Cluster, workdir, path):
-    """Both ways in give every task of a 3-node job the same values: equal to
+    """Both ways in give every task of a job on every node the same values: equal to
     `dispatch-slurm env`, to the contract computed here, and one DISPATCH_ATTEMPT."""
     c = slurm_cluster
     cdir, hdir = workdir
     root = make_root(c, f"{cdir}/root")
-    script = MULTI_NODE.format(out=cdir, ENV_DUMP=ENV_DUMP)
+    script = MULTI_NODE.format(out=cdir, ENV_DUMP=ENV_DUMP, nodes=len(c.node_names))
     if path == "spank":
         job = c.submit("alice", script, args=[f"--dispatch-checkpoint={root}"])
     else:  # user-level submission: no plugin option; the TaskProlog computes the values
@@ -75,7 +76,7 @@ def test_every_task_sees_the_contract(slurm_cluster: Cluster, workdir, path):
     c.wait_job(job, "COMPLETED", timeout=90)
     want = expected(c, root, job, n=1)
     tasks = dumps(hdir, "task.")
-    assert len(tasks) == 6 and {k.split(".")[2] for k in tasks} == {"c1", "c2", "c3"}
+    assert len(tasks) == 2 * len(c.node_names) and {k.split(".")[2] for k in tasks} == set(c.node_names)
     assert all(t == want for t in tasks.values()), tasks
     assert dumps(hdir, "batch")["batch"] == want
     assert json.loads((hdir / "cli.json").read_text()) == want
@@ -83,6 +84,7 @@ def test_every_task_sees_the_contract(slurm_cluster: Cluster, workdir, path):
     assert exec_dir.is_dir() and exec_dir.stat().st_uid == 2001 and exec_dir.stat().st_mode & 0o777 == 0o700
 
 
+@pytest.mark.vm("full")
 def test_requeue_raises_r_and_resubmission_raises_n(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
@@ -121,6 +123,7 @@ def snapshot(root) -> dict[str, tuple[int, int, int]]:
             for d in ("ceased", "events") for p in sorted((root / d).rglob("*"))}
 
 
+@pytest.mark.vm
 def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, workdir):
     """Slurm may run the Epilog again for one execution (TERMINATE_JOB retries; fixed in
     26.05). A second run, even one that finds the Prolog's record still there (as if the
@@ -142,6 +145,15 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     (ceased,) = [e for e in events.read(str(hdir / "root")) if e["type"] == "cessation"]
     assert ceased["attempt"] == attempt and ceased["node"] == "c1"
     assert ceased.get("sluid") == (sluid[0] if sluid else None), "SLURM_JOB_SLUID: the Epilog's equals the job's"
+    # how the Epilog knows, in the entry and the event: on cgroup v2 (the VM bed) the job's
+    # cgroup, gone or empty; elsewhere (cgroup v1, linuxproc) the process scan
+    evidence = json.loads(entry.read_text())
+    assert ceased["evidence"] == evidence
+    if getattr(c, "cgroup", None) == "v2":
+        assert evidence["by"] == "cgroup v2" and evidence["state"] in ("gone", "empty"), evidence
+        assert (sluid[0] if sluid and c.slurm_release >= "26.05" else f"job_{job}") in evidence["cgroup"], evidence
+    else:
+        assert evidence == {"by": "process scan"}
     before = snapshot(hdir / "root")
 
     # the Prolog's record back (root's, 0644, as the Prolog writes it), then the Epilog again
@@ -232,6 +244,7 @@ BAD_OPTIONS = [  # (sbatch options, what the refusal must name)
 ]
 
 
+@pytest.mark.vm  # the same cases on both beds: this list drives both
 def test_bad_input_matrix(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
@@ -280,6 +293,7 @@ def _ceased(root, job: int) -> list[str]:
     return [e for e in (os.listdir(d) if d.is_dir() else []) if f".{job}." in e]
 
 
+@pytest.mark.vm("full")
 def test_no_user_input_makes_a_hook_fail_hang_or_drain(slurm_cluster: Cluster, workdir):
     """The bad-input probe's cases, through sbatch as alice: a root with a newline, one
     with a non-UTF-8 byte, a root removed (non-UTF-8) before the job starts, stdout on
