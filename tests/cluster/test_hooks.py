@@ -166,6 +166,42 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     assert c.exec("c1", f"test -e /run/dispatch-slurm/{job}.json", check=False).returncode, "record removed again"
 
 
+@pytest.mark.vm_only  # cgroup v2: the VM bed
+def test_on_cgroup_v2_the_epilog_waits_for_the_job_cgroup_not_a_process_scan(slurm_cluster: Cluster, workdir):
+    """A process of the job that dropped its environment (``env -i``) is invisible to the
+    Epilog's process scan, not to the job's cgroup, which it cannot leave: run by hand
+    while the job still runs, the Epilog records no cessation (after CESSATION_WAIT) and
+    names the cgroup; once the job is cancelled, Slurm's own Epilog records it with the
+    cgroup as its evidence, and `dispatch-slurm ceased` says so."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    job = c.submit("alice", "#!/bin/bash\n#SBATCH -w c2 -o /dev/null\nexec env -i /bin/sleep 600\n",
+                   args=[f"--dispatch-checkpoint={root}"])
+    c.wait_job(job, "RUNNING", timeout=90)
+    c.wait_until(lambda: c.pids("c2", "^/bin/sleep 600", user="alice"), timeout=60, what="the job's sleep")
+    attempt = expected(c, root, job, n=1)["DISPATCH_ATTEMPT"]
+    scan = c.exec("c2", f"grep -lsa 'DISPATCH_ATTEMPT={attempt}' /proc/[0-9]*/environ", check=False).stdout
+    assert not scan.strip(), f"a process still carries the token, the scan alone would wait too: {scan}"
+    by_hand = c.exec("c2", ["/etc/slurm/dispatch/epilog"],
+                     env={"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001",
+                          "SLURM_JOB_USER": "alice", "SLURMD_NODENAME": "c2", f"{SPANK_OPT}checkpoint": root})
+    assert by_hand.returncode == 0
+    assert not (hdir / "root" / "ceased").exists() or not list((hdir / "root" / "ceased").iterdir())
+    said = c.exec("c2", "tail -3 /var/log/dispatch-slurm.log").stdout
+    assert f"job cgroup /sys/fs/cgroup/system.slice/c2_slurmstepd.scope/job_{job}" in said or "still holds" in said, said
+    c.cancel(job)
+    entry = hdir / "root" / "ceased" / f"{attempt}.c2"
+    c.wait_until(lambda: entry.exists(), timeout=90, what="Slurm's Epilog to record cessation")
+    evidence = json.loads(entry.read_text())
+    assert evidence["by"] == "cgroup v2" and evidence["state"] in ("gone", "empty"), evidence
+    c.wait_job(job, lambda j: j.ended and "COMPLETING" not in j.flags, timeout=60)
+    ans = json.loads(c.exec(CONTROLLER, ["dispatch-slurm", "ceased", str(job), "--root", root, "--generation", "0",
+                                                 "--submission", "1", "--nodes", "c2", "--json"],
+                            user="alice", check=False).stdout)
+    assert ans["answer"] == "ceased" and ans["nodes"]["c2"]["how"] == "cgroup v2", ans
+
+
 @pytest.mark.one_release  # 2 min on 22.05/24.11 (the node's failure takes SlurmdTimeout to see);
 # what differs per release, a requeue raising R, is test_requeue_raises_r_and_resubmission_raises_n
 def test_node_failure_requeue_changes_attempt(slurm_cluster: Cluster, workdir):

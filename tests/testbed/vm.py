@@ -72,7 +72,8 @@ PACKAGES = [
     "procps", "iproute2", "iptables",
 ]
 MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
-OWNER = ".owner"  # in a run directory: "<host>:<pid>" of the process that started its VMs
+OWNER = ".owner"
+FROZEN = "munged|slurmd|slurmctld"  # stopped (SIGSTOP) in the snapshot, thawed after the clocks are set  # in a run directory: "<host>:<pid>" of the process that started its VMs
 
 
 def cache_root() -> Path:
@@ -528,7 +529,15 @@ def _snapshot(work: Path, log) -> tuple[float, float]:
             raise ClusterError(f"{e}\n{p.stdout.decode(errors='replace')}") from None
         boot_s = time.monotonic() - t0
         log(f"both nodes idle {boot_s:.0f} s after power-on; saving the snapshot")
-        for vm in vms.values():  # ssh masters closed before: the snapshot holds no session
+        for vm in vms.values():
+            # Slurm's daemons and munge are frozen in the snapshot: a restored guest resumes at
+            # the saved time, and a daemon that ran before both clocks are set from the host
+            # would see the other node's credentials from the future or the past (munge
+            # refuses them: slurmctld once set c2 DOWN for it). start() thaws them after.
+            p = vm.ssh(f"pkill -STOP -x '{FROZEN}'", timeout=60)
+            if p.returncode != 0:
+                raise ClusterError(f"cannot freeze the daemons on {vm.node}: {p.stderr.decode(errors='replace')}")
+            # ssh masters closed before: the snapshot holds no session
             subprocess.run([*vm.ssh_argv()[:-1], "-O", "exit", "root@127.0.0.1"], capture_output=True, check=False)
         t1 = time.monotonic()
         for vm in vms.values():
@@ -613,10 +622,11 @@ class VMCluster(Bed):
             for vm in self._vms.values():
                 vm.wait_ssh(timeout)
             self.timings["loadvm_s"] = time.monotonic() - t0
-            for node in NODES:
+            for node in NODES:  # the daemons are frozen in the snapshot: clocks first, then thaw
                 self._set_clock(node)
-                self.exec(node, "mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none "
-                                "checkpoints /checkpoints")
+            for node in NODES:
+                self.exec(node, f"pkill -CONT -x '{FROZEN}' && mount -t 9p -o trans=virtio,version=9p2000.L,"
+                                "msize=262144,cache=none checkpoints /checkpoints")
             self.wait_nodes(lambda ns: len(ns) == len(NODES) and all(n.state == {"IDLE"} for n in ns),
                             timeout=timeout, what="both nodes IDLE after the restore")
         except Exception as e:
