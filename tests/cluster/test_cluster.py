@@ -21,6 +21,7 @@ pytestmark = pytest.mark.cluster
 DEADLINES = {
     "fast": dict(start=60, end=60, grace=5, node_down=120, requeue_start=90, heal=240),
     "site": dict(start=120, end=180, grace=60, node_down=900, requeue_start=400, heal=900),
+    "vm": dict(start=120, end=120, grace=30, node_down=120, requeue_start=120, heal=240),  # TCG: slow starts
 }
 
 

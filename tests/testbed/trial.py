@@ -151,7 +151,7 @@ SCENARIOS = ("cancel", "preempt", "partition")
 #: SlurmctldParameters=enable_expedited_requeue): restarted at once (BeginTime 0, top of
 #: the queue) instead of after the requeue delay (cred_expire + 1 s: 11 s fast, 121 s by default).
 REQUEUES = ("partition", "expedite")
-DEADLINE = {"fast": 180.0, "site": 3600.0}  # site: SlurmdTimeout=300, requeue delay 121 s, slow re-registration
+DEADLINE = {"fast": 180.0, "site": 3600.0, "vm": 300.0}  # site: SlurmdTimeout=300, requeue delay 121 s, slow re-registration
 
 
 class DockerTarget:

@@ -216,18 +216,19 @@ def _rootfs(suite: str, log) -> Path:
 
 
 def _render_conf(rootfs: Path, log) -> None:
-    """slurm.conf and cgroup.conf from docker-slurm's templates and the fast profile,
+    """slurm.conf and cgroup.conf from docker-slurm's templates and the vm profile (fast,
+    with KillWait and GraceTime 30 s: docker-slurm/vm/profile-vm.env),
     rendered by docker-slurm's own entrypoint: two nodes, cgroup/v2 tracking, no
     accounting host (slurmctld keeps ended jobs for MinJobAge; sacct is not used here)."""
     src = source_root() / "docker-slurm"
     conf = rootfs / "etc/docker-slurm"
     conf.mkdir(exist_ok=True)
-    for f in list(src.glob("*.conf.in")) + list(src.glob("profile-*.env")):
+    for f in list(src.glob("*.conf.in")) + list(src.glob("profile-*.env")) + [src / "vm" / "profile-vm.env"]:
         shutil.copy(f, conf / f.name)
     entry = rootfs / "usr/local/sbin/docker-slurm-entrypoint"
     shutil.copy(src / "entrypoint.sh", entry)
     entry.chmod(0o755)
-    env = {"DOCKER_SLURM_PROFILE": "fast", "DOCKER_SLURM_TRACKING": "cgroup", "DOCKER_SLURM_CGROUP": "cgroup/v2",
+    env = {"DOCKER_SLURM_PROFILE": "vm", "DOCKER_SLURM_TRACKING": "cgroup", "DOCKER_SLURM_CGROUP": "cgroup/v2",
            "DOCKER_SLURM_CONTROLLER": "c1", "DOCKER_SLURM_NODES": "c[1-2]", "DOCKER_SLURM_NODE_CPUS": "2",
            "DOCKER_SLURM_CLUSTER_NAME": "vm", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     for name in ("slurm.conf", "cgroup.conf"):
@@ -276,6 +277,16 @@ def build(suite: str, *, log: Callable[[str], None] = _log_default) -> Path:
                    what="install-site")
             ch.run(["ssh-keygen", "-A"], log=log, what="ssh host keys")
         _render_conf(rootfs, log)
+        # A loaded 2-core host can stretch a TCG boot past systemd's watchdogs and start
+        # timeouts (journald was killed once): none of them in these guests.
+        for path, text in (("etc/systemd/system.conf.d/10-testbed.conf",
+                            "[Manager]\nDefaultTimeoutStartSec=infinity\nRuntimeWatchdogSec=off\n"),
+                           ("etc/systemd/system/systemd-journald.service.d/10-testbed.conf",
+                            "[Service]\nWatchdogSec=0\n"),
+                           ("etc/systemd/system/systemd-udevd.service.d/10-testbed.conf",
+                            "[Service]\nWatchdogSec=0\n")):
+            (rootfs / path).parent.mkdir(parents=True, exist_ok=True)
+            (rootfs / path).write_text(text)
         key = rootfs / "etc/munge/munge.key"  # this image's own (the VMs reach nothing)
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -517,13 +528,13 @@ def _snapshot(work: Path, log) -> tuple[float, float]:
                   str(work / f"{node}.qcow2")], log=log, what="qemu-img create")
             vm.start(loadvm=False)
         for vm in vms.values():
-            vm.wait_ssh(600)
+            vm.wait_ssh(1800)  # 1.5 min on a quiet host; over 10 min seen with load average 25
         def idle():
             p = vms["c1"].ssh("sinfo -h -N -o '%N %T'", timeout=60)
             states = dict(line.split() for line in p.stdout.decode().splitlines() if line.strip())
             return states if states and all(states.get(n) == "idle" for n in NODES) else None
         try:
-            wait.until(idle, timeout=600, what="both nodes idle in the freshly booted VMs", every=1)
+            wait.until(idle, timeout=900, what="both nodes idle in the freshly booted VMs", every=1)
         except wait.WaitTimeout as e:
             p = vms["c1"].ssh("sinfo -N; journalctl -b -u slurmd -u slurmctld --no-pager | tail -30")
             raise ClusterError(f"{e}\n{p.stdout.decode(errors='replace')}") from None
@@ -573,7 +584,7 @@ class VMCluster(Bed):
         if suite not in SUITES:
             raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
         self.suite, self.slurm_release = suite, SUITES[suite]
-        self.profile, self.tracking = "fast", "cgroup"
+        self.profile, self.tracking = "vm", "cgroup"  # docker-slurm/vm/profile-vm.env
         self.node_names = list(NODES)
         self.id = f"vm-{suite}"
         self.timings: dict[str, float] = {}
