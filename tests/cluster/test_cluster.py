@@ -174,8 +174,23 @@ def test_escaped_process_outlives_a_cancel_only_without_cgroup_tracking(slurm_cl
     """What the tracking mode changes for an old execution: proctrack/cgroup kills every
     process of the job's cgroup when the job ends, wherever it moved in the process tree;
     proctrack/linuxproc follows parent pids and loses a process that left the tree."""
+    _escaped(slurm_cluster, *workdir)
+
+
+@pytest.mark.vm_only
+@pytest.mark.vm("full")
+def test_on_the_vm_linuxproc_loses_the_escaped_process_on_the_same_kernel(slurm_cluster, workdir):
+    """The negative control on the cgroup v2 VMs: the same kernel and Slurm with
+    proctrack/linuxproc, and the escaped helper survives the cancel."""
     c = slurm_cluster
-    cdir, hdir = workdir
+    c.set_tracking("linuxproc")
+    try:
+        _escaped(c, *workdir)
+    finally:
+        c.set_tracking("cgroup")
+
+
+def _escaped(c, cdir, hdir) -> None:
     jid = c.submit("alice", ESCAPING_JOB.format(dir=cdir))
     node = c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"]).batch_host
     c.wait_until(lambda: (hdir / "escaped.pid").exists() and log_lines(hdir, "escaped"), timeout=30,

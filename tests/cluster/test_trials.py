@@ -88,6 +88,7 @@ EXPEDITE = pytest.param("expedite", marks=[
                        reason="the expedited-requeue trial runs with DISPATCH_EXPEDITE_TRIAL=1")])
 
 
+@pytest.mark.vm("full")  # on the VMs (cgroup v2) with DISPATCH_VM_FULL=1
 @pytest.mark.parametrize("scenario", [*trial.SCENARIOS, EXPEDITE])
 def test_overlap_is_harmless_in_dispatch_mode(slurm_cluster: Cluster, scenario):
     c = slurm_cluster

@@ -716,6 +716,31 @@ class VMCluster(Bed):
                                f"{(res.stderr or res.stdout).strip()[-2000:]}")
         return res
 
+    def set_tracking(self, tracking: str, *, timeout: float = 300.0) -> None:
+        """Switch both nodes to ``linuxproc`` (``ProctrackType=proctrack/linuxproc``,
+        ``TaskPlugin=task/none``: the negative control, on the same kernel) or back to
+        ``cgroup``; Slurm needs its daemons restarted for that."""
+        conf = {"linuxproc": ("proctrack/linuxproc", "task/none"), "cgroup": ("proctrack/cgroup", "task/cgroup")}
+        if tracking not in conf:
+            raise ClusterError(f"unknown tracking {tracking!r}: linuxproc or cgroup")
+        proctrack, task = conf[tracking]
+        for node in NODES:
+            self.exec(node, f"sed -i -e 's|^ProctrackType=.*|ProctrackType={proctrack}|' "
+                            f"-e 's|^TaskPlugin=.*|TaskPlugin={task}|' /etc/slurm/slurm.conf")
+        self.exec("c1", "systemctl restart slurmctld")
+        for node in NODES:
+            self.exec(node, "systemctl restart slurmd")
+        self.wait_until(lambda: self.slurm.config().get("ProctrackType") == proctrack, timeout=timeout,
+                        what=f"slurmctld with {proctrack}")
+        self.wait_nodes(lambda ns: len(ns) == len(NODES) and all(n.state == {"IDLE"} for n in ns),
+                        timeout=timeout, what=f"both nodes IDLE with {proctrack}")
+        self.tracking = tracking
+
+    def logs(self, host: str, lines: int = 200) -> str:
+        """The Slurm daemons' and munge's journal on ``host`` (what `docker logs` is for a container)."""
+        return self.exec(host, f"journalctl -b --no-pager -u slurmctld -u slurmd -u munge | tail -n {lines}",
+                         check=False).stdout
+
     def _interfaces(self, host: str) -> list[str]:
         return ["eth1"]  # the VMs' own link; eth0 carries only this host's ssh
 
