@@ -242,7 +242,10 @@ def _render_conf(rootfs: Path, log) -> None:
                 if line.startswith("TaskPlugin="):  # each VM has one vCPU: no binding to CPUs it lacks
                     line = "TaskPlugin=task/cgroup"
                 lines.append(line)
-            lines += ["# VM test bed: no accounting host.", "AccountingStorageType=accounting_storage/none"]
+            lines += ["# VM test bed: no accounting host.", "AccountingStorageType=accounting_storage/none",
+                      "# Under TCG on a loaded host the Prolog (Python) and the launch can take longer than",
+                      "# Slurm's 10 s: slurmctld then takes the batch job for missing and requeues it.",
+                      "BatchStartTimeout=120"]
             text = "\n".join(lines) + "\n"
         (rootfs / "etc/slurm" / name).write_text(text)
         (rootfs / "etc/slurm" / name).chmod(0o644)
