@@ -122,8 +122,12 @@ def _project_files() -> list[str]:
 
 def image_key(suite: str) -> str:
     root = source_root()
-    # this file too: the snapshot holds the devices of its QEMU command line
-    parts: list[Union[str, bytes]] = [f"rootfs={_rootfs_key(suite)}", Path(__file__).read_bytes()]
+    # what of this file makes the image: the snapshot holds the devices of the QEMU command
+    # line; the rest (driving the VMs) changes no image
+    import inspect
+    made_by = (_qemu_argv, _render_conf, build, _snapshot)
+    parts: list[Union[str, bytes]] = [f"rootfs={_rootfs_key(suite)}", f"memory={MEMORY_MB} frozen={FROZEN}",
+                                      *(inspect.getsource(f) for f in made_by)]
     for f in _project_files():
         parts += [f"== {f}", (root / f).read_bytes()]
     return _hash(parts)
@@ -339,7 +343,9 @@ def _untag_old(suite: str, keep: Path, log) -> None:
     for d in keep.parent.glob(f"{suite}-" + "?" * 12):
         if d == keep or not d.is_dir():
             continue
-        with open(d / "ready.json", "a+") as f:
+        if not (d / "ready.json").exists():
+            continue  # not an image (a build in progress names its directory otherwise)
+        with open(d / "ready.json") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -593,6 +599,7 @@ class VMCluster(Bed):
         self.timings: dict[str, float] = {}
         self._log = log or (lambda s: None)
         self._run: Optional[Path] = None
+        self._lock = None
         self._vms: dict[str, _VM] = {}
         self._partitioned = {}
         self._slurm = None
@@ -620,6 +627,11 @@ class VMCluster(Bed):
                                f"docker-slurm/vm/build-vm-image {self.suite}")
         remove_orphans()
         t0 = time.monotonic()
+        import fcntl
+        # held for the session: a build of a newer image removes this one only when no
+        # session holds it (_untag_old)
+        self._lock = open(image / "ready.json")
+        fcntl.flock(self._lock, fcntl.LOCK_SH)
         self._run = Path(tempfile.mkdtemp(prefix=f"dispatch-vm-{self.suite}-"))
         self.id = self._run.name
         (self._run / OWNER).write_text(f"{socket.gethostname()}:{os.getpid()}")
@@ -682,6 +694,9 @@ class VMCluster(Bed):
         if self._run is not None:
             shutil.rmtree(self._run, ignore_errors=True)
             self._run = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
         self._slurm = None
 
     def _tail_logs(self, n: int = 2000) -> str:
