@@ -49,3 +49,19 @@ def test_ceased_entry_carries_the_evidence(root):
     assert cessation.describe(got["c1"]) == f"cgroup v2: job cgroup {ev['cgroup']} removed"
     assert cessation.describe({"by": "process scan"}).endswith("(process scan)")
     assert cessation.describe({}) == ""
+
+
+def test_sluid_keyed_cgroups_without_the_sluid_are_no_evidence(tmp_path, monkeypatch):
+    """26.05 names job cgroups by SLUID: an Epilog without SLURM_JOB_SLUID cannot tell
+    which is its job's, so it has no cgroup evidence (never "gone" for the wrong name)."""
+    scope = tmp_path / "system.slice" / "c1_slurmstepd.scope"
+    _cg(scope / "s0123456789abc", 1)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ProctrackType=proctrack/cgroup\n")
+    monkeypatch.setattr(cgroup, "unified", lambda root=cgroup.ROOT: True)
+    assert cgroup.job_cgroups("7", conf=str(conf), root=str(tmp_path)) is None
+    paths = cgroup.job_cgroups("7", "s0123456789abc", conf=str(conf), root=str(tmp_path))
+    assert cgroup.state(paths)[0] == cgroup.POPULATED
+    _cg(tmp_path / "system.slice" / "c2_slurmstepd.scope" / "job_7", 0)  # 22.05-25.11: job_<id>
+    got = cgroup.job_cgroups("7", conf=str(conf), root=str(tmp_path))
+    assert got is None  # still a SLUID-keyed entry beside it: refuse to guess

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Optional
 
 ROOT = "/sys/fs/cgroup"
@@ -78,8 +79,20 @@ def job_cgroups(job_id: str, sluid: Optional[str] = None, *, root: str = ROOT,
                     glob.glob(os.path.join(root, "*", "*_slurmstepd.scope")))
     if not scopes:
         return None  # slurmd made no scope: it does not run cgroup/v2 here
+    if not sluid and any(_SLUID.match(e) for scope in scopes for e in _entries(scope)):
+        return None  # job cgroups keyed by SLUID (26.05) and none given: this job's is unknown
     names = [f"job_{job_id}"] + ([sluid] if sluid else [])
     return [os.path.join(scope, name) for scope in scopes for name in names]
+
+
+_SLUID = re.compile(r"^[sS][0-9A-Za-z]{13}$")
+
+
+def _entries(scope: str) -> list[str]:
+    try:
+        return os.listdir(scope)
+    except OSError:
+        return []
 
 
 def state(paths: list[str]) -> tuple[str, list[str]]:
