@@ -59,6 +59,8 @@ def test_boot_all_nodes_idle(slurm_cluster: Cluster):
     expected = {"fast": "SlurmdTimeout           = 15 sec", "site": "SlurmdTimeout           = 300 sec"}
     assert expected[c.profile] in config
     assert "PreemptType             = preempt/partition_prio" in config
+    # 25.11+: jobs may ask for an expedited requeue (the expedite trial, README)
+    assert ("enable_expedited_requeue" in config) == (c.slurm.version >= (25, 11)), config[-1500:]
     # Same users, same uids everywhere; one munge key: a credential made on one node is
     # accepted on every other.
     for host in [CONTROLLER, *c.node_names]:
