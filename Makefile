@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 4
 export TESTCONTAINERS_RYUK_DISABLED := true
 
-.PHONY: demo test host venv bench wheel clean
+.PHONY: demo test host venv bench wheel clean vm-images
 
 host:
 	@tools/setup-host
@@ -37,9 +37,18 @@ demo: host venv
 	  --trials 1 --json demo-output/trials.json --plot demo-output/timeline.png
 	@echo "timeline: demo-output/timeline.png   results: demo-output/trials.json"
 
+# The VM test bed (cgroup v2 under QEMU, tests/testbed/vm.py): its images are built before
+# the tests, cached by a hash of their inputs (an unchanged tree: a few ms). CI runs trixie;
+# DISPATCH_VM_SUITES=bookworm,trixie,sid (tests/cluster/conftest.py reads the same variable)
+# for more, empty for none; DISPATCH_VM_FULL=1 for the fuller in-VM test set.
+comma := ,
+VM_SUITES := $(subst $(comma), ,$(if $(filter undefined,$(origin DISPATCH_VM_SUITES)),trixie,$(DISPATCH_VM_SUITES)))
+vm-images: host venv
+	@if [ -n "$(strip $(VM_SUITES))" ]; then PYTHON=$(PY) docker-slurm/vm/build-vm-image $(VM_SUITES) >/dev/null; fi
+
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass. The wheel
 # users install is built first (dist/): CI's artifact.
-test: host venv wheel
+test: host venv wheel vm-images
 	@rc=0; $(PY) -m pytest -ra --durations=40 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

@@ -52,8 +52,13 @@ load_profile() {
 }
 
 render_conf() {
-  local sched_line="# SchedulerParameters: Slurm's defaults"
+  local sched_line="# SchedulerParameters: Slurm's defaults" ctld_line="# SlurmctldParameters: Slurm's defaults"
   [ -z "${SCHEDULER_PARAMETERS:-}" ] || sched_line="SchedulerParameters=$SCHEDULER_PARAMETERS"
+  # enable_expedited_requeue exists from 25.11 on (older slurmctld would refuse the word)
+  local v; v="$(slurmd -V 2>/dev/null | awk '{print $2}')"
+  if [ -n "$v" ] && [ "$(printf '%s\n25.11\n' "${v%.*}" | sort -V | head -1)" = 25.11 ]; then
+    ctld_line="SlurmctldParameters=enable_expedited_requeue"
+  fi
   sed -e "s|@PROFILE@|$PROFILE|g" \
       -e "s|@TRACKING@|$TRACKING|g" \
       -e "s|@PROCTRACK_TYPE@|$PROCTRACK_TYPE|g" \
@@ -73,6 +78,7 @@ render_conf() {
       -e "s|@CRED_EXPIRE@|$CRED_EXPIRE|g" \
       -e "s|@MIN_JOB_AGE@|$MIN_JOB_AGE|g" \
       -e "s|@SCHEDULER_PARAMETERS_LINE@|$sched_line|g" \
+      -e "s|@SLURMCTLD_PARAMETERS_LINE@|$ctld_line|g" \
       "$conf_dir/${1:-slurm.conf}.in"
 }
 

@@ -7,7 +7,10 @@
    done or the nodes were written off); and
 2. every node that ran execution R either
    * recorded its Epilog for it (``<root>/ceased/<attempt>.<node>``: the Epilog writes
-     it after the execution's processes on that node are gone), or
+     it after the execution's processes on that node are gone; where Slurm tracks jobs by
+     cgroup v2, only once the job's cgroup is empty or removed, which no process of the
+     job can escape, and the entry says so: each node's ``how`` is ``cgroup v2``,
+     ``process scan``, or ``epilog`` for an entry that does not say), or
    * booted after execution R started (BootTime > start): a rebooted node runs none of
      its old processes.
 
@@ -89,14 +92,14 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
             out["why"] = f"cannot name the execution's attempt: {e}"
             return out
     out["attempt"] = attempt
-    recorded: set[str] = set()
+    recorded: dict[str, dict] = {}
     if root and attempt:
         try:
-            recorded = ceased.nodes(root, attempt)
+            recorded = ceased.entries(root, attempt)
         except OSError as e:
             out["ceased_dir_error"] = f"{root}/{layout.CEASED}: {e.strerror or e}"
     try:
-        known = {nd.name: nd for nd in slurm.nodes()} if set(ran_on) - recorded else {}
+        known = {nd.name: nd for nd in slurm.nodes()} if set(ran_on) - set(recorded) else {}
     except SlurmError as e:
         out["why"] = f"Slurm did not list the nodes: {e}"
         return out
@@ -107,25 +110,39 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
         out["answer"], out["why"] = NOT_CEASED, why
     elif gone:
         out["answer"] = CEASED
-        out["why"] = f"{why}; " + ("every node has evidence" if ran_on else "it never ran on a node")
+        how = ", ".join(f"{k}: {v['how']}" for k, v in sorted(out["nodes"].items()))
+        out["why"] = f"{why}; " + (f"every node has evidence ({how})" if ran_on else "it never ran on a node")
     else:
         missing = [k for k, v in out["nodes"].items() if not v["ceased"]]
         out["answer"], out["why"] = NOT_CEASED, f"{why}; no evidence from {', '.join(missing)}"
     return out
 
 
-def _node_evidence(name: str, recorded: set[str], node, start: Optional[int], root: Optional[str],
+def describe(ev: dict) -> str:
+    """An Epilog's evidence in words ({} for an entry that does not say how)."""
+    if ev.get("by") == "cgroup v2":
+        word = {"gone": "removed", "empty": "empty"}.get(ev.get("state"), ev.get("state", "?"))
+        return f"cgroup v2: job cgroup {ev.get('cgroup', '?')} {word}"
+    if ev.get("by") == "process scan":
+        return "no process carries DISPATCH_ATTEMPT (process scan)"
+    return ""
+
+
+def _node_evidence(name: str, recorded: dict[str, dict], node, start: Optional[int], root: Optional[str],
                    attempt: Optional[str]) -> dict:
     if name in recorded:
-        return {"ceased": True, "evidence": f"epilog recorded {layout.CEASED}/{attempt}.{name}"}
+        ev = recorded[name]
+        said = describe(ev)
+        return {"ceased": True, "how": ev.get("by") or "epilog",
+                "evidence": f"epilog recorded {layout.CEASED}/{attempt}.{name}" + (f": {said}" if said else "")}
     if node is None:
         return {"ceased": False, "evidence": "Slurm does not know this node"}
     state = "+".join(sorted(node.state))
     if not node.responding:
         return {"ceased": False, "evidence": f"node is {state}: down or not responding is no evidence"}
     if start is not None and node.boot_time is not None and node.boot_time > start:
-        return {"ceased": True, "evidence": f"node booted at {node.boot_time}, after the execution "
-                                            f"started at {start}"}
+        return {"ceased": True, "how": "reboot", "evidence": f"node booted at {node.boot_time}, after the "
+                                                             f"execution started at {start}"}
     if not root or not attempt:
         need = "--root (and G, N)" if not root else "the attempt (pass --generation and --submission)"
         return {"ceased": False, "evidence": f"node is {state}; without {need} its epilog record "
@@ -146,5 +163,5 @@ def exit_code(ans: dict) -> int:
     return EXIT[ans["answer"]]
 
 
-__all__ = ["check", "render", "exit_code", "CEASED", "NOT_CEASED", "UNKNOWN"]
+__all__ = ["check", "describe", "render", "exit_code", "CEASED", "NOT_CEASED", "UNKNOWN"]
 

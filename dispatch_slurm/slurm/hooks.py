@@ -42,6 +42,7 @@ from ..contract import env as envmod
 from ..contract import names, siteconf
 from ..errors import DispatchError
 from ..store import ceased, epochs, events
+from . import cgroup
 
 RUN_DIR = "/run/dispatch-slurm"
 LOG = "/var/log/dispatch-slurm.log"
@@ -256,19 +257,22 @@ def _processes_with(attempt: str) -> list[int]:
     return found
 
 
-def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: str | None = None) -> dict:
+def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: str | None = None,
+                      evidence: dict | None = None) -> dict:
     """As the job user: the cessation entry (O_EXCL, durable) and its events, once.
 
     Slurm may run the Epilog twice for one execution (TERMINATE_JOB retries, before
     26.05): the second run finds the entry and changes nothing. ``sluid``: Slurm's own
     id of this run (SLURM_JOB_SLUID, 25.11 on), recorded as evidence beside
-    DISPATCH_ATTEMPT (which stays the same derived token on every release)."""
+    DISPATCH_ATTEMPT (which stays the same derived token on every release). ``evidence``:
+    how the Epilog knows (the job's cgroup v2 gone or empty, or a process scan), written
+    into the entry and the event."""
     os.environ.update(values)
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
-    if not ceased.record(root, attempt, node):
+    if not ceased.record(root, attempt, node, evidence):
         return {"recorded": False}
     events.record("cessation", root=root, attempt=attempt, node=node, source="epilog",
-                  **({"sluid": sluid} if sluid else {}))
+                  **({"sluid": sluid} if sluid else {}), **({"evidence": evidence} if evidence else {}))
     sentinel = bool(stdout_path) and SENTINEL in stdout_tail(stdout_path)
     if sentinel:
         events.record("checkpoint_complete", root=root, attempt=attempt, source="epilog")
@@ -316,6 +320,32 @@ def recorded_execution(job_id: str) -> dict | None:
     return values
 
 
+def _wait_ceased(attempt: str, job: str, sluid: str | None) -> dict | None:
+    """Wait (CESSATION_WAIT at most) until no process carries the execution's token and,
+    where Slurm tracks the job by cgroup v2 on this node, its job cgroup is empty or gone
+    (a process that dropped its environment stays in the cgroup); the evidence, or None
+    (logged) if something is still there."""
+    paths = cgroup.job_cgroups(job, sluid)
+    deadline = time.monotonic() + CESSATION_WAIT
+    while True:
+        left = _processes_with(attempt)
+        cg, there = cgroup.state(paths) if paths is not None else (None, [])
+        if not left and cg != cgroup.POPULATED:
+            break
+        if time.monotonic() >= deadline:
+            if cg == cgroup.POPULATED:
+                left = sorted(set(left) | set(cgroup.pids(there)))
+                log(f"{attempt}: job cgroup {', '.join(there)} still holds processes {left[:5]}; "
+                    "no cessation recorded")
+            else:
+                log(f"{attempt}: processes {left[:5]} still alive; no cessation recorded")
+            return None
+        time.sleep(0.2)
+    if cg is None:
+        return {"by": "process scan"}
+    return {"by": "cgroup v2", "cgroup": " or ".join(there or paths), "state": cg}
+
+
 def epilog(environ) -> int:
     """After the execution's processes on this node are gone, record it as cessation
     evidence under the root: one entry per execution and node, as the job user."""
@@ -328,15 +358,12 @@ def epilog(environ) -> int:
         log("no record of the execution the Prolog started here; no cessation recorded")
         return 0
     attempt = values["DISPATCH_ATTEMPT"]
-    deadline = time.monotonic() + CESSATION_WAIT
-    while (left := _processes_with(attempt)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if left:
-        log(f"{attempt}: processes {left[:5]} still alive; no cessation recorded")
+    evidence = _wait_ceased(attempt, job, environ.get("SLURM_JOB_SLUID"))
+    if evidence is None:
         return 0
     node = environ.get("SLURMD_NODENAME") or os.uname().nodename
     result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"),
-                         environ.get("SLURM_JOB_SLUID"))
+                         environ.get("SLURM_JOB_SLUID"), evidence)
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
     if recorded_execution(job) == values:  # a later execution's own files (requeued here) stay

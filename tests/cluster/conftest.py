@@ -14,6 +14,14 @@ the profile's: linuxproc for fast). Which tests run on which cluster:
 - ``@pytest.mark.tracking("linuxproc")``: only the clusters with that process tracking (a
   process that escapes its job by double-forking outlives the job only without cgroups).
 
+The VM test bed (tests/testbed/vm.py: two QEMU VMs, Slurm's cgroup/v2 tracking on their own
+kernel) is a cluster of this list too, after the docker ones: ``vm:<suite>`` for each suite of
+DISPATCH_VM_SUITES (default ``trixie``; empty: none). Only tests marked ``@pytest.mark.vm``
+run there (TCG is slow: a small set); ``@pytest.mark.vm("full")`` ones only with
+DISPATCH_VM_FULL=1. ``one_release`` picks among the docker clusters. The VM image is built
+before the tests (``make test`` runs docker-slurm/vm/build-vm-image first); a missing one is
+a skip, or a failure under CI.
+
 Without a reachable Docker engine the tests are skipped, except under CI (CI=true) or
 DISPATCH_REQUIRE_CLUSTER=1, where that is a failure.
 """
@@ -28,13 +36,21 @@ import pytest
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # the reaper image cannot be pulled
 
-CLUSTERS = [s for s in os.environ.get("DISPATCH_CLUSTER_SUITES", "bookworm,trixie:cgroup,sid:cgroup").split(",") if s]
+DOCKER_CLUSTERS = [s for s in os.environ.get("DISPATCH_CLUSTER_SUITES", "bookworm,trixie:cgroup,sid:cgroup").split(",")
+                   if s]
+VM_SUITES = [s for s in os.environ.get("DISPATCH_VM_SUITES", "trixie").split(",") if s]
+VM_FULL = os.environ.get("DISPATCH_VM_FULL") == "1"
+CLUSTERS = DOCKER_CLUSTERS + [f"vm:{s}" for s in VM_SUITES]
 PROFILE = os.environ.get("DISPATCH_CLUSTER_PROFILE", "fast")
 USERS = ("alice", "bob")
 
 
+def _is_vm(entry: str) -> bool:
+    return entry.startswith("vm:")
+
+
 def _suite(entry: str) -> str:
-    return entry.partition(":")[0]
+    return entry.partition(":")[2] if _is_vm(entry) else entry.partition(":")[0]
 
 
 def pytest_configure(config):
@@ -43,10 +59,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "only_on(*suites): runs on the clusters of these Debian suites only")
     config.addinivalue_line("markers", "tracking(mode): runs on the clusters with this process tracking only "
                                        "(linuxproc, cgroup; an entry without one is the profile's)")
+    config.addinivalue_line("markers", "vm(set='ci'): runs on the VM test bed (cgroup v2) too; set 'full': only "
+                                       "with DISPATCH_VM_FULL=1")
+    config.addinivalue_line("markers", "vm_only: runs on the VM test bed only (what needs cgroup v2)")
 
 
 def _tracking(entry: str) -> str:
+    if _is_vm(entry):
+        return "cgroup"
     return entry.partition(":")[2] or {"fast": "linuxproc", "site": "cgroup"}[PROFILE]
+
+
+def _vm_allows(item) -> bool:
+    marks = list(item.iter_markers("vm"))  # a parameter's vm("full") counts beside its function's vm
+    if not marks:
+        return item.get_closest_marker("vm_only") is not None
+    return VM_FULL or not any(m.args and m.args[0] == "full" for m in marks)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,8 +88,10 @@ def pytest_collection_modifyitems(config, items):
         only, tracking = item.get_closest_marker("only_on"), item.get_closest_marker("tracking")
         allowed = [e for e in CLUSTERS if (not only or _suite(e) in only.args)
                    and (not tracking or _tracking(e) == tracking.args[0])]
+        docker = [] if item.get_closest_marker("vm_only") else [e for e in allowed if not _is_vm(e)]
         if item.get_closest_marker("one_release"):
-            allowed = allowed[-1:]
+            docker = docker[-1:]
+        allowed = docker + ([e for e in allowed if _is_vm(e)] if _vm_allows(item) else [])
         (keep if entry in allowed else drop).append(item)
         item.add_marker(pytest.mark.xdist_group(f"cluster-{entry}"))  # one worker boots each cluster once
     if drop:
@@ -84,16 +114,52 @@ def _docker_problem() -> str | None:
     return None
 
 
+def _vm_problem(suite: str) -> str | None:
+    import shutil
+
+    from testbed.vm import image_dir
+    if shutil.which("qemu-system-x86_64") is None:
+        return "no qemu-system-x86_64 (tools/setup-host installs it)"
+    if not (image_dir(suite) / "ready.json").exists():
+        return f"no VM image for {suite}: docker-slurm/vm/build-vm-image {suite} (make test builds it first)"
+    return None
+
+
+def _start_vm(suite: str):
+    problem = _vm_problem(suite)
+    if problem:
+        if os.environ.get("CI") or os.environ.get("DISPATCH_REQUIRE_CLUSTER") == "1":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    from testbed.vm import VMCluster
+    t0 = time.monotonic()
+    c = VMCluster(suite, log=lambda s: print(s, flush=True)).start()
+    return c, t0
+
+
 @pytest.fixture(scope="session", params=CLUSTERS, ids=lambda e: e.replace(":", "-"))
 def cluster(request):
-    """A running docker-slurm cluster (slurmdbd db, controller ctl, nodes c1..c3), all nodes idle."""
+    """A running cluster, all nodes idle: docker-slurm (slurmdbd db, controller ctl, nodes
+    c1..c3), or for a ``vm:`` entry the two VMs (ctl = c1, c2)."""
+    from support import TIMINGS
+    if _is_vm(request.param):
+        c, t0 = _start_vm(_suite(request.param))
+        name = f"{request.param} (Slurm {c.slurm_release}, two QEMU/TCG VMs, cgroup v2 tracking)"
+        try:
+            yield c
+        finally:
+            c.stop()
+            c.timings["session_s"] = time.monotonic() - t0
+            with open(TIMINGS, "a") as f:
+                f.write(json.dumps({"name": name, **c.timings}) + "\n")
+        return
     problem = _docker_problem()
     if problem:
         if os.environ.get("CI") or os.environ.get("DISPATCH_REQUIRE_CLUSTER") == "1":
             pytest.fail(problem)
         pytest.skip(problem)
     from testbed.cluster import Cluster
-    from support import TIMINGS, host_torch
+    from support import host_torch
 
     suite, _, tracking = request.param.partition(":")
     t0 = time.monotonic()

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.cluster
 DEADLINES = {
     "fast": dict(start=60, end=60, grace=5, node_down=120, requeue_start=90, heal=240),
     "site": dict(start=120, end=180, grace=60, node_down=900, requeue_start=400, heal=900),
+    "vm": dict(start=120, end=120, grace=30, node_down=120, requeue_start=120, heal=240),  # TCG: slow starts
 }
 
 
@@ -58,6 +59,8 @@ def test_boot_all_nodes_idle(slurm_cluster: Cluster):
     expected = {"fast": "SlurmdTimeout           = 15 sec", "site": "SlurmdTimeout           = 300 sec"}
     assert expected[c.profile] in config
     assert "PreemptType             = preempt/partition_prio" in config
+    # 25.11+: jobs may ask for an expedited requeue (the expedite trial, README)
+    assert ("enable_expedited_requeue" in config) == (c.slurm.version >= (25, 11)), config[-1500:]
     # Same users, same uids everywhere; one munge key: a credential made on one node is
     # accepted on every other.
     for host in [CONTROLLER, *c.node_names]:
@@ -168,12 +171,28 @@ sleep 300
 """
 
 
+@pytest.mark.vm
 def test_escaped_process_outlives_a_cancel_only_without_cgroup_tracking(slurm_cluster: Cluster, workdir):
     """What the tracking mode changes for an old execution: proctrack/cgroup kills every
     process of the job's cgroup when the job ends, wherever it moved in the process tree;
     proctrack/linuxproc follows parent pids and loses a process that left the tree."""
+    _escaped(slurm_cluster, *workdir)
+
+
+@pytest.mark.vm_only
+@pytest.mark.vm("full")
+def test_on_the_vm_linuxproc_loses_the_escaped_process_on_the_same_kernel(slurm_cluster, workdir):
+    """The negative control on the cgroup v2 VMs: the same kernel and Slurm with
+    proctrack/linuxproc, and the escaped helper survives the cancel."""
     c = slurm_cluster
-    cdir, hdir = workdir
+    c.set_tracking("linuxproc")
+    try:
+        _escaped(c, *workdir)
+    finally:
+        c.set_tracking("cgroup")
+
+
+def _escaped(c, cdir, hdir) -> None:
     jid = c.submit("alice", ESCAPING_JOB.format(dir=cdir))
     node = c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"]).batch_host
     c.wait_until(lambda: (hdir / "escaped.pid").exists() and log_lines(hdir, "escaped"), timeout=30,

@@ -53,21 +53,22 @@ def expected(c: Cluster, root: str, job_id: int, n: int, r: int = 0, g: int = 0)
 
 
 MULTI_NODE = """#!/bin/bash
-#SBATCH -N 3 --ntasks-per-node=2 -o {out}/slurm-%j.out -e {out}/slurm-%j.err
+#SBATCH -N {nodes} --ntasks-per-node=2 -o {out}/slurm-%j.out -e {out}/slurm-%j.err
 {ENV_DUMP} > {out}/batch
 dispatch-slurm env --format json --no-mkdir > {out}/cli.json
 srun bash -c '{ENV_DUMP} > {out}/task.$SLURM_PROCID.$(hostname)'
 """
 
 
-@pytest.mark.parametrize("path", ["spank", "taskprolog"])
+@pytest.mark.vm
+@pytest.mark.parametrize("path", ["spank", pytest.param("taskprolog", marks=pytest.mark.vm("full"))])
 def test_every_task_sees_the_contract(slurm_cluster: Cluster, workdir, path):
-    """Both ways in give every task of a 3-node job the same values: equal to
+    """Both ways in give every task of a job on every node the same values: equal to
     `dispatch-slurm env`, to the contract computed here, and one DISPATCH_ATTEMPT."""
     c = slurm_cluster
     cdir, hdir = workdir
     root = make_root(c, f"{cdir}/root")
-    script = MULTI_NODE.format(out=cdir, ENV_DUMP=ENV_DUMP)
+    script = MULTI_NODE.format(out=cdir, ENV_DUMP=ENV_DUMP, nodes=len(c.node_names))
     if path == "spank":
         job = c.submit("alice", script, args=[f"--dispatch-checkpoint={root}"])
     else:  # user-level submission: no plugin option; the TaskProlog computes the values
@@ -77,7 +78,7 @@ def test_every_task_sees_the_contract(slurm_cluster: Cluster, workdir, path):
     c.wait_job(job, "COMPLETED", timeout=90)
     want = expected(c, root, job, n=1)
     tasks = dumps(hdir, "task.")
-    assert len(tasks) == 6 and {k.split(".")[2] for k in tasks} == {"c1", "c2", "c3"}
+    assert len(tasks) == 2 * len(c.node_names) and {k.split(".")[2] for k in tasks} == set(c.node_names)
     assert all(t == want for t in tasks.values()), tasks
     assert dumps(hdir, "batch")["batch"] == want
     assert json.loads((hdir / "cli.json").read_text()) == want
@@ -85,6 +86,7 @@ def test_every_task_sees_the_contract(slurm_cluster: Cluster, workdir, path):
     assert exec_dir.is_dir() and exec_dir.stat().st_uid == 2001 and exec_dir.stat().st_mode & 0o777 == 0o700
 
 
+@pytest.mark.vm("full")
 def test_requeue_raises_r_and_resubmission_raises_n(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
@@ -123,6 +125,7 @@ def snapshot(root) -> dict[str, tuple[int, int, int]]:
             for d in ("ceased", "events") for p in sorted((root / d).rglob("*"))}
 
 
+@pytest.mark.vm
 def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, workdir):
     """Slurm may run the Epilog again for one execution (TERMINATE_JOB retries; fixed in
     26.05). A second run, even one that finds the Prolog's record still there (as if the
@@ -144,6 +147,15 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     (ceased,) = [e for e in events.read(str(hdir / "root")) if e["type"] == "cessation"]
     assert ceased["attempt"] == attempt and ceased["node"] == "c1"
     assert ceased.get("sluid") == (sluid[0] if sluid else None), "SLURM_JOB_SLUID: the Epilog's equals the job's"
+    # how the Epilog knows, in the entry and the event: on cgroup v2 (the VM bed) the job's
+    # cgroup, gone or empty; elsewhere (cgroup v1, linuxproc) the process scan
+    evidence = json.loads(entry.read_text())
+    assert ceased["evidence"] == evidence
+    if getattr(c, "cgroup", None) == "v2":
+        assert evidence["by"] == "cgroup v2" and evidence["state"] in ("gone", "empty"), evidence
+        assert (sluid[0] if sluid and c.slurm_release >= "26.05" else f"job_{job}") in evidence["cgroup"], evidence
+    else:
+        assert evidence == {"by": "process scan"}
     before = snapshot(hdir / "root")
 
     # the Prolog's record back (root's, 0644, as the Prolog writes it), then the Epilog again
@@ -154,6 +166,44 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
                 "SLURMD_NODENAME": "c1", f"{SPANK_OPT}checkpoint": root, **({"SLURM_JOB_SLUID": sluid[0]} if sluid else {})})
     assert snapshot(hdir / "root") == before
     assert c.exec("c1", f"test -e /run/dispatch-slurm/{job}.json", check=False).returncode, "record removed again"
+
+
+@pytest.mark.vm_only  # cgroup v2: the VM bed
+def test_on_cgroup_v2_the_epilog_waits_for_the_job_cgroup_not_a_process_scan(slurm_cluster: Cluster, workdir):
+    """A process of the job that dropped its environment (``env -i``) is invisible to the
+    Epilog's process scan, not to the job's cgroup, which it cannot leave: run by hand
+    while the job still runs, the Epilog records no cessation (after CESSATION_WAIT) and
+    names the cgroup; once the job is cancelled, Slurm's own Epilog records it with the
+    cgroup as its evidence, and `dispatch-slurm ceased` says so."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    job = c.submit("alice", f"#!/bin/bash\n#SBATCH -w c2 -o /dev/null\necho \"$SLURM_JOB_SLUID\" > {cdir}/sluid\n"
+                            "exec env -i /bin/sleep 600\n", args=[f"--dispatch-checkpoint={root}"])
+    c.wait_job(job, "RUNNING", timeout=90)
+    c.wait_until(lambda: c.pids("c2", "^/bin/sleep 600", user="alice"), timeout=60, what="the job's sleep")
+    sluid = (hdir / "sluid").read_text().strip()  # 26.05 names the job's cgroup by it; Slurm gives the Epilog it
+    attempt = expected(c, root, job, n=1)["DISPATCH_ATTEMPT"]
+    scan = c.exec("c2", f"grep -lsa 'DISPATCH_ATTEMPT={attempt}' /proc/[0-9]*/environ", check=False).stdout
+    assert not scan.strip(), f"a process still carries the token, the scan alone would wait too: {scan}"
+    by_hand = c.exec("c2", ["/etc/slurm/dispatch/epilog"],
+                     env={"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001",
+                          "SLURM_JOB_USER": "alice", "SLURMD_NODENAME": "c2", f"{SPANK_OPT}checkpoint": root,
+                          **({"SLURM_JOB_SLUID": sluid} if sluid else {})})
+    assert by_hand.returncode == 0
+    assert not (hdir / "root" / "ceased").exists() or not list((hdir / "root" / "ceased").iterdir())
+    said = c.exec("c2", "tail -3 /var/log/dispatch-slurm.log").stdout
+    assert f"job cgroup /sys/fs/cgroup/system.slice/c2_slurmstepd.scope/{sluid or f'job_{job}'}" in said, said
+    c.cancel(job)
+    entry = hdir / "root" / "ceased" / f"{attempt}.c2"
+    c.wait_until(lambda: entry.exists(), timeout=90, what="Slurm's Epilog to record cessation")
+    evidence = json.loads(entry.read_text())
+    assert evidence["by"] == "cgroup v2" and evidence["state"] in ("gone", "empty"), evidence
+    c.wait_job(job, lambda j: j.ended and "COMPLETING" not in j.flags, timeout=60)
+    ans = json.loads(c.exec(CONTROLLER, ["dispatch-slurm", "ceased", str(job), "--root", root, "--generation", "0",
+                                                 "--submission", "1", "--nodes", "c2", "--json"],
+                            user="alice", check=False).stdout)
+    assert ans["answer"] == "ceased" and ans["nodes"]["c2"]["how"] == "cgroup v2", ans
 
 
 @pytest.mark.one_release  # 2 min on 22.05/24.11 (the node's failure takes SlurmdTimeout to see);
@@ -234,6 +284,8 @@ BAD_OPTIONS = [  # (sbatch options, what the refusal must name)
 ]
 
 
+@pytest.mark.vm("full")  # the same cases on both beds (this list drives both); on the VMs with
+# DISPATCH_VM_FULL=1 (47 s under TCG; what it checks is sbatch's and the hooks', not cgroup v2's)
 def test_bad_input_matrix(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
@@ -282,6 +334,7 @@ def _ceased(root, job: int) -> list[str]:
     return [e for e in (os.listdir(d) if d.is_dir() else []) if f".{job}." in e]
 
 
+@pytest.mark.vm("full")
 def test_no_user_input_makes_a_hook_fail_hang_or_drain(slurm_cluster: Cluster, workdir):
     """The bad-input probe's cases, through sbatch as alice: a root with a newline, one
     with a non-UTF-8 byte, a root removed (non-UTF-8) before the job starts, stdout on

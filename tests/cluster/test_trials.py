@@ -16,6 +16,7 @@ write, and `latest` always names a whole save."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from pathlib import Path
@@ -73,13 +74,22 @@ def _check_gc(host: Path, r, scenario: str) -> None:
         assert when > last_write[attempt], (f"gc removed {path} at {when:.3f}, but {attempt} still wrote at "
                                             f"{last_write[attempt]:.3f}")
     assert removals, "gc removed nothing at all"
-    if scenario != "partition":  # the old execution's Epilog records let gc collect it (after a partition,
+    if scenario not in trial.REQUEUES:  # the old execution's Epilog records let gc collect it (after a partition,
         # which nodes ran R=0 of a requeued user-level job is unknown: its saves are kept)
         old = r.details["lineages"]["old"]
         assert [p for _, p in removals if p.split("/")[1] == old], f"nothing of the old execution: {removals}"
 
 
-@pytest.mark.parametrize("scenario", trial.SCENARIOS)
+# expedite (Slurm 25.11+, sid): ~4 min more on one release, so behind a flag (README: the trial
+# command reproduces its figures); the partition scenario checks the same requeue in CI
+EXPEDITE = pytest.param("expedite", marks=[
+    pytest.mark.only_on("sid"),
+    pytest.mark.skipif(os.environ.get("DISPATCH_EXPEDITE_TRIAL") != "1",
+                       reason="the expedited-requeue trial runs with DISPATCH_EXPEDITE_TRIAL=1")])
+
+
+@pytest.mark.vm("full")  # on the VMs (cgroup v2) with DISPATCH_VM_FULL=1
+@pytest.mark.parametrize("scenario", [*trial.SCENARIOS, EXPEDITE])
 def test_overlap_is_harmless_in_dispatch_mode(slurm_cluster: Cluster, scenario):
     c = slurm_cluster
     t = trial.DockerTarget(c)

@@ -19,12 +19,15 @@ def main():
 
 @main.command()
 @click.option("--scenario", "scenarios", multiple=True, default=("cancel", "preempt", "partition"),
-              type=click.Choice(["cancel", "preempt", "partition", "local"]), show_default=True,
-              help="repeat for several; local: processes on this machine, no Slurm")
+              type=click.Choice(["cancel", "preempt", "partition", "expedite", "local"]), show_default=True,
+              help="repeat for several; expedite: a partition with --requeue=expedite (Slurm 25.11+: "
+                   "--suite sid); local: processes on this machine, no Slurm")
 @click.option("--mode", type=click.Choice(["naive", "dispatch", "both"]), default="both", show_default=True)
 @click.option("--trials", type=click.IntRange(1), default=1, show_default=True)
-@click.option("--target", type=click.Choice(["docker-slurm", "slurm"]), default="docker-slurm", show_default=True,
-              help="docker-slurm: build and start the embedded cluster; slurm: the cluster your sbatch reaches")
+@click.option("--target", type=click.Choice(["docker-slurm", "vm", "slurm"]), default="docker-slurm",
+              show_default=True,
+              help="docker-slurm: build and start the embedded cluster; vm: restore the two QEMU VMs "
+                   "(cgroup v2; docker-slurm/vm/build-vm-image SUITE first); slurm: the cluster your sbatch reaches")
 @click.option("--suite", type=click.Choice(sorted(SUITES)), default="trixie", show_default=True)
 @click.option("--tracking", type=click.Choice(["linuxproc", "cgroup"]),
               help="docker-slurm's process tracking  [default: the profile's: fast linuxproc, site cgroup]")

@@ -29,16 +29,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from dispatch_slurm.errors import DispatchError
-from dispatch_slurm.slurm.client import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
-from dispatch_slurm.slurm.facts import unix_time
+from dispatch_slurm.slurm.client import CommandResult
 
-from . import wait
-from .wait import WaitTimeout
+from .bed import CONTROLLER, Bed, ClusterError, _Partition, base_state, end_time
 
 __all__ = [
     "CONTROLLER",
@@ -61,29 +57,9 @@ SUITES = {"bookworm": "22.05", "trixie": "24.11", "sid": "26.05"}
 PROFILES = ("fast", "site")
 #: Process tracking: by parent pid, or in cgroups (the profile's choice when not given).
 TRACKINGS = ("linuxproc", "cgroup")
-CONTROLLER = "ctl"
 DBD = "db"
 LABEL = "dispatch-slurm.cluster"
 OWNER_LABEL = "dispatch-slurm.owner"
-
-T = TypeVar("T")
-
-
-class ClusterError(DispatchError):
-    """The test cluster could not be built, started or driven, or a wait ran out."""
-
-
-def end_time(job: JobInfo) -> Optional[int]:
-    """Unix time the job's current execution ended (None while it runs): only the tests
-    compare it (slurmctld's against sacct's), the package never decides by it."""
-    return unix_time(job.raw, "end_time")
-
-
-def base_state(node: NodeInfo) -> str:
-    """The node's one base state (IDLE, ALLOCATED, MIXED, DOWN...), for tests that name it;
-    the package reads the state set (``NodeInfo.responding``)."""
-    base = node.state & {"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"}
-    return next(iter(sorted(base)), "UNKNOWN")
 
 
 def source_root() -> Path:
@@ -160,12 +136,7 @@ def remove_orphans() -> list[str]:
     return sorted(dead)
 
 
-@dataclass
-class _Partition:
-    interfaces: list[str]
-
-
-class Cluster:
+class Cluster(Bed):
     """A docker-slurm cluster: ``Cluster('bookworm', 'fast').start()`` ... ``.stop()``.
 
     Containers are named ``<id>-db``, ``<id>-ctl``, ``<id>-c1`` ...; inside, hostnames are
@@ -209,7 +180,7 @@ class Cluster:
         self._network: Any = None
         self._tmp: Optional[Path] = None
         self._partitioned: dict[str, _Partition] = {}
-        self._slurm: Optional[Slurm] = None
+        self._slurm = None
         # extra read-only mounts, host path -> container path (e.g. a host's torch for tests)
         self.volumes = dict(volumes or {})
 
@@ -414,212 +385,6 @@ class Cluster:
                 f"{(res.stderr or res.stdout).strip()[-2000:]}"
             )
         return res
-
-    def runner(self, host: str = CONTROLLER, user: Optional[str] = None):
-        """A ``dispatch_slurm.slurm`` runner that runs commands in ``host`` as ``user``."""
-
-        def run(
-            argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, input: Optional[str] = None
-        ) -> CommandResult:
-            return self.exec(host, list(argv), user=user, env=env, input=input, check=False)
-
-        return run
-
-    @property
-    def slurm(self) -> Slurm:
-        """The package's Slurm client, running commands in the controller as root."""
-        if self._slurm is None:
-            self._slurm = Slurm(self.runner(CONTROLLER))
-        return self._slurm
-
-    def slurm_as(self, user: str, host: str = CONTROLLER) -> Slurm:
-        """The Slurm client as ``user`` (alice, bob) on ``host``."""
-        return Slurm(self.runner(host, user))
-
-    def read(self, path: Union[str, Path]) -> str:
-        """A file of the shared volume, read on the host: ``read('x/out.txt')`` or
-        ``read('/checkpoints/x/out.txt')``."""
-        return self.path(path).read_text()
-
-    def path(self, path: Union[str, Path]) -> Path:
-        """Host path of a path under /checkpoints (refuses anything outside it)."""
-        p = Path(path)
-        if p.is_absolute():
-            try:
-                p = p.relative_to("/checkpoints")
-            except ValueError:
-                raise ClusterError(f"{path} is not under /checkpoints") from None
-        full = (self.checkpoints / p).resolve()
-        if full != self.checkpoints.resolve() and self.checkpoints.resolve() not in full.parents:
-            raise ClusterError(f"{path} leaves /checkpoints")
-        return full
-
-    def pids(self, host: str, pattern: str, user: Optional[str] = None) -> list[int]:
-        """PIDs of processes on ``host`` whose command line matches ``pattern`` (pgrep -f)."""
-        cmd = ["pgrep", "-f", pattern] if user is None else ["pgrep", "-u", user, "-f", pattern]
-        res = self.exec(host, cmd, check=False)
-        if res.returncode not in (0, 1):
-            raise ClusterError(f"{host}: pgrep failed: {res.stderr.strip()}")
-        return [int(x) for x in res.stdout.split()]
-
-    # -- jobs -------------------------------------------------------------------------------
-
-    def submit(
-        self,
-        user: str,
-        script: Optional[str] = None,
-        *,
-        args: Sequence[str] = (),
-        env: Optional[Mapping[str, str]] = None,
-    ) -> int:
-        """Submit as ``user`` from the controller: ``script`` (text, fed to sbatch on stdin)
-        and/or sbatch ``args`` (e.g. ``['-p', 'high', '--wrap', 'sleep 60']``). The job id."""
-        if script is None and not args:
-            raise ClusterError("submit needs a script or sbatch args")
-        return self.slurm_as(user).submit(list(args), env, script=script)
-
-    def job(self, job_id: int) -> JobInfo:
-        return self.slurm.job(job_id)
-
-    def nodes(self) -> list[NodeInfo]:
-        return self.slurm.nodes()
-
-    def node(self, name: str) -> NodeInfo:
-        for n in self.slurm.nodes():
-            if n.name == name:
-                return n
-        raise SlurmError(["scontrol", "show", "node", name], None, f"node {name} is not known", what="found no node")
-
-    def wait_until(
-        self, probe: Callable[[], Optional[T]], *, timeout: float, what: str, poll: float = 0.5
-    ) -> T:
-        """Call ``probe`` until it returns a truthy value, at most ``timeout`` seconds.
-        A SlurmError while polling (controller busy) is retried; the last one is reported."""
-        try:
-            return wait.until(probe, timeout=timeout, what=what, every=poll, retry=(SlurmError,))
-        except WaitTimeout as e:
-            raise ClusterError(f"{self.id}: {e}") from None
-
-    def wait_job(
-        self,
-        job_id: int,
-        until: Union[str, Iterable[str], Callable[[JobInfo], bool]],
-        *,
-        timeout: float = 120.0,
-        poll: float = 0.5,
-    ) -> JobInfo:
-        """Poll the job until ``until`` holds: a state name or set of names (matched against
-        the base state and the flags) or a predicate on JobInfo. Returns the JobInfo seen;
-        on timeout raises ClusterError with every distinct state observed on the way."""
-        if callable(until):
-            pred, what = until, getattr(until, "__name__", "predicate")
-        else:
-            wanted = {until} if isinstance(until, str) else set(until)
-            pred, what = (lambda j: bool(j.states & wanted)), f"state in {sorted(wanted)}"
-        seen: list[str] = []
-        last: list[JobInfo] = []
-
-        def probe() -> Optional[JobInfo]:
-            j = self.slurm.job(job_id)
-            last[:] = [j]
-            desc = f"{'+'.join(sorted(j.states))} reason={j.reason} restarts={j.restart_count} nodes={','.join(j.nodes)}"
-            if not seen or seen[-1] != desc:
-                seen.append(desc)
-            return j if pred(j) else None
-
-        try:
-            return self.wait_until(probe, timeout=timeout, poll=poll, what=f"job {job_id} {what}")
-        except ClusterError as e:
-            raise ClusterError(f"{e}; observed: {' -> '.join(seen) or 'nothing'}") from None
-
-    def wait_nodes(
-        self,
-        until: Callable[[list[NodeInfo]], bool],
-        *,
-        timeout: float = 120.0,
-        poll: float = 1.0,
-        what: str = "nodes",
-    ) -> list[NodeInfo]:
-        """Poll every node until ``until(nodes)`` holds."""
-        seen: list[str] = []
-
-        def probe() -> Optional[list[NodeInfo]]:
-            ns = self.slurm.nodes()
-            desc = " ".join(f"{n.name}:{'+'.join(sorted(n.state))}" for n in ns)
-            if not seen or seen[-1] != desc:
-                seen.append(desc)
-            return ns if until(ns) else None
-
-        try:
-            return self.wait_until(probe, timeout=timeout, poll=poll, what=what)
-        except ClusterError as e:
-            raise ClusterError(f"{e}; observed: {' -> '.join(seen) or 'nothing'}") from None
-
-    def wait_node(
-        self, name: str, until: Union[str, Callable[[NodeInfo], bool]], *, timeout: float = 120.0, poll: float = 1.0
-    ) -> NodeInfo:
-        """Poll node ``name`` until its state set contains ``until`` (or the predicate holds)."""
-        pred = until if callable(until) else (lambda n: until in n.state)
-        what = f"node {name} " + (getattr(until, "__name__", "predicate") if callable(until) else f"state {until}")
-        found = self.wait_nodes(
-            lambda ns: any(n.name == name and pred(n) for n in ns), timeout=timeout, poll=poll, what=what
-        )
-        return next(n for n in found if n.name == name)
-
-    def cancel(self, job_id: int, signal: Optional[str] = None, *, user: Optional[str] = None) -> None:
-        """scancel, as ``user`` (default root)."""
-        (self.slurm_as(user) if user else self.slurm).cancel(job_id, signal)
-
-    def requeue(self, job_id: int) -> None:
-        """``scontrol requeue`` as root: back to PENDING, restart count +1 (what an operator does)."""
-        self.slurm.run(["scontrol", "requeue", str(int(job_id))])
-
-    def preempt(self, job_id: int, *, user: str = "bob", hold: str = "sleep 300", timeout: float = 60.0) -> int:
-        """Preempt a running job the way a site does: submit a job to the higher-tier
-        partition ``high`` that needs the victim's whole nodes. The victim's partition
-        decides what happens (``normal``: REQUEUE, ``scavenger``: CANCEL, after GraceTime).
-        Returns the preemptor's job id (cancel it when done to free the nodes)."""
-        victim = self.wait_job(job_id, "RUNNING", timeout=timeout)
-        return self.submit(
-            user,
-            args=[
-                "-p", "high", "-w", ",".join(victim.nodes), "-N", str(len(victim.nodes)), "--exclusive",
-                "-o", "/dev/null", "-J", f"preemptor-of-{job_id}", "--wrap", hold,
-            ],
-        )
-
-    # -- network faults ---------------------------------------------------------------------
-
-    def _interfaces(self, host: str) -> list[str]:
-        out = self.exec(host, ["ip", "-o", "-4", "addr", "show", "scope", "global"]).stdout
-        ifaces = sorted({line.split()[1].split("@")[0] for line in out.splitlines() if line.strip()})
-        if not ifaces:
-            raise ClusterError(f"{host}: no network interface with an address")
-        return ifaces
-
-    def partition(self, host: str) -> list[str]:
-        """Cut ``host`` off the network: all traffic on its interfaces is dropped inside its
-        network namespace, so it keeps its address and its processes keep running (slurmd
-        too, talking into the void). Returns the interfaces cut."""
-        if host in self._partitioned:
-            raise ClusterError(f"{host} is already partitioned")
-        ifaces = self._interfaces(host)
-        rules = "; ".join(f"iptables -A INPUT -i {i} -j DROP && iptables -A OUTPUT -o {i} -j DROP" for i in ifaces)
-        self.exec(host, f"set -e; {rules}")
-        self._partitioned[host] = _Partition(ifaces)
-        self._log(f"{self.id}: partitioned {host} ({', '.join(ifaces)})")
-        return ifaces
-
-    def heal(self, host: str) -> None:
-        """Undo ``partition``: remove exactly the rules it added."""
-        part = self._partitioned.pop(host, None)
-        if part is None:
-            raise ClusterError(f"{host} is not partitioned")
-        rules = "; ".join(
-            f"iptables -D INPUT -i {i} -j DROP && iptables -D OUTPUT -o {i} -j DROP" for i in part.interfaces
-        )
-        self.exec(host, f"set -e; {rules}")
-        self._log(f"{self.id}: healed {host}")
 
     def __repr__(self) -> str:
         state = "running" if self._containers else "stopped"

@@ -63,6 +63,8 @@ def analyze(recs: list[dict], old: str, new: str, third: str | None, ended_at: f
     overlap = max(0.0, max(old_writes, default=ended_at) - ended_at)
     # the moment the replacement chose its resume point (it logs "start" just before)
     chose = next((r["t"] for r in recs if r["lineage"] == new and r["op"] == "start"), None)
+    # how soon after Slurm said "ended" the replacement ran (resubmission or Slurm's requeue)
+    started = round(chose - ended_at, 3) if chose is not None else None
     resumed = next((r for r in recs if r["lineage"] == third and r["op"] in ("resume", "resume_failed")), None)
     from_lineage = resumed.get("from_lineage") if resumed else None
     new_saved = any(r["lineage"] == new and r["op"] == "write" and r["path"].endswith("trainer_state.json")
@@ -72,7 +74,7 @@ def analyze(recs: list[dict], old: str, new: str, third: str | None, ended_at: f
     timeline = {who: [round(r["t"] - ended_at, 3) for r in recs if r["lineage"] == lin and r["op"] in
                         ("write", "delete")] for who, lin in (("old", old), ("new", new), ("third", third)) if lin}
     return Result(scenario, mode, round(overlap, 3), len(mixed), len(lost), wrong, from_lineage,
-                  {"mixed_folders": mixed[:5], "lost_saves": lost[:5],
+                  {"mixed_folders": mixed[:5], "lost_saves": lost[:5], "replacement_started_s": started,
                    "old_writes_after_end": sum(t > ended_at for t in old_writes),
                    # > 0: a real race, the old execution wrote after the replacement chose where to resume
                    "old_writes_after_new_chose": sum(chose is not None and t > chose for t in old_writes),
@@ -144,12 +146,17 @@ def run_local(mode: str, base: str, interval: float = 0.2, warmup: float = 0.6,
 # ---- cluster trials: real Slurm executions overlap ---------------------------------------
 
 SCENARIOS = ("cancel", "preempt", "partition")
-DEADLINE = {"fast": 180.0, "site": 3600.0}  # site: SlurmdTimeout=300, requeue delay 121 s, slow re-registration
+#: requeue scenarios: Slurm itself restarts the job (restart count +1), no resubmission.
+#: expedite: like partition, but the job asks for ``--requeue=expedite`` (Slurm 25.11+, with
+#: SlurmctldParameters=enable_expedited_requeue): restarted at once (BeginTime 0, top of
+#: the queue) instead of after the requeue delay (cred_expire + 1 s: 11 s fast, 121 s by default).
+REQUEUES = ("partition", "expedite")
+DEADLINE = {"fast": 180.0, "site": 3600.0, "vm": 300.0}  # site: SlurmdTimeout=300, requeue delay 121 s, slow re-registration
 
 
 class DockerTarget:
-    """The docker-slurm cluster: every fault is available, and the test user's jobs
-    and files are reachable from this machine."""
+    """A test bed (testbed.bed.Bed: docker-slurm's containers or the QEMU VMs): every
+    fault is available, and the test user's jobs and files are reachable from this machine."""
 
     workload = IMAGE_WORKLOAD
 
@@ -172,6 +179,9 @@ class DockerTarget:
         """Let a requeued job pinned to a node (-w) restart anywhere (Slurm accepts the
         change only while the job is pending)."""
         self.c.exec("ctl", ["scontrol", "update", f"jobid={job_id}", "ReqNodeList="])
+
+    def release(self) -> str:
+        return self.c.slurm_release
 
     def preempt(self, node: str) -> int:
         return self.c.submit("bob", args=["-p", "high", "-w", node, "--exclusive", "-o", "/dev/null",
@@ -211,6 +221,9 @@ class SlurmTarget:
 
     def unpin(self, job_id: int) -> None:
         self.slurm.run(["scontrol", "update", f"jobid={job_id}", "ReqNodeList="])
+
+    def release(self) -> str:
+        return ""  # unknown: sbatch says whether it knows --requeue=expedite
 
     def preempt(self, node: str) -> int:
         return self.slurm.submit(["-p", self.preempt_partition, "-w", node, "--exclusive", "-o", "/dev/null",
@@ -252,6 +265,11 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
     node = t.nodes[-1]
     limit = DEADLINE.get(t.profile, 1200.0)
     part = "scavenger" if scenario == "preempt" else "normal"  # scavenger: PreemptMode=CANCEL
+    requeue = scenario in REQUEUES
+    expedite = scenario == "expedite"
+    if expedite and t.release() and tuple(map(int, t.release().split("."))) < (25, 11):
+        raise DispatchError(f"the expedite scenario needs Slurm 25.11 or later (--requeue=expedite), not "
+                            f"{t.release()}: --suite sid")
     dirs, old, new, third = {}, {}, {}, {}
     for mode in modes:
         d = f"{base}/{mode}"
@@ -274,12 +292,16 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
         p = t.host_path(f"{dirs[mode]}/logs")
         return read_logs(p) if os.path.isdir(p) else []
 
+    # expedite: not pinned (-w), so nothing but Slurm decides when and where it restarts;
+    # the scheduler packs both on the first node (best fit), and whichever node each got is cut
     for mode in modes:
-        old[mode] = t.submit(script(mode), args(mode, "-w", node))
+        old[mode] = t.submit(script(mode), args(mode, "--requeue=expedite") if expedite
+                             else args(mode, "-w", node))
     for mode in modes:
         _poll(lambda: _saves(recs(mode), _lineage(recs(mode), old[mode], 0)) >= 2, limit,
               f"{mode}: the old execution's first saves")
-    log(f"{scenario}: old executions {old} saving on {node}; triggering")
+    ran_on = {mode: (t.slurm.job(old[mode]).batch_host or node) if expedite else node for mode in modes}
+    log(f"{scenario}: old executions {old} saving on {ran_on}; triggering")
     preemptor = None
     if scenario == "cancel":
         for mode in modes:
@@ -287,12 +309,13 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
     elif scenario == "preempt":
         preemptor = t.preempt(node)
     else:
-        t.partition(node)
+        for n in sorted(set(ran_on.values())):
+            t.partition(n)
     ended_at = {}
 
     def reported_ended(mode):
         j = t.slurm.job(old[mode])
-        done = j.restart_count >= 1 if scenario == "partition" else j.ended
+        done = j.restart_count >= 1 if requeue else j.ended
         if done and mode not in ended_at:
             ended_at[mode] = time.time()
         return done
@@ -303,17 +326,18 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
             t.unpin(old[mode])
     log(f"{scenario}: Slurm reports ended; starting replacements")
     for mode in modes:  # as soon as Slurm says so: resubmit (cancel, preempt) or Slurm requeues
-        new[mode] = old[mode] if scenario == "partition" else t.submit(script(mode), args(mode, "-x", node))
-    new_restart = 1 if scenario == "partition" else 0
+        new[mode] = old[mode] if requeue else t.submit(script(mode), args(mode, "-x", node))
+    new_restart = 1 if requeue else 0
     for mode in modes:
         _poll(lambda: _saves(recs(mode), _lineage(recs(mode), new[mode], new_restart)) >= 2, limit,
               f"{mode}: the replacement's first saves")
-    if scenario == "partition":
-        t.heal(node)
+    if requeue:
+        for n in sorted(set(ran_on.values())):
+            t.heal(n)
     for mode in modes:  # the old execution must really be gone before the third resumes
         marker = f"{dirs[mode]}/logs"
-        _poll(lambda: t.alive(node, marker) is False or _quiet(recs(mode), _lineage(recs(mode), old[mode], 0),
-                                                              4 * interval), limit,
+        _poll(lambda: t.alive(ran_on[mode], marker) is False or _quiet(recs(mode), _lineage(recs(mode), old[mode], 0),
+                                                                      4 * interval), limit,
               f"{mode}: the old execution's processes to stop")
     for mode in modes:
         t.cancel(new[mode])
@@ -329,14 +353,15 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
     results = []
     for mode in modes:
         r = recs(mode)
-        restart_new = 1 if scenario == "partition" else 0
-        res = analyze(r, _lineage(r, old[mode], 0), _lineage(r, new[mode], restart_new),
+        res = analyze(r, _lineage(r, old[mode], 0), _lineage(r, new[mode], new_restart),
                       _lineage(r, third[mode]), ended_at[mode], scenario, mode)
         res.details["jobs"] = {"old": old[mode], "new": new[mode], "third": third[mode]}
+        res.details["old_node"] = ran_on[mode]
         results.append(res)
-    if scenario == "partition":
-        _poll(lambda: all(n.state == {"IDLE"} for n in t.slurm.nodes() if n.name == node), limit,
-              f"{node} back in service")
+    if requeue:
+        cut = set(ran_on.values())
+        _poll(lambda: all(n.state == {"IDLE"} for n in t.slurm.nodes() if n.name in cut), limit,
+              f"{', '.join(sorted(cut))} back in service")
     return results
 
 
@@ -353,13 +378,15 @@ def summarize(results: list[Result]) -> str:
     for r in results:
         groups[(r.scenario, r.mode)].append(r)
     head = (f"{'scenario':<10} {'mode':<9} {'trials':>6} {'overlap median':>15} {'max':>7} "
-            f"{'mixed':>6} {'lost':>5} {'wrong resume':>13}")
+            f"{'mixed':>6} {'lost':>5} {'wrong resume':>13} {'replacement ran':>16}")
     rows = [head, "-" * len(head)]
     for (sc, mode), rs in sorted(groups.items()):
         ov = [r.overlap_s for r in rs]
+        st = [r.details["replacement_started_s"] for r in rs if r.details.get("replacement_started_s") is not None]
+        ran = f"{statistics.median(st):+.1f}s" if st else "-"
         rows.append(f"{sc:<10} {mode:<9} {len(rs):>6} {statistics.median(ov):14.1f}s {max(ov):6.1f}s "
                     f"{sum(r.mixed for r in rs):>6} {sum(r.lost for r in rs):>5} "
-                    f"{sum(r.wrong_resume for r in rs):>13}")
+                    f"{sum(r.wrong_resume for r in rs):>13} {ran:>16}")
     return "\n".join(rows)
 
 
@@ -398,7 +425,7 @@ def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: 
         profile: str = "fast", base: str | None = None, nodes: list[str] | None = None,
         interval: float = 1.0, warmup: float = 3.0, log=print, tracking: str | None = None) -> list[Result]:
     """Every trial of every scenario; starts (and stops) a docker-slurm cluster for the
-    default target."""
+    default target, the two VMs (cgroup v2) for ``vm``."""
     results = []
     if "local" in scenarios:
         import tempfile
@@ -410,9 +437,15 @@ def run(scenarios, modes, trials: int = 1, target: str = "docker-slurm", suite: 
     if not scenarios:
         return results
     cluster = None
-    if target == "docker-slurm":
-        from .cluster import Cluster
-        cluster = Cluster(suite, profile, log=log, tracking=tracking).start()
+    if target in ("docker-slurm", "vm"):
+        if target == "vm":  # cgroup v2 on the VMs' own kernel (the image must be built)
+            from .vm import VMCluster
+            if tracking not in (None, "cgroup"):
+                raise DispatchError("--target vm runs cgroup v2 tracking only (--tracking cgroup or none)")
+            cluster = VMCluster(suite, log=log).start()
+        else:
+            from .cluster import Cluster
+            cluster = Cluster(suite, profile, log=log, tracking=tracking).start()
         t, base = DockerTarget(cluster), "/checkpoints/trials"
         t.mkdir(base)
     else:
