@@ -14,7 +14,7 @@ import sys
 import click
 import pytest
 from click.testing import CliRunner
-from support import REPO, cli
+from support import REPO, allocate, claim, cli
 
 from dispatch_slurm import store
 from dispatch_slurm.cli import dispatch
@@ -223,6 +223,8 @@ def test_a_read_only_root_names_the_full_path(job):
     root, exec_dir, env = job
     (exec_dir / "checkpoint-1").mkdir()
     (root / "pub").mkdir()  # the entry's create fails, not the folder's (whose error always had the path)
+    claim(root, A1)  # the epoch is this execution's already (env claimed it): publish creates only pub/<name>
+    allocate(root, 2)  # N=2 was allocated: env gets as far as the exec folder
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("a read-only bind mount needs root and unshare")
     ro = f"mount --bind {root} {root} && mount -o remount,ro,bind {root} {root}"
