@@ -89,6 +89,12 @@ class JobInfo:
         return unix_time(self.raw, "start_time")
 
     @property
+    def end_time(self) -> Optional[int]:
+        """Unix time the current execution ended or, while it runs, the time its time limit
+        ends it (slurmctld's expected end); None when Slurm has neither."""
+        return unix_time(self.raw, "end_time")
+
+    @property
     def comment(self) -> str:
         """``sbatch --comment``: the supervisor tags its submissions with it."""
         c = self.raw.get("comment")

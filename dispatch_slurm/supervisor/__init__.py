@@ -26,14 +26,16 @@ intent without a job id asks Slurm for a job with that tag before submitting aga
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
-from . import requests
+from . import requests, sweep
 from .claim import DEFAULT_POLL, Claim
+from .fleet import Fleet, outcome
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
 from .record import Record
 from .render import render_plan
@@ -86,8 +88,9 @@ def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
     return defn
 
 
-def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None,
-        once: bool = False) -> Finished:
+def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool = False) -> Supervisor:
+    """A supervisor of ROOT, its claim taken and its record replayed (a new root: the job's
+    definition recorded), ready to step."""
     root = normalize(root)
     sup = Supervisor(root, slurm, poll=poll)
     try:
@@ -95,18 +98,53 @@ def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[
         if st.facts:
             check_resume(options, args, st.defn)
             defn = None
-            if st.defn.get("cwd") and os.path.isdir(st.defn["cwd"]):
-                os.chdir(st.defn["cwd"])
         else:
             defn = new_defn(options, args, sup.slurm)
         if (warning := signal_warning(root, defn or st.defn)):
             sup.say(f"warning: {warning}")
         sup.start(defn)
-        return sup.run(once=once)
-    except Finished as f:
-        return f
-    finally:
+    except BaseException:
         sup.close()
+        raise
+    return sup
+
+
+def run(roots: str | list[str], options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None,
+        once: bool = False, max_poll: Optional[float] = None, roots_from: Optional[str] = None) -> Finished:
+    """Supervise each root (a ``%a`` root: one per array task; ``roots_from``: also the
+    roots that folder or list file names, now and later), all in one loop sharing one
+    Slurm read per poll (fleet.py). One root's error is its own: the others go on."""
+    roots = [roots] if isinstance(roots, str) else list(roots)
+    slurm = slurm or Slurm()
+    tasks = sweep.expand(roots, args)
+    if len(tasks) == 1 and roots_from is None:  # one root: its errors are the command's
+        sup = open_root(tasks[0][0], options, tasks[0][1], poll, slurm, once)
+        try:
+            return sup.run(once=once, max_poll=max_poll)
+        finally:
+            sup.close()
+    fleet = Fleet(slurm, poll=poll, max_poll=max_poll, clock=time.time, sleep=time.sleep, name_roots=True,
+                  discover=roots_from and (lambda: _discovered(fleet, roots_from, options, args, poll, slurm, once)))
+    for root, task_args in tasks:
+        _join(fleet, root, options, task_args, poll, slurm, once)
+    fleet.run(once)
+    return outcome(fleet.results)
+
+
+def _join(fleet: Fleet, root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool) -> None:
+    try:
+        fleet.add(open_root(root, options, args, poll, slurm, once))
+    except (DispatchError, OSError) as e:
+        fleet.fail(root, e)
+
+
+def _discovered(fleet: Fleet, source: str, options: dict, args: list[str], poll: float, slurm: Slurm,
+                once: bool) -> None:
+    """Roots ``--roots-from`` names that the fleet does not know yet, joined (or failed)."""
+    for root in sweep.listed(source):
+        root = names.normalize_root(os.path.abspath(root))
+        if root not in fleet.members and root not in fleet.results:
+            _join(fleet, root, options, args, poll, slurm, once)
 
 
 def stop(root: str, message: Optional[str] = None, poll: float = DEFAULT_POLL,
@@ -187,5 +225,5 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "stop", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
+           "release", "stop", "open_root", "Fleet", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]
