@@ -116,7 +116,9 @@ def run(roots: str | list[str], options: dict, args: list[str], poll: float, slu
     Slurm read per poll (fleet.py). One root's error is its own: the others go on."""
     roots = [roots] if isinstance(roots, str) else list(roots)
     slurm = slurm or Slurm()
-    tasks = sweep.expand(roots, args)
+    tasks = list({normalize(r): a for r, a in sweep.expand(roots, args)}.items())  # a bad root: refused, none run
+    if roots_from is not None:
+        list(sweep.listed(roots_from))  # unreadable now: refused before anything is submitted
     if len(tasks) == 1 and roots_from is None:  # one root: its errors are the command's
         sup = open_root(tasks[0][0], options, tasks[0][1], poll, slurm, once)
         try:
