@@ -236,6 +236,10 @@ class Supervisor:
         n = st.retry_n
         if n is None:
             argv, env = sbatch_argv(defn, self.root, st.g, 1, submission_tag(self.root, st.g, 1))
+            # Without the plugin's options: it refuses an N that sub/ does not hold, and
+            # this N is allocated only once the test passed. A refusal of the plugin's own
+            # comes at the real sbatch, whose N is then used again (retry_n), never lost.
+            argv = [a for a in argv if not a.startswith("--dispatch-")]
             try:
                 self.slurm.test_submit(argv, env or None)
             except SlurmError as e:
