@@ -283,7 +283,7 @@ def test_missing_dispatch_env_fails_at_train_begin_and_local_mode_runs(monkeypat
 
 
 def test_the_module_docstrings_import_runs():
-    """Issue 20: the usage the module's docstring shows imports (it named dispatch_slurm.hf)."""
+    """Issue 20: the usage the module's docstring shows imports (it once named a module path that does not exist)."""
     lines = [x.strip() for x in hf.__doc__.splitlines() if x.strip().startswith(("from dispatch_slurm", "import "))]
     assert lines
     for line in lines:

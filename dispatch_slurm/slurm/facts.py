@@ -125,7 +125,7 @@ class NodeInfo:
     @property
     def responding(self) -> bool:
         """Up and answering slurmctld: not DOWN, NOT_RESPONDING, FUTURE, UNKNOWN or powered down.
-        (Responding says nothing about the node's old processes: see dispatch_slurm.cessation.)"""
+        (Responding says nothing about the node's old processes: see dispatch_slurm.slurm.cessation.)"""
         bad = {"DOWN", "NOT_RESPONDING", "FUTURE", "UNKNOWN", "POWERED_DOWN", "POWERING_DOWN",
                "POWER_DOWN", "POWERING_UP", "REBOOT_ISSUED"}
         return not (self.state & bad) and bool(self.state)

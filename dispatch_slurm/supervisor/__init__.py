@@ -3,7 +3,7 @@
 `dispatch-slurm run ROOT -- SBATCH_ARGS` submits the job (allocating N under
 ``<root>/sub/``), follows it with the Slurm client (CLI JSON), and when an execution
 ends applies a rule: rules.TABLE is the one table of them (done, continue after a time
-limit, resubmit, stop, requeue, fail), which the loop, ``plan`` and the README share.
+limit, resubmit, stop, requeue, fail), which the loop, ``plan`` and docs/supervisor.md share.
 
 For a shared checkpoint (``--shared-checkpoint``: the job cannot isolate its writes)
 every recovery rule is replaced by a *hold* for a person: a new execution must not

@@ -157,7 +157,7 @@ def submission_tag(root: str, g: int, n: int) -> str:
 # -- what an ended execution leads to ------------------------------------------------------
 #
 # One table, read three ways: ``cause_of`` + ``decide`` (the loop), ``plan`` (what a person
-# reads before the job starts) and the README's rules table (tests/test_docs.py).
+# reads before the job starts) and the rules table of docs/supervisor.md (tests/test_docs.py).
 CONTINUE = ("the next execution at once, with a new N, while the `--continuations` budget lasts (default "
             f"{DEFAULTS['continuations']}), else fail (exit 1); a chain whose last {STALLS} executions published no "
             "higher step is stopped (exit 1)")
@@ -184,7 +184,7 @@ RULE_OF = {cause: rule for cause, _, rule, _ in TABLE}
 
 
 def table() -> str:
-    """The rules as the README shows them (a Markdown table; tests/test_docs.py checks it)."""
+    """The rules as docs/supervisor.md shows them (a Markdown table; tests/test_docs.py checks it)."""
     rows = ["| the execution ended | rule | then |", "|---|---|---|"]
     rows += [f"| {when} | {rule} | {then} |" for _, when, rule, then in TABLE]
     return "\n".join(rows)
