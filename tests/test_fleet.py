@@ -227,6 +227,8 @@ def test_array_roots_need_the_array_on_the_command_line_and_only_percent_a(tmp_p
     with pytest.raises(DispatchError, match="only %a"):
         sweep.expand([str(tmp_path / "t%A_%a")], ["--array=0-1", "job.sh"])
     assert sweep.expand([str(tmp_path)], ["job.sh", "--array=3"]) == [(str(tmp_path), ["job.sh", "--array=3"])]
+    with pytest.raises(DispatchError, match="name the roots of the tasks with %a"):
+        sweep.expand([str(tmp_path), str(tmp_path / "t%a")], ["--array=0-1", "job.sh"])
 
 
 def test_roots_from_a_folder_or_a_list_file(tmp_path):

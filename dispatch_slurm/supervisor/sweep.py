@@ -62,6 +62,10 @@ def expand(roots: list[str], args: list[str]) -> list[tuple[str, list[str]]]:
     opt = _array_option(args)
     for root in roots:
         if "%" not in root:
+            if opt is not None and len(roots) > 1:
+                raise DispatchError(f"checkpoint root {root}: --array={opt[2]} would run every task of each "
+                                    "root's job on that one root; name the roots of the tasks with %a "
+                                    "(e.g. ROOT/task%a), or supervise the array roots in a run of their own")
             out.append((root, args))
             continue
         if re.search(r"%[^a]", root.replace("%%", "")):
