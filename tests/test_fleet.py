@@ -187,15 +187,16 @@ def test_a_time_limit_makes_the_poll_fast_before_it_ends(tmp_path):
 def test_a_job_array_is_one_root_and_one_job_per_task_each_with_its_own_rules(tmp_path):
     (tmp_path / "sweep").mkdir()
     tasks = sweep.expand([str(tmp_path / "sweep" / "t%a")], ["--time=10", "--array=0-4:2,7", "job.sh", "--lr=1"])
-    assert [(r.rsplit("/", 1)[1], a) for r, a in tasks] == [
-        (f"t{i}", ["--time=10", f"--array={i}", "job.sh", "--lr=1"]) for i in (0, 2, 4, 7)]
+    assert [(r.rsplit("/", 1)[1], a, t) for r, a, t in tasks] == [
+        (f"t{i}", ["--time=10", f"--array={i}", "job.sh", "--lr=1"], str(tmp_path / "sweep" / "t%a"))
+        for i in (0, 2, 4, 7)]
     assert all((tmp_path / "sweep" / f"t{i}").is_dir() for i in (0, 2, 4, 7))
     fake, clock = FakeSlurm(), Clock()
     f = make_fleet(fake, clock, [])
-    for r, a in tasks:
+    for r, a, template in tasks:
         sup = sv.Supervisor(r, Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None)
         sup.open("test")
-        sup.start(defn(args=a, resubmit=1))
+        sup.start(defn(args=a, resubmit=1, array_root=template))
         f.add(sup)
 
     def run_all():
@@ -211,6 +212,10 @@ def test_a_job_array_is_one_root_and_one_job_per_task_each_with_its_own_rules(tm
     assert all(x.code == 0 for x in res.values())
     assert [a for a in (argv for argv, _ in fake.sbatch) if "--array=2" in a].__len__() == 2  # task 2 resubmitted
     assert len(fake.sbatch) == 5
+    # the job names the %a root (an array task needs it: the plugin and `env` expand it), and its
+    # N comes from the folder of the task roots, as for an array submitted by hand
+    assert sorted(p.name for p in (tmp_path / "sweep" / "sub").iterdir()) == [f"{n:06d}" for n in range(1, 6)]
+    assert all(f"--dispatch-checkpoint={tmp_path / 'sweep' / 't%a'}" in argv for argv, _ in fake.sbatch)
 
 
 @pytest.mark.parametrize("spec,error", [
@@ -226,9 +231,16 @@ def test_array_roots_need_the_array_on_the_command_line_and_only_percent_a(tmp_p
         sweep.expand([str(tmp_path / "t%a")], ["job.sh"])
     with pytest.raises(DispatchError, match="only %a"):
         sweep.expand([str(tmp_path / "t%A_%a")], ["--array=0-1", "job.sh"])
-    assert sweep.expand([str(tmp_path)], ["job.sh", "--array=3"]) == [(str(tmp_path), ["job.sh", "--array=3"])]
-    with pytest.raises(DispatchError, match="name the roots of the tasks with %a"):
-        sweep.expand([str(tmp_path), str(tmp_path / "t%a")], ["--array=0-1", "job.sh"])
+    (tmp_path / "job.sh").write_text("#!/bin/sh\n")
+    script = str(tmp_path / "job.sh")
+    assert sweep.expand([str(tmp_path)], [script, "--array=3"]) == [(str(tmp_path), [script, "--array=3"], None)]
+    # an option's value is not the script (sbatch's own options: the first word naming a file ends them)
+    assert sweep.expand([str(tmp_path / "t%a")], ["-o", "/dev/null", "-a", "1", script, "--array=9"]) == \
+        [(str(tmp_path / "t1"), ["-o", "/dev/null", "--array=1", script, "--array=9"], str(tmp_path / "t%a"))]
+    for args in (["--array=0-1", "job.sh"], ["-a", "3", "job.sh"], ["-a3", "job.sh"]):  # on a plain root
+        with pytest.raises(DispatchError, match="name the root with %a"):
+            sv.make_defn({**sv.DEFAULTS, "via": "spank"}, args)
+    assert sv.make_defn({**sv.DEFAULTS, "via": "spank"}, ["--array=3", "job.sh"])["args"] == ["--array=3", "job.sh"]
 
 
 def test_roots_from_a_folder_or_a_list_file(tmp_path):

@@ -50,8 +50,8 @@ class NoHold(DispatchError):
 def normalize(root: str) -> str:
     root = names.normalize_root(root)
     if "%a" in root:
-        raise DispatchError(f"checkpoint root {root!r}: array roots (%a) are not supervised; "
-                            "run one supervisor per task root")
+        raise DispatchError(f"checkpoint root {root!r}: %a is expanded by `run` only (with --array among "
+                            "sbatch's arguments); name one task's root here")
     if root.startswith(names.S3_SCHEME):
         raise DispatchError(f"checkpoint root {root}: the supervisor needs a POSIX root (its record is "
                             "appended and fsynced); s3:// roots serve publish, latest, ls, watch, env and submit")
@@ -88,9 +88,10 @@ def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
     return defn
 
 
-def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool = False) -> Supervisor:
+def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool = False,
+              template: Optional[str] = None) -> Supervisor:
     """A supervisor of ROOT, its claim taken and its record replayed (a new root: the job's
-    definition recorded), ready to step."""
+    definition recorded, with ``template``, an array task's ``%a`` root), ready to step."""
     root = normalize(root)
     sup = Supervisor(root, slurm, poll=poll)
     try:
@@ -100,6 +101,8 @@ def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slu
             defn = None
         else:
             defn = new_defn(options, args, sup.slurm)
+            if template:
+                defn["array_root"] = template
         if (warning := signal_warning(root, defn or st.defn)):
             sup.say(f"warning: {warning}")
         sup.start(defn)
@@ -116,26 +119,27 @@ def run(roots: str | list[str], options: dict, args: list[str], poll: float, slu
     Slurm read per poll (fleet.py). One root's error is its own: the others go on."""
     roots = [roots] if isinstance(roots, str) else list(roots)
     slurm = slurm or Slurm()
-    tasks = list({normalize(r): a for r, a in sweep.expand(roots, args)}.items())  # a bad root: refused, none run
+    tasks = list({normalize(t.root): t for t in sweep.expand(roots, args)}.values())  # a bad root: refused, none run
     if roots_from is not None:
         list(sweep.listed(roots_from))  # unreadable now: refused before anything is submitted
     if len(tasks) == 1 and roots_from is None:  # one root: its errors are the command's
-        sup = open_root(tasks[0][0], options, tasks[0][1], poll, slurm, once)
+        sup = open_root(normalize(tasks[0].root), options, tasks[0].args, poll, slurm, once, tasks[0].template)
         try:
             return sup.run(once=once, max_poll=max_poll)
         finally:
             sup.close()
     fleet = Fleet(slurm, poll=poll, max_poll=max_poll, clock=time.time, sleep=time.sleep, name_roots=True,
                   discover=roots_from and (lambda: _discovered(fleet, roots_from, options, args, poll, slurm, once)))
-    for root, task_args in tasks:
-        _join(fleet, root, options, task_args, poll, slurm, once)
+    for t in tasks:
+        _join(fleet, normalize(t.root), options, t.args, poll, slurm, once, t.template)
     fleet.run(once)
     return outcome(fleet.results)
 
 
-def _join(fleet: Fleet, root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool) -> None:
+def _join(fleet: Fleet, root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool,
+          template: Optional[str] = None) -> None:
     try:
-        fleet.add(open_root(root, options, args, poll, slurm, once))
+        fleet.add(open_root(root, options, args, poll, slurm, once, template))
     except (DispatchError, OSError) as e:
         fleet.fail(root, e)
 

@@ -245,7 +245,8 @@ class Supervisor:
             except SlurmError as e:
                 self.fact("submit_failed", g=st.g, error=str(e)[-1000:], test_only=True)
                 return self.poll
-            n = store.allocate_submission(names.submission_dir(self.root))
+            # an array task's N comes from the folder of the task roots, as for any array submission
+            n = store.allocate_submission(names.submission_dir(defn.get("array_root") or self.root))
         tag = submission_tag(self.root, st.g, n)
         self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0))
         argv, env = sbatch_argv(defn, self.root, st.g, n, tag)

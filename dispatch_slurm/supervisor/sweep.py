@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 from ..errors import DispatchError
 
@@ -39,34 +39,35 @@ def array_tasks(spec: str) -> list[int]:
 
 
 def _array_option(args: list[str]) -> Optional[tuple[int, int, str]]:
-    """(index, how many words, spec) of the --array option among sbatch's arguments,
-    before the script (sbatch reads its options only there)."""
+    """(index, how many words, spec) of the --array option among sbatch's arguments, before
+    the script (sbatch reads its options only there: the first word that names a file)."""
     for i, a in enumerate(args):
-        if a == "--":
+        if a == "--" or os.path.isfile(a):
             break
         if a in ("--array", "-a") and i + 1 < len(args):
             return i, 2, args[i + 1]
         m = _ARRAY_OPT.match(a)
         if m:
             return i, 1, m[1]
-        if not a.startswith("-"):
-            break  # the script: what follows is its own arguments
     return None
 
 
-def expand(roots: list[str], args: list[str]) -> list[tuple[str, list[str]]]:
-    """(root, sbatch arguments) per supervised root: a ``%a`` root becomes one root per
-    ``--array`` task (created if missing, beside each other), each submitted as
-    ``--array=I``."""
-    out: list[tuple[str, list[str]]] = []
+class Task(NamedTuple):
+    """One supervised root: its sbatch arguments and, for an array task, the ``%a`` root the
+    job names (the plugin and `env` require it of an array task, and expand it to ``root``)."""
+    root: str
+    args: list[str]
+    template: Optional[str] = None
+
+
+def expand(roots: list[str], args: list[str]) -> list[Task]:
+    """The supervised roots: a ``%a`` root becomes one root per ``--array`` task (created if
+    missing, beside each other), each submitted as ``--array=I``."""
+    out: list[Task] = []
     opt = _array_option(args)
     for root in roots:
         if "%" not in root:
-            if opt is not None and len(roots) > 1:
-                raise DispatchError(f"checkpoint root {root}: --array={opt[2]} would run every task of each "
-                                    "root's job on that one root; name the roots of the tasks with %a "
-                                    "(e.g. ROOT/task%a), or supervise the array roots in a run of their own")
-            out.append((root, args))
+            out.append(Task(root, args))
             continue
         if re.search(r"%[^a]", root.replace("%%", "")):
             raise DispatchError(f"checkpoint root {root!r}: only %a (the array task id) is expanded here; "
@@ -82,7 +83,7 @@ def expand(roots: list[str], args: list[str]) -> list[tuple[str, list[str]]]:
             if not os.path.isdir(parent):
                 raise DispatchError(f"checkpoint root {task_root}: its folder {parent} does not exist (create it)")
             os.makedirs(task_root, mode=0o700, exist_ok=True)
-            out.append((task_root, [*args[:i], f"--array={task}", *args[i + width:]]))
+            out.append(Task(task_root, [*args[:i], f"--array={task}", *args[i + width:]], root))
     return out
 
 

@@ -17,15 +17,21 @@ from testbed.cluster import CONTROLLER
 pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
 # Every root's first execution fails (exit 3) but task 0's; the resubmission completes.
-# The sleep is the window in which all run and the polls are counted.
+# (A mark per root in the test's folder: an array's N are shared by its tasks.) The sleep
+# is the window in which all run and the polls are counted.
 RUN_S = 40
-WRAP = f'sleep {RUN_S}; [ "$DISPATCH_SUBMISSION" = 1 ] && [ "${{SLURM_ARRAY_TASK_ID:-x}}" != 0 ] && exit 3; exit 0'
-
+WRAP = (f'sleep {RUN_S}; m=marks/$(basename "$DISPATCH_CHECKPOINT"); '
+        'if [ ! -e "$m" ] && [ "${SLURM_ARRAY_TASK_ID:-x}" != 0 ]; then touch "$m"; exit 3; fi; exit 0')
 
 def start(c, cdir, k, argv):
     inner = f"{shlex.join(argv)}; echo $? > {cdir}/fleet.{k}.rc"
     c.exec(CONTROLLER, f"cd {cdir} && setsid nohup bash -c {shlex.quote(inner)} > {cdir}/fleet.{k}.log 2>&1 "
                        "< /dev/null &", user="alice")
+
+
+def logs(hdir) -> str:
+    return "\n".join(f"fleet.{k}.log: " + (p.read_text()[-2000:] if (p := hdir / f"fleet.{k}.log").exists() else "-")
+                     for k in (1, 2))
 
 
 def facts(host_root):
@@ -36,7 +42,7 @@ def facts(host_root):
 def test_one_process_follows_many_roots_and_an_array_with_one_read_per_poll(slurm_cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
-    c.exec(CONTROLLER, f"cd {cdir} && mkdir -m 700 a b bad sweep && "
+    c.exec(CONTROLLER, f"cd {cdir} && mkdir -m 700 a b bad sweep marks && "
                        "printf '{\"type\": \"job\"\\n{\"type\": \"job\"}\\n' > bad/record.jsonl", user="alice")
     opts = ["--resubmit", "1", "--poll", "2", "--max-poll", "12"]
     start(c, cdir, 1, ["dispatch-slurm", "run", "a", "b", "bad", *opts, "--", "-o", "/dev/null", "--wrap", WRAP])
@@ -47,7 +53,11 @@ def test_one_process_follows_many_roots_and_an_array_with_one_read_per_poll(slur
     def all_running():
         started = {n: [f for f in facts(r) if f["type"] == "started"] for n, r in roots.items()}
         return all(len(s) == 1 for s in started.values()) and started
-    started = c.wait_until(all_running, timeout=90, what="every root's first execution to start")
+    try:
+        started = c.wait_until(all_running, timeout=90, what="every root's first execution to start")
+    except Exception as e:
+        raise AssertionError(f"{e}\n{logs(hdir)}\n" + "\n".join(f"{n}: {[f['type'] for f in facts(r)]}"
+                                                             for n, r in roots.items())) from None
     # while all five run: the two processes read Slurm once per poll each while the
     # executions start, then at most every --max-poll; per root it would be 2 RPCs a poll
     # per job (scontrol show job ID: REQUEST_FED_INFO + REQUEST_JOB_INFO_SINGLE)
@@ -65,7 +75,8 @@ def test_one_process_follows_many_roots_and_an_array_with_one_read_per_poll(slur
                           f"({(hdir / f'fleet.{k}.log').read_text()[-1500:] if (hdir / f'fleet.{k}.log').exists() else ''})")
           for k in (1, 2)}
     log1 = (hdir / "fleet.1.log").read_text()
-    assert rc == {1: "2", 2: "0"}, (rc, log1, (hdir / "fleet.2.log").read_text())
+    summary = "\n".join(f"{n}: {[(f['type'], f.get('job'), f.get('n'), f.get('state'), f.get('exit_code'), f.get('rule')) for f in facts(r) if f['type'] in ('submitted', 'ended', 'rule')]}" for n, r in roots.items())
+    assert rc == {1: "2", 2: "0"}, f"{rc}\n{logs(hdir)}\n{summary}"
     assert "3 roots: 2 done, 0 failed, 0 held, 1 error" in log1 and "bad/record.jsonl" in log1, log1
     for name, r in roots.items():
         rules = [(f["rule"], f["cause"]) for f in facts(r) if f["type"] == "rule"]
