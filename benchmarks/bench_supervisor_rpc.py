@@ -60,7 +60,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # the test bed
-from dispatch_slurm.slurm.facts import DATA_PARSER  # noqa: E402
+from dispatch_slurm.slurm.dialects import DATA_PARSER  # noqa: E402
 from dispatch_slurm.supervisor.record import Record  # noqa: E402
 from testbed import sdiag as sdiag_mod  # noqa: E402
 from testbed import wait  # noqa: E402

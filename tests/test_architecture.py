@@ -132,3 +132,13 @@ def test_the_private_name_check_can_fail(tmp_path):
     bad.write_text("from .facts import _number\nfrom . import facts\nx = facts._NO_VAL\n")
     assert _private_uses("dispatch_slurm.slurm.client", bad, "dispatch_slurm.slurm") == {
         "dispatch_slurm.slurm.facts._number", "facts._NO_VAL"}
+
+
+@pytest.mark.parametrize("path", sorted((PKG.parent / "benchmarks").glob("*.py")), ids=lambda p: p.name)
+def test_every_benchmark_imports(path, monkeypatch):
+    """A benchmark runs rarely (minutes on a cluster): what it imports from the package is
+    checked on every run, so a moved name fails here, not on the day it is measured."""
+    import importlib.util
+    monkeypatch.syspath_prepend(str(PKG.parent / "tests"))
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # top level only: main() is guarded
