@@ -18,8 +18,8 @@ from dispatch_slurm.supervisor import sweep
 POLL = 10.0
 
 
-def member(root, fake, clock, **kw):
-    sup = sv.Supervisor(str(root), Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None)
+def member(root, fake, clock, slurm=None, **kw):
+    sup = sv.Supervisor(str(root), slurm or Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None)
     sup.open("test")
     sup.start(defn(**kw))
     return sup
@@ -68,7 +68,8 @@ class Until:
 def test_many_roots_share_one_read_per_poll_and_read_slowly_while_all_run(tmp_path):
     fake, clock = FakeSlurm(), Clock()
     rs = roots(tmp_path, 20)
-    f = make_fleet(fake, clock, [member(r, fake, clock) for r in rs])
+    one = Slurm(fake)  # one client per process, as `run` makes it
+    f = make_fleet(fake, clock, [member(r, fake, clock, one) for r in rs])
     t0 = clock.t
     started = lambda: [fake.start(j) for j in range(100, 120)]  # noqa: E731
     f.sleep = Until(clock, t0 + 600, at=[(t0 + 30, started)])
@@ -81,6 +82,8 @@ def test_many_roots_share_one_read_per_poll_and_read_slowly_while_all_run(tmp_pa
     # then one read per max_poll (60 s) for ~9 minutes: ~3 + ~3 + ~9
     assert every == f.reads and 8 <= every <= 20, every
     assert all(len(facts(r, "started")) == 1 for r in rs)
+    # what does not change is asked once per process, not per root or per poll
+    assert fake.calls.count(["scontrol", "show", "config"]) == 1 and fake.calls.count(["scontrol", "--version"]) == 1
 
 
 def test_the_per_root_poll_would_have_read_every_job_every_poll(tmp_path):

@@ -38,6 +38,7 @@ class Slurm(Shell):
     def __init__(self, runner: Optional[Runner] = None, *, expand_hostlists: bool = True):
         super().__init__(runner, expand_hostlists=expand_hostlists)
         self._dialect: Optional[dialects.Dialect] = None
+        self._cluster: Optional[str] = None
 
     @property
     def dialect(self) -> dialects.Dialect:
@@ -187,11 +188,15 @@ class Slurm(Shell):
         return {f["PartitionName"]: f for f in fields if "PartitionName" in f}
 
     def cluster_name(self) -> str:
-        """ClusterName from ``scontrol show config`` (part of every DISPATCH_ATTEMPT)."""
-        name = self.config().get("ClusterName", "")
-        if not name:
-            raise SlurmError(["scontrol", "show", "config"], 0, "no ClusterName", what="printed no ClusterName")
-        return name
+        """ClusterName from ``scontrol show config`` (part of every DISPATCH_ATTEMPT), asked
+        once per client: it never changes under a running slurmctld, and a supervisor of
+        many roots would otherwise ask it (two RPCs) once per root."""
+        if self._cluster is None:
+            name = self.config().get("ClusterName", "")
+            if not name:
+                raise SlurmError(["scontrol", "show", "config"], 0, "no ClusterName", what="printed no ClusterName")
+            self._cluster = name
+        return self._cluster
 
 
 # What 22.05 .. 26.05 say for a job id slurmctld does not hold (purged after MinJobAge).
