@@ -232,3 +232,39 @@ def test_doctor_help_and_bad_input_are_clear(tmp_path):
     miss = subprocess.run([sys.executable, "-m", "dispatch_slurm", "doctor", "--no-slurm", "--", "true"],
                           capture_output=True, text=True)
     assert miss.returncode == 2 and "needs the job's --signal" in miss.stderr
+
+
+# -- torchrun, real: its kill (here --shutdown-timeout 2 for the default 30 s) and exit status
+
+def torchrun(*args):
+    return (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--shutdown-timeout", "2",
+            *args, "trainer.py", "ok")
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "dispatch-slurm-launch"])
+def test_torchrun_kills_a_save_longer_than_its_timeout_unless_launched(tmp_path, wrapped):
+    pytest.importorskip("torch")
+    cmd = (sys.executable, "-m", "dispatch_slurm", "launch", "--", *torchrun()) if wrapped else torchrun()
+    code, r = doctor(tmp_path, "--signal", "TERM@8", "--kill-wait", "1", "--ranks", "2", "--", *cmd,
+                     env={"SAVE_S": "4"})
+    exits = [x["exit"] for x in r["ranks"]]
+    if wrapped:
+        assert code == 0 and exits == [0, 0] and r["run"]["exit_code"] == 0, r
+    else:  # SIGKILLed 2 s into a 4 s save: no rank got to exit
+        assert code == 1 and exits == [None, None] and "save-too-long" in codes_of(r), r
+
+
+def test_torchrun_exits_1_after_every_rank_saved_and_the_doctor_says_so(tmp_path):
+    pytest.importorskip("torch")
+    code, r = doctor(tmp_path, "--signal", "TERM@8", "--kill-wait", "1", "--ranks", "2", "--", *torchrun())
+    assert [x["exit"] for x in r["ranks"]] == [0, 0] and r["run"]["exit_code"] == 1, r
+    assert "exit-status" in codes_of(r) and code == 1
+
+
+def test_launch_takes_the_save_signals_from_torchruns_list():
+    from dispatch_slurm.runtime.launch import child_env, save_signals
+    import signal as s
+    sigs = save_signals({"DISPATCH_SIGNAL": "USR2, SIGUSR1"})
+    assert sigs == [s.SIGTERM, s.SIGUSR2, s.SIGUSR1]
+    env = child_env({"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGUSR2"}, sigs)
+    assert env["PET_SIGNALS_TO_HANDLE"] == env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGINT"

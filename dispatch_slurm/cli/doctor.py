@@ -8,6 +8,7 @@ Exit 0: nothing found; 1: findings (each with its fix); 2: an error."""
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -46,11 +47,14 @@ def _slurm_conf(partition, use_slurm):
     return rules.parse_conf(s.config(), parts.get(name)), name
 
 
-def _wiring(script, sig, where, launcher, wrapped, processes):
+def _wiring(script, sig, where, launcher, wrapped, processes, command=()):
     stack = rules.Stack()
     if script is not None:
         found, stack = rules.parse_script(open(script, encoding="utf-8").read())
         sig = sig or found
+    elif command:  # a rehearsed command plays one step: its launcher read from it
+        _, guess = rules.parse_script(shlex.join(command).replace("dispatch_slurm launch", "dispatch-slurm launch"))
+        stack = replace(guess, where="step")
     return sig, replace(stack, **{k: v for k, v in (("where", where), ("wrapped", wrapped),
                                                       ("processes", processes)) if v is not None},
                         **({"launcher": None if launcher == "none" else launcher} if launcher else {}))
@@ -145,7 +149,7 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
         dispatch-slurm doctor --script train.sbatch --job 1234 --ranks 4 --root /scratch/me/run1"""
     if command and job_id:
         raise click.UsageError("give either a COMMAND (a local rehearsal) or --job, not both")
-    sig, stack = _wiring(script, sig, where, launcher, wrapped, processes)
+    sig, stack = _wiring(script, sig, where, launcher, wrapped, processes, command)
     conf, partition = _slurm_conf(partition, False if command and use_slurm is None else use_slurm)
     conf = _overrides(conf, kill_wait, grace_time, preempt_mode, send_user_signal)
     if (command or job_id) and sig is None and not preempt:

@@ -9,7 +9,7 @@ one process handles none: SIGTERM ends it at once, the step and its rank with it
 
 What this does, for the save signals (default SIGTERM plus the job's, $DISPATCH_SIGNAL):
   * the launcher starts with them ignored (an ignored disposition survives exec, a
-    handler does not) and with ``TORCHELASTIC_SIGNALS_TO_HANDLE`` left without them, so
+    handler does not) and with torchrun's ``--signals-to-handle`` (PET_/TORCHELASTIC_SIGNALS_TO_HANDLE) left without them, so
     torchrun neither forwards-then-kills nor dies; its workers inherit "ignored" and
     the preemption handler they install replaces it;
   * this process catches them and passes each on to every process below it (Slurm
@@ -47,9 +47,12 @@ def save_signals(environ=os.environ) -> list[signal.Signals]:
 def child_env(environ, sigs) -> dict:
     """The launcher's environment: torchrun told not to handle the save signals."""
     names = {s.name for s in sigs}
-    given = environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", ",".join(TORCH_DEFAULT))
+    given = environ.get("PET_SIGNALS_TO_HANDLE") or environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE") or ",".join(TORCH_DEFAULT)
     keep = [n for n in (p.strip() for p in given.split(",")) if n and n not in names]
-    return {**environ, "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(keep) or "SIGINT"}
+    value = ",".join(keep) or "SIGINT"
+    # torchrun reads its --signals-to-handle from PET_SIGNALS_TO_HANDLE and then overwrites
+    # TORCHELASTIC_SIGNALS_TO_HANDLE (the multiprocessing layer's) with it: set both
+    return {**environ, "TORCHELASTIC_SIGNALS_TO_HANDLE": value, "PET_SIGNALS_TO_HANDLE": value}
 
 
 def launch(argv, environ=None) -> int:
