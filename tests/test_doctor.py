@@ -268,3 +268,52 @@ def test_launch_takes_the_save_signals_from_torchruns_list():
     assert sigs == [s.SIGTERM, s.SIGUSR2, s.SIGUSR1]
     env = child_env({"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGUSR2"}, sigs)
     assert env["PET_SIGNALS_TO_HANDLE"] == env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGINT"
+
+
+# -- a plain loop: a signal during warm-up or evaluation saves there ------------------------
+
+def example_env(tmp_path):
+    from dispatch_slurm import store
+    root = tmp_path / "root"
+    root.mkdir()
+    exec_dir = store.make_exec_dir(str(root), "c.14.1000000")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_", "RANK"))}
+    return root, {**e, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": exec_dir,
+                  "DISPATCH_EPOCH": "1000000", "DISPATCH_ATTEMPT": "c.14.1000000"}
+
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "pytorch_train.py")
+
+
+def test_plain_loop_signalled_in_warm_up_publishes_step_0_under_the_doctor(tmp_path):
+    """The doctor signals as soon as the handler is installed: inside a 200-batch warm-up
+    (10 s, longer than the 3 s window). The save lands within a batch of the signal."""
+    pytest.importorskip("torch")
+    from dispatch_slurm import store
+    root, env = example_env(tmp_path)
+    code, r = doctor(tmp_path, "--signal", "TERM@2", "--kill-wait", "1", "--", sys.executable, EXAMPLE,
+                     "--max-steps", "5", "--save-every", "100", "--warmup", "200", "--phase-time", "0.05", env=env)
+    (rank,) = r["ranks"]
+    assert code == 0 and rank["exit"] == 0 and rank["published"] and rank["to_stop"] < 0.5, r
+    assert [p.step for p in store.publications(str(root))] == [0]
+
+
+def test_plain_loop_signalled_in_evaluation_publishes_that_step(tmp_path):
+    pytest.importorskip("torch")
+    from dispatch_slurm import store
+    root, env = example_env(tmp_path)
+    p = subprocess.Popen([sys.executable, EXAMPLE, "--max-steps", "50", "--save-every", "100", "--eval-every", "4",
+                          "--eval-batches", "400", "--phase-time", "0.05"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in p.stdout:  # the real state: the loop says the evaluation began
+            lines.append(line.strip())
+            if line.startswith("eval at step 4"):
+                p.send_signal(15)
+                break
+        out = p.communicate(timeout=30)[0].splitlines()
+    finally:
+        p.kill()
+    assert p.returncode == 0 and out[-1] == "dispatch-checkpoint-complete", lines + out
+    assert "eval done at step 4" not in out  # saved inside the 20 s evaluation
+    assert [x.step for x in store.publications(str(root))] == [4]

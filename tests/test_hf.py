@@ -83,7 +83,8 @@ def outside(root, exec_dir):
 
 
 def ckpts(exec_dir):
-    return sorted(os.listdir(exec_dir), key=lambda n: int(n.split("-")[1]))
+    return sorted((n for n in os.listdir(exec_dir) if n.startswith("checkpoint-")),  # not dispatch-probe/
+                  key=lambda n: int(n.split("-")[1]))
 
 
 def assert_untouched(before, after):

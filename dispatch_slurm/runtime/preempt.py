@@ -182,6 +182,18 @@ def preemption_point() -> None:
         _run()
 
 
+def preemptible(iterable):
+    """``iterable``'s items, with a ``preemption_point()`` before each: wrap the loops that
+    are not training steps -- evaluation, warm-up, data loading, a long first pass -- so a
+    signal there saves at the next item, not after the loop (the state between two items
+    is still the last whole step's). Several ranks: every rank must iterate as many items
+    (the point is a collective), as a sharded eval loader does."""
+    for item in iterable:
+        preemption_point()
+        yield item
+    preemption_point()
+
+
 def _on_signal(signum, frame) -> None:
     if _s.arrived is not None:
         return  # a second signal (srun forwarding, scancel after --signal): one save only
