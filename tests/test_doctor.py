@@ -317,3 +317,18 @@ def test_plain_loop_signalled_in_evaluation_publishes_that_step(tmp_path):
     assert p.returncode == 0 and out[-1] == "dispatch-checkpoint-complete", lines + out
     assert "eval done at step 4" not in out  # saved inside the 20 s evaluation
     assert [x.step for x in store.publications(str(root))] == [4]
+
+
+def test_the_verdicts_in_docs_signals_are_what_the_doctor_prints(tmp_path):
+    """Every recipe in docs/signals.md (an sbatch block followed by a doctor block) is
+    checked with the cluster the page names; the page must show what the doctor says."""
+    import re
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "signals.md")).read()
+    pairs = re.findall(r"```sh\n(#!/bin/bash\n.*?)```\n\n```text\n(doctor:.*?)```", text, re.S)
+    assert len(pairs) >= 8, "the recipes went missing from docs/signals.md"
+    for i, (script, shown) in enumerate(pairs):
+        (tmp_path / f"{i}.sbatch").write_text(script)
+        p = subprocess.run([sys.executable, "-m", "dispatch_slurm", "doctor", "--no-slurm", "--kill-wait", "30",
+                            "--preempt-mode", "REQUEUE", "--grace-time", "120", "--script", str(tmp_path / f"{i}.sbatch")],
+                           capture_output=True, text=True)
+        assert p.stdout == shown and p.returncode == (0 if "verdict: OK" in shown else 1), (script, p.stdout, p.stderr)
