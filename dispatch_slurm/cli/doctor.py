@@ -31,15 +31,18 @@ def _signal(ctx, param, value):
         raise click.BadParameter(str(e), ctx=ctx, param=param) from None
 
 
-def _slurm_conf(partition, use_slurm):
+def _slurm_conf(partition, use_slurm, job_id=None):
     """SlurmConf from scontrol when Slurm is here (and wanted), else the defaults; the
-    partition read: the one given, else $SLURM_JOB_PARTITION, else the default one."""
+    partition read: the one given, else the job's, else $SLURM_JOB_PARTITION, else the
+    default one."""
     if use_slurm is False or (use_slurm is None and not shutil.which("scontrol")):
+        if job_id:
+            raise click.UsageError("--job needs Slurm (scontrol and scancel on PATH)")
         return rules.SlurmConf(), None
     from ..slurm.client import Slurm
     s = Slurm()
     parts = s.partitions()
-    name = partition or os.environ.get("SLURM_JOB_PARTITION")
+    name = partition or (s.job(job_id).partition if job_id else None) or os.environ.get("SLURM_JOB_PARTITION")
     if name is None:
         name = next((n for n, p in parts.items() if p.get("Default") == "YES"), None)
     if name is not None and name not in parts:
@@ -150,7 +153,7 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
     if command and job_id:
         raise click.UsageError("give either a COMMAND (a local rehearsal) or --job, not both")
     sig, stack = _wiring(script, sig, where, launcher, wrapped, processes, command)
-    conf, partition = _slurm_conf(partition, False if command and use_slurm is None else use_slurm)
+    conf, partition = _slurm_conf(partition, False if command and use_slurm is None else use_slurm, job_id)
     conf = _overrides(conf, kill_wait, grace_time, preempt_mode, send_user_signal)
     if (command or job_id) and sig is None and not preempt:
         raise click.UsageError("a rehearsal of the time limit needs the job's --signal (or --script), "
