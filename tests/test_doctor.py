@@ -202,7 +202,12 @@ def test_rehearsal_names_a_launcher_that_swallows_sigterm(tmp_path):
                      sys.executable, "swallow.py", "trainer.py", "ok")
     (rank,) = r["ranks"]
     assert code == 1 and "signal-not-delivered" in codes_of(r), r
-    assert rank["delay"] >= 2  # the early signal never came: only the limit's SIGTERM, KillWait before the kill
+    assert rank["delay"] is None and rank["exit"] is None  # never signalled, SIGKILLed with the step
+    (tmp_path / "linuxproc").mkdir()
+    code, r = doctor(tmp_path / "linuxproc", "--signal", "B:TERM@2", "--where", "shell", "--kill-wait", "1", "--every-process", "--",
+                     sys.executable, "swallow.py", "trainer.py", "ok")
+    (rank,) = r["ranks"]  # linuxproc: the limit's SIGTERM reaches every process, KillWait before the kill
+    assert code == 1 and "signal-not-delivered" in codes_of(r) and rank["delay"] >= 2 and rank["exit"] == 0, r
 
 
 def test_rehearsal_shows_a_launcher_killed_by_usr1_takes_the_save_with_it(tmp_path):

@@ -123,6 +123,8 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
               help="PreemptParameters=send_user_signal, over Slurm's")
 @click.option("--preempt", is_flag=True, help="rehearse a preemption (SIGTERM, or the job's signal with "
               "send_user_signal, then the kill when GraceTime ends) instead of the time limit")
+@click.option("--every-process", is_flag=True, help="rehearsal: signal every process of COMMAND, as linuxproc "
+              "tracking does  [default: its first process only, as cgroup tracking does]")
 @click.option("--ranks", type=click.IntRange(1), default=1, show_default=True,
               help="the ranks whose handlers must report")
 @click.option("--ready-timeout", type=click.FloatRange(0.1, 3600), default=120, show_default=True,
@@ -135,7 +137,7 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds, partition, use_slurm,
-           kill_wait, grace_time, preempt_mode, send_user_signal, preempt, ranks, ready_timeout, job_id,
+           kill_wait, grace_time, preempt_mode, send_user_signal, preempt, every_process, ranks, ready_timeout, job_id,
            probe_dir, root, as_json, command):
     """Check that the save signal reaches every rank and the save fits, before the first
     preemption or time limit does. Names each misconfiguration with its one-line fix.
@@ -166,9 +168,12 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
         path = "preemption" if preempt else "time limit"
         window = wins.get(path) or (conf.grace_time if preempt else sig_.seconds + conf.kill_wait)
         if command:
-            run, table = _local(list(command), sig_, conf, ranks, ready_timeout, preempt, probe_dir)
+            run, table = _local(list(command), sig_, conf, ranks, ready_timeout, preempt, probe_dir, every_process)
         else:
             run, table = _on_job(job_id, sig_, conf, ranks, ready_timeout, preempt, probe_dir, root)
+        handled = {n[3:] for r in table for n in r.signals}
+        if handled:  # what the handlers say they catch, over the guess
+            findings = rules.check(sig, stack, conf, grace, save_seconds, handled=handled)
         seen = {f.code for f in findings}
         findings += [f for f in rules.verdict(table, ranks, window, run.exit_code, stack.launcher,
                                                    None if preempt else sig_.seconds)
@@ -183,11 +188,11 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
     sys.exit(1 if findings else 0)
 
 
-def _local(argv, sig, conf, ranks, ready_timeout, preempt, probe_dir):
+def _local(argv, sig, conf, ranks, ready_timeout, preempt, probe_dir, every_process):
     from ..runtime.rehearse import Rehearsal
     where = probe_dir or tempfile.mkdtemp(prefix="dispatch-doctor-")
     os.makedirs(where, exist_ok=True)
-    r = Rehearsal(argv, where)
+    r = Rehearsal(argv, where, every_process=every_process)
     try:
         run = r.rehearse(sig, conf, ranks, ready_timeout, preempt)
     except FileNotFoundError as e:

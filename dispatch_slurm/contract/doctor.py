@@ -8,8 +8,10 @@ Two kinds of answers, each a ``Finding`` (a name, the problem, the one-line fix)
     doctor sent the signal the way Slurm will.
 
 Slurm's rules these follow (slurm.conf(5), sbatch(1), scancel(1)):
-  * ``--signal=SIG@T`` sends SIG to every process of every *step* (srun), not to the
-    batch shell; ``--signal=B:SIG@T`` only to the batch shell's own process, not its
+  * ``--signal=SIG@T`` sends SIG to the *steps* (srun), not to the batch shell: to each
+    task's own process only under cgroup process tracking (measured on 26.05: a
+    launcher's children hear nothing unless it passes the signal on), to every process
+    of the step under linuxproc; ``--signal=B:SIG@T`` only to the batch shell's own process, not its
     children (bash runs a trap only once its foreground child has exited; without a trap
     SIGTERM and SIGUSR* end the shell, and a step whose first process ends is killed).
   * At the time limit: SIGCONT and SIGTERM to everything, KillWait later SIGKILL.

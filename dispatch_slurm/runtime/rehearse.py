@@ -2,14 +2,17 @@
 
 Why locally. The doctor's question -- does the signal reach every rank, and does the save
 fit? -- depends on the launch stack (a shell, torchrun, accelerate launch, the trainer's
-own loop), which runs the same on a laptop as in a step. What Slurm does is few rules:
-  * a step's signal (``--signal=SIG@T``, preemption's SIGTERM) goes to every process of
-    the step: here, every descendant of the command (found through /proc, as Slurm's
-    process tracking finds them; torchrun starts its workers in sessions of their own, so a
-    process group would miss them);
+own loop), which runs the same on a laptop as in a step. What Slurm does is few rules (measured on docker-slurm, 22.05 and 26.05):
+  * a step's signal (``--signal=SIG@T``, preemption's SIGTERM, the limit's SIGTERM) goes
+    to each task's own process -- the launcher -- and not to its children under cgroup
+    process tracking (26.05), but to every process of the step under linuxproc (22.05,
+    26.05). The rehearsal does the first by default (a launcher must pass the signal on)
+    and the second with ``every_process`` (every descendant of the command, found through
+    /proc: torchrun starts its workers in sessions of their own, a process group would
+    miss them);
   * ``B:`` goes to the batch shell's own process only: here, the command's;
-  * T seconds later (the time limit) or GraceTime later (preemption): SIGTERM to
-    everything, KillWait later SIGKILL;
+  * T seconds later (the time limit): SIGTERM again, KillWait later SIGKILL to everything;
+    GraceTime later (preemption): the kill;
   * a step ends when its first process ends: the others are killed with it.
 The doctor is made a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so processes
 orphaned by a dying launcher stay its descendants and are killed as Slurm would.
@@ -68,8 +71,8 @@ class Rehearsal:
     """One rehearsal (see the module doc). ``probe_dir``: where the ranks' handlers
     record (set as $DISPATCH_PROBE_DIR for the command)."""
 
-    def __init__(self, argv, probe_dir: str, env=None):
-        self.argv, self.probe_dir = list(argv), probe_dir
+    def __init__(self, argv, probe_dir: str, env=None, every_process: bool = False):
+        self.argv, self.probe_dir, self.every_process = list(argv), probe_dir, every_process
         self.env = {**(os.environ if env is None else env), "DISPATCH_PROBE_DIR": probe_dir}
         self.run = Run()
         self.proc = None
@@ -101,7 +104,7 @@ class Rehearsal:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        self._note(f"SIG{signal.Signals(sig).name[3:]} to {'every process' if to_all else 'the shell'} "
+        self._note(f"SIG{signal.Signals(sig).name[3:]} to {'every process' if to_all else 'its first process'} "
                    f"({len(pids)})")
 
     def start(self) -> None:
@@ -161,19 +164,19 @@ class Rehearsal:
         self.run.sent_at = time.time()
         if preempt:
             name = sig.name if conf.send_user_signal else "TERM"
-            self._send(getattr(signal, "SIG" + name), not (sig.batch and conf.send_user_signal))
+            self._send(getattr(signal, "SIG" + name), self.every_process and not (sig.batch and conf.send_user_signal))
             self.run.end_at = self.run.sent_at + conf.grace_time
             if self._until(self.run.end_at):  # GraceTime over: the kill (counted without KillWait)
                 self._send(signal.SIGKILL, True)
             self._until(time.time() + 5)
             return
-        self._send(getattr(signal, "SIG" + sig.name), not sig.batch)
+        self._send(getattr(signal, "SIG" + sig.name), self.every_process and not sig.batch)
         first = sig.seconds
         self.run.end_at = self.run.sent_at + first + conf.kill_wait
         if self._until(self.run.sent_at + first):
-            self._note("the limit: SIGTERM to everything (KillWait follows)")
-            self._send(signal.SIGCONT, True)
-            self._send(signal.SIGTERM, True)
+            self._note("the limit: SIGTERM (KillWait follows)")
+            self._send(signal.SIGCONT, self.every_process)
+            self._send(signal.SIGTERM, self.every_process)
             if self._until(self.run.end_at):
                 self._send(signal.SIGKILL, True)
         self._until(time.time() + 5)
