@@ -40,7 +40,7 @@ def test_bad_signal_specs_are_refused(spec):
 def test_a_correct_srun_job_has_no_findings():
     sig = d.Signal("TERM", False, 90)
     assert d.check(sig, SRUN, CONF, grace=60, measured=20) == []
-    assert d.windows(sig, SRUN, CONF) == {"time limit": 120, "preemption": 120}
+    assert d.windows(sig, SRUN, CONF) == {"time limit": 120, "preemption": 150}
 
 
 def test_b_signal_with_the_trainer_in_a_step_is_named_with_its_fix():
@@ -63,7 +63,7 @@ def test_preemption_without_send_user_signal_never_runs_a_usr2_handler():
     assert d.windows(sig, SRUN, CONF)["preemption"] == 0
     fixed = d.SlurmConf(30, "REQUEUE", True, 120)
     assert "send-user-signal" not in codes(d.check(sig, SRUN, fixed))
-    assert d.windows(sig, SRUN, fixed)["preemption"] == 120
+    assert d.windows(sig, SRUN, fixed)["preemption"] == 150
 
 
 def test_torchrun_kills_at_30_s_and_dies_of_usr1_unless_launched_by_dispatch():

@@ -166,7 +166,7 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
     table, run = [], None
     if command or job_id:
         path = "preemption" if preempt else "time limit"
-        window = wins.get(path) or (conf.grace_time if preempt else sig_.seconds + conf.kill_wait)
+        window = wins.get(path) or ((conf.grace_time if preempt else sig_.seconds) + conf.kill_wait)
         if command:
             run, table = _local(list(command), sig_, conf, ranks, ready_timeout, preempt, probe_dir, every_process)
         else:
@@ -238,20 +238,16 @@ def _on_job(job_id, sig, conf, ranks, ready_timeout, preempt, probe_dir, root):
         name = sig.name if conf.send_user_signal else "TERM"
         s.cancel(job_id, name, batch=sig.batch and conf.send_user_signal)
         run.log.append((0.0, f"scancel --signal={name}{' --batch' if sig.batch and conf.send_user_signal else ''}"))
-        run.end_at = run.sent_at + conf.grace_time
+        run.end_at = run.sent_at + conf.grace_time + conf.kill_wait
     else:
         s.cancel(job_id, sig.name, batch=sig.batch)
         run.log.append((0.0, f"scancel --signal={sig.name}{' --batch' if sig.batch else ''} {job_id}"))
         run.end_at = run.sent_at + sig.seconds + conf.kill_wait
-    limit = run.end_at - (0 if preempt else conf.kill_wait)
-    job = _until_ended(s, job_id, limit)
+    job = _until_ended(s, job_id, run.end_at - conf.kill_wait)
     if job is None or not job.ended:
-        if preempt:
-            s.cancel(job_id, "KILL", full=True)
-            run.log.append((round(time.time() - run.sent_at, 2), "GraceTime over: scancel --signal=KILL --full"))
-        else:
-            s.cancel(job_id)
-            run.log.append((round(time.time() - run.sent_at, 2), "the limit: scancel (SIGTERM, KillWait, SIGKILL)"))
+        s.cancel(job_id)
+        run.log.append((round(time.time() - run.sent_at, 2), f"{'GraceTime over' if preempt else 'the limit'}: "
+                        "scancel (SIGTERM, KillWait, SIGKILL)"))
         job = _until_ended(s, job_id, time.time() + conf.kill_wait + 30)
     run.exit_code = None if job is None else job.exit_code
     run.log.append((round(time.time() - run.sent_at, 2), f"job {job_id} {job.state if job else 'gone'}"))

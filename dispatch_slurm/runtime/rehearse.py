@@ -11,8 +11,8 @@ own loop), which runs the same on a laptop as in a step. What Slurm does is few 
     /proc: torchrun starts its workers in sessions of their own, a process group would
     miss them);
   * ``B:`` goes to the batch shell's own process only: here, the command's;
-  * T seconds later (the time limit): SIGTERM again, KillWait later SIGKILL to everything;
-    GraceTime later (preemption): the kill;
+  * T seconds later (the time limit) or GraceTime later (preemption): SIGTERM again,
+    KillWait later SIGKILL to everything;
   * a step ends when its first process ends: the others are killed with it.
 The doctor is made a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so processes
 orphaned by a dying launcher stay its descendants and are killed as Slurm would.
@@ -165,16 +165,13 @@ class Rehearsal:
         if preempt:
             name = sig.name if conf.send_user_signal else "TERM"
             self._send(getattr(signal, "SIG" + name), self.every_process and not (sig.batch and conf.send_user_signal))
-            self.run.end_at = self.run.sent_at + conf.grace_time
-            if self._until(self.run.end_at):  # GraceTime over: the kill (counted without KillWait)
-                self._send(signal.SIGKILL, True)
-            self._until(time.time() + 5)
-            return
-        self._send(getattr(signal, "SIG" + sig.name), self.every_process and not sig.batch)
-        first = sig.seconds
+            first = conf.grace_time
+        else:
+            self._send(getattr(signal, "SIG" + sig.name), self.every_process and not sig.batch)
+            first = sig.seconds
         self.run.end_at = self.run.sent_at + first + conf.kill_wait
         if self._until(self.run.sent_at + first):
-            self._note("the limit: SIGTERM (KillWait follows)")
+            self._note(f"{'GraceTime over' if preempt else 'the limit'}: SIGTERM (KillWait follows)")
             self._send(signal.SIGCONT, self.every_process)
             self._send(signal.SIGTERM, self.every_process)
             if self._until(self.run.end_at):

@@ -21,7 +21,7 @@ SENTINEL = "dispatch-checkpoint-complete"
 TRAINER = """
 import os, signal, sys, time
 from dispatch_slurm import install_preemption_handler, preemptible, preemption_point
-exec_dir, rank = os.environ["DISPATCH_EXEC_DIR"], int(os.environ.get("SLURM_PROCID", "0"))
+exec_dir, rank = os.environ["DISPATCH_EXEC_DIR"], int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
 step = 0
 
 def save(left):
@@ -227,3 +227,83 @@ def test_plain_loop_signalled_in_evaluation_publishes_that_step(slurm_cluster: C
     ended(c, job)
     out = c.read(f"{cdir}/job.out")
     assert steps(workdir[1]) == [5] and SENTINEL in out and "eval done" not in out, out
+
+
+HF_TRAINER = """
+import os, sys, time
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from dispatch_slurm.integrations import hf
+
+class SlowEval(TrainerCallback):  # says when an evaluation begins; each batch slow
+    def on_prediction_step(self, args, state, control, **kw):
+        if not getattr(self, "said", False):
+            print(f"eval started at step {state.global_step}", flush=True)
+            self.said = True
+        time.sleep(0.05)
+    def on_evaluate(self, args, state, control, **kw):
+        print(f"eval done at step {state.global_step}", flush=True)
+
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                   bos_token_id=0, eos_token_id=0))
+data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 100, (256, 16))]
+args = TrainingArguments(output_dir=hf.output_dir(), max_steps=50, save_strategy="no", eval_strategy="steps",
+                         eval_steps=3, eval_on_start=sys.argv[1] == "on-start", per_device_train_batch_size=4,
+                         per_device_eval_batch_size=1, logging_strategy="no", report_to=[], use_cpu=True,
+                         disable_tqdm=True, seed=0, dataloader_num_workers=0)
+Trainer(model=model, args=args, train_dataset=data, eval_dataset=data,
+        callbacks=[SlowEval(), hf.DispatchCallback()]).train()
+print("training ended without a save", flush=True)
+"""
+
+
+@pytest.mark.only_on("bookworm")  # the host's torch and transformers run there
+@pytest.mark.parametrize("when", ["eval", "on-start"], ids=["evaluation", "eval_on_start-warm-up"])
+def test_hf_trainer_signalled_in_evaluation_publishes_from_there(slurm_cluster: Cluster, workdir, when):
+    """scancel --signal=TERM while the Trainer evaluates (at step 3, or eval_on_start's
+    evaluation before any step: 256 batches, ~13 s): the step is published from inside the
+    evaluation, which never ends, and the job exits 0 with the sentinel."""
+    from support import HOST_SITE
+    c = slurm_cluster
+    if HOST_SITE not in c.volumes.values():
+        pytest.skip(f"no torch usable in the {c.suite} cluster")
+    cdir, hdir = workdir
+    (hdir / "hf.py").write_text(HF_TRAINER)
+    job, _ = start(c, workdir, job_script(cdir, "TERM@30", f"env PYTHONPATH={HOST_SITE} python3 {cdir}/hf.py {when}"))
+    step = 0 if when == "on-start" else 3
+    c.wait_until(lambda: said(c, cdir, f"eval started at step {step}"), timeout=110, what="the evaluation")
+    c.cancel(job, "TERM", user="alice")
+    ended(c, job)
+    out = c.read(f"{cdir}/job.out")
+    assert steps(hdir) == [step] and SENTINEL in out and f"eval done at step {step}" not in out, out[-3000:]
+    (rec,) = records(hdir).values()
+    assert rec["stop"]["t"] - rec["signal"]["t"] < 1 and rec["exit"]["code"] == 0
+
+
+@pytest.mark.only_on("bookworm")  # the host's torch runs there
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare-torchrun", "dispatch-slurm-launch"])
+def test_torchrun_two_nodes_its_kill_and_exit_status(slurm_cluster: Cluster, workdir, wrapped):
+    """2 nodes x torchrun x 2 workers, a 3 s save, torchrun's kill at 1 s (--shutdown-timeout
+    1 stands for its default 30 s): bare, every rank is killed mid-save, nothing is
+    published and the job fails; under `dispatch-slurm launch` all 4 ranks save, one
+    publication, the job COMPLETED; the doctor's report for each."""
+    from support import HOST_SITE
+    c = slurm_cluster
+    if HOST_SITE not in c.volumes.values():
+        pytest.skip(f"no torch usable in the {c.suite} cluster")
+    cdir, hdir = workdir
+    launch = "dispatch-slurm launch -- " if wrapped else ""
+    cmd = (f"env PYTHONPATH={HOST_SITE} {launch}python3 -m torch.distributed.run --nnodes 2 --nproc-per-node 2 "
+           f"--shutdown-timeout 1 --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 {cdir}/trainer.py ok")
+    job, _ = start(c, workdir, job_script(cdir, "TERM@10", cmd, nodes=2, env="export MASTER=$(hostname)\n"),
+                   extra="SAVE_S=3")
+    code, _, report = doctor(c, cdir, job, "--launcher", "torchrun", ranks=4)
+    print(report)
+    info = ended(c, job)
+    if wrapped:
+        assert code == 0 and len(steps(hdir)) == 1 and info.state == "COMPLETED", report
+    else:
+        assert code == 1 and "launcher-kill" in codes(report) and steps(hdir) == [], report
+        assert info.state == "FAILED", info
