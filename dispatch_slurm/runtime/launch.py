@@ -12,9 +12,10 @@ What this does, for the save signals (default SIGTERM plus the job's, $DISPATCH_
     handler does not) and with torchrun's ``--signals-to-handle`` (PET_/TORCHELASTIC_SIGNALS_TO_HANDLE) left without them, so
     torchrun neither forwards-then-kills nor dies; its workers inherit "ignored" and
     the preemption handler they install replaces it;
-  * this process catches them and passes each on to every process below it (Slurm
-    signals every process of a step anyway; a signal sent to this process alone -- a
-    batch shell's trap, a local ``kill`` -- reaches the ranks too). A rank's second
+  * this process catches them and passes each on to every process below it: under
+    cgroup process tracking Slurm signals only the task's own process, this one
+    (measured on 26.05), and a batch shell's trap or a local ``kill`` does the same;
+    under linuxproc every process gets it from Slurm as well, and a rank's second
     signal is ignored by its handler: no double save;
   * it exits with the launcher's status, except that a non-zero status after a signal is
     turned into 0 when every rank under it recorded a successful save and exit 0 (probe
