@@ -146,8 +146,8 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
     \b
     The wiring only (Slurm's config, the job script):
         dispatch-slurm doctor --script train.sbatch
-    A local rehearsal (no Slurm: COMMAND is signalled as Slurm signals a step; B: = its
-    own process only; T s later SIGTERM to all, KillWait later SIGKILL):
+    A local rehearsal (no Slurm: COMMAND plays an srun task and is signalled as Slurm
+    signals one: its own process, T s later SIGTERM again, KillWait later SIGKILL):
         dispatch-slurm doctor --signal TERM@20 --kill-wait 5 --ranks 2 -- \\
             torchrun --nproc-per-node 2 train.py
     A running test job (it ends; every rank's handler records under --root):

@@ -25,6 +25,8 @@ import os
 import socket
 import time
 
+from . import distributed  # now, not inside a signal handler
+
 DIRNAME = "dispatch-probe"
 PHASES = ("installed", "signal", "stop", "saved", "published", "exit")
 
@@ -39,7 +41,6 @@ def directory(environ=os.environ) -> str | None:
 
 
 def _rank(environ) -> tuple[int | None, int | None]:
-    from . import distributed
     r = distributed.rank()
     if r is None:
         for key in ("RANK", "SLURM_PROCID"):
