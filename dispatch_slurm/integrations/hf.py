@@ -41,9 +41,9 @@ landed). At each ``on_prediction_step`` (one evaluation batch) the callback asks
 ``stop_requested()`` too and, once true, saves there through the Trainer's own
 ``_save_checkpoint`` (the weights are the last whole step's: an evaluation changes nothing),
 then publishes and exits as above. The Trainer is found as the caller of the callback (the
-evaluation loop's ``self``); ``_save_checkpoint`` is a private method, read in 5.x. A signal
-while the Trainer builds (after ``Trainer(...)``, before ``train``) is noted by the handler
-installed at ``on_init_end`` and acted on at the first of those points.
+evaluation loop's ``self``); ``_save_checkpoint`` is a private method, read in 5.x. The handler
+is installed at ``on_train_begin``, not when the Trainer is built: a script that builds one
+and never trains must still die of SIGTERM, not note it forever.
 
 Outside dispatch (no ``$DISPATCH_CHECKPOINT``/``$DISPATCH_EXEC_DIR``/``$DISPATCH_EPOCH``)
 ``on_train_begin`` fails at once, naming what is missing, instead of at the first save.
@@ -135,10 +135,6 @@ class DispatchCallback(TrainerCallback):
         self.local = _local() if local is None else local
         self.stopping = False
         self.training = False
-
-    def on_init_end(self, args, state, control, **kwargs):
-        if not self.local and all(os.environ.get(k) for k in NEEDED):
-            preempt.install_preemption_handler(None)  # a signal from here on is noted, not fatal
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.local:
