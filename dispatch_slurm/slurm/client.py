@@ -151,14 +151,17 @@ class Slurm(Shell):
         m = re.search(r"CANCELLED by (\d+)", out)
         return int(m.group(1)) if m else None
 
-    def cancel(self, job_id: int, signal: Optional[str] = None, *, batch: bool = False) -> None:
+    def cancel(self, job_id: int, signal: Optional[str] = None, *, batch: bool = False, full: bool = False) -> None:
         """``scancel``: without ``signal`` Slurm's cancel (SIGCONT, SIGTERM, KillWait, SIGKILL);
-        with it, only that signal (``batch``: to the batch shell alone, not the steps)."""
+        with it, only that signal (``batch``: to the batch shell alone, not the steps;
+        ``full``: to the batch shell, its children and every step)."""
         cmd = ["scancel"]
         if signal:
             cmd.append(f"--signal={signal}")
         if batch:
             cmd.append("--batch")
+        if full:
+            cmd.append("--full")
         self.run([*cmd, str(int(job_id))])
 
     def hold(self, job_id: int) -> None:
