@@ -437,6 +437,9 @@ def main():
                     results["sweep"].append(Scenario(c, "sweep", n, m, ["--resubmit", "1"],
                                                      ["-o", "/dev/null", "-J", "rpc-bench", "--wrap", wrap],
                                                      a.job_seconds, say).run())
+                    if a.json:  # each scenario's figures kept as it ends: a later one may abort
+                        with open(a.json, "w") as f:
+                            json.dump(results, f, indent=1)
                     c.wait_nodes(lambda ns: all("IDLE" in n.state for n in ns), timeout=300, what="nodes idle")
     results["wall_s"] = time.time() - t_all
     if a.json:
