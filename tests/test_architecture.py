@@ -164,3 +164,12 @@ def test_xdist_groups_keep_each_group_on_one_worker(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     workers = {g: {p.name.split(".")[1] for p in out.iterdir() if p.name.startswith(f"{g}.")} for g in (0, 1)}
     assert all(len(w) == 1 for w in workers.values()), f"a group ran on several workers: {workers}"
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their base name (no packages under tests/): two files of
+    one name (tests/test_x.py and tests/cluster/test_x.py) are a collection error in CI."""
+    names: dict[str, list[str]] = {}
+    for p in (PKG.parent / "tests").rglob("test_*.py"):
+        names.setdefault(p.name, []).append(str(p.relative_to(PKG.parent)))
+    assert not {n: ps for n, ps in names.items() if len(ps) > 1}

@@ -1,5 +1,5 @@
 """slurmctld's RPC counters, read with ``sdiag`` as root: what the supervisor's Slurm
-queries cost the controller (benchmarks/bench_supervisor_rpc.py, tests/cluster/test_fleet.py)."""
+queries cost the controller (benchmarks/bench_supervisor_rpc.py, tests/cluster/test_fleet_on_slurm.py)."""
 
 from __future__ import annotations
 
