@@ -85,3 +85,33 @@ unconf = @if [ -e $(D)$(2) ]; then \
 MAN_PYTHON ?= $(VENV)/bin/python
 man:
 	$(MAN_PYTHON) admin/man/gen_cli_man.py >admin/man/dispatch-slurm.1.new && mv admin/man/dispatch-slurm.1.new admin/man/dispatch-slurm.1
+
+# The packages are built from a copy of the sources they need (nothing is written beside
+# the tree, as dpkg-buildpackage would, and no .venv or build output goes in); the results
+# land in dist/.
+PKG_SOURCES := Makefile pyproject.toml README.md admin debian dispatch_slurm spank_env prolog epilog
+PKG_BUILD := build/pkg
+# lintian: every tag an error but the one debian/dispatch-slurm.lintian-overrides explains (LINTIAN=: skips it).
+LINTIAN ?= lintian
+DEB_ARCH = $(shell dpkg --print-architecture)
+
+orig:
+	rm -rf $(PKG_BUILD)/$(PKG)-$(VERSION) && mkdir -p $(PKG_BUILD)/$(PKG)-$(VERSION) dist
+	tar -c --exclude=__pycache__ --exclude='*.so' --exclude=test_contract $(PKG_SOURCES) | tar -x -C $(PKG_BUILD)/$(PKG)-$(VERSION)
+	tar -C $(PKG_BUILD) -czf dist/$(PKG)-$(VERSION).tar.gz --owner=root --group=root $(PKG)-$(VERSION)
+
+# dpkg-buildpackage from the PATH's python3 must be Debian's (pybuild's modules are there).
+deb: orig
+	rm -f dist/$(PKG)_$(VERSION)_*.deb dist/$(PKG)-dbgsym_$(VERSION)_*.deb
+	cd $(PKG_BUILD)/$(PKG)-$(VERSION) && dpkg-buildpackage -us -uc -b
+	mv $(PKG_BUILD)/$(PKG)*_$(VERSION)_$(DEB_ARCH).* dist/
+	$(LINTIAN) -I --pedantic --fail-on error,warning dist/$(PKG)_$(VERSION)_$(DEB_ARCH).changes
+	@ls dist/$(PKG)_$(VERSION)_$(DEB_ARCH).deb
+
+# RHEL's paths (%{_libdir}/slurm is its Slurm's plugin dir, /etc/sysconfig its defaults
+# directory); on Debian, rpmbuild from the `rpm` package builds it the same way.
+rpm: orig
+	mkdir -p $(PKG_BUILD)/rpm/SOURCES && cp dist/$(PKG)-$(VERSION).tar.gz $(PKG_BUILD)/rpm/SOURCES/
+	rpmbuild --nodeps -bb -D'_topdir $(abspath $(PKG_BUILD)/rpm)' -D'pkg_version $(VERSION)' admin/$(PKG).spec
+	mv $(PKG_BUILD)/rpm/RPMS/*/$(PKG)-$(VERSION)-*.rpm dist/
+	@ls dist/$(PKG)-$(VERSION)-*.rpm
