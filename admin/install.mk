@@ -37,6 +37,7 @@ install-admin:
 	$(MAKE) -C spank_env install DESTDIR=$(abspath $(D)) LIBDIR=$(LIBDIR)/slurm
 	install -d $(D)$(LIBEXECDIR)/$(PKG) $(D)$(DATADIR)/$(PKG) $(D)$(DEFAULTSDIR) $(D)$(SYSCONFDIR)/$(PKG) \
 	  $(D)$(MANDIR)/man1 $(D)$(MANDIR)/man5 $(D)$(MANDIR)/man8
+	install -m 0755 admin/unplug $(D)$(LIBEXECDIR)/$(PKG)/unplug
 	for h in $(HOOKS); do \
 	  sed 's|^DEFAULTS=.*|DEFAULTS=$(DEFAULTSDIR)/$(PKG)|' $$h >$(D)$(LIBEXECDIR)/$(PKG)/$${h#*/} && \
 	  chmod 0755 $(D)$(LIBEXECDIR)/$(PKG)/$${h#*/} || exit 1; done
@@ -60,11 +61,13 @@ install-python:
 	printf '#!$(INSTALL_PYTHON)\nimport sys\nfrom dispatch_slurm.cli import main\nsys.exit(main())\n' >$(D)$(BINDIR)/$(PKG)
 	chmod 0755 $(D)$(BINDIR)/$(PKG)
 
-# The plugin goes first: spank_env's uninstall refuses (and so removes nothing) while
-# plugstack.conf or a plugstack.conf.d/ file still loads it. Configuration an admin changed stays.
+# The plugstack line goes first, as in the packages (admin/unplug: the symlink to the shipped
+# line is removed, another file loading the plugin refuses and nothing is removed); then
+# spank_env's own guard. Configuration an admin changed stays.
 uninstall:
+	admin/unplug $(D)$(PLUGSTACK) $(DATADIR)/$(PKG)/plugstack.conf
 	$(MAKE) -C spank_env uninstall DESTDIR=$(abspath $(D)) LIBDIR=$(LIBDIR)/slurm PLUGSTACK=$(PLUGSTACK)
-	rm -f $(addprefix $(D)$(LIBEXECDIR)/$(PKG)/,$(notdir $(HOOKS))) $(D)$(DATADIR)/$(PKG)/plugstack.conf \
+	rm -f $(addprefix $(D)$(LIBEXECDIR)/$(PKG)/,$(notdir $(HOOKS)) unplug) $(D)$(DATADIR)/$(PKG)/plugstack.conf \
 	  $(D)$(MANDIR)/man1/dispatch-slurm.1 $(D)$(MANDIR)/man5/dispatch-slurm-site.conf.5 $(D)$(MANDIR)/man8/dispatch_env.8
 	$(call unconf,admin/dispatch-slurm.default,$(DEFAULTSDIR)/$(PKG))
 	$(call unconf,admin/site.conf,$(SYSCONFDIR)/$(PKG)/site.conf)

@@ -30,6 +30,7 @@ LAYOUT = {
     "usr/local/libexec/dispatch-slurm/prolog": 0o755,
     "usr/local/libexec/dispatch-slurm/taskprolog": 0o755,
     "usr/local/libexec/dispatch-slurm/epilog": 0o755,
+    "usr/local/libexec/dispatch-slurm/unplug": 0o755,
     "usr/local/share/dispatch-slurm/plugstack.conf": 0o644,
     "usr/local/share/man/man1/dispatch-slurm.1": 0o644,
     "usr/local/share/man/man5/dispatch-slurm-site.conf.5": 0o644,
@@ -109,7 +110,10 @@ def test_uninstall_refuses_while_a_plugstack_file_loads_the_plugin(tree, tmp_pat
     refused = make(tree, "uninstall", f"DESTDIR={dest}", f"PYTHONDIR={PYDIR}", check=False)
     assert refused.returncode != 0 and "plugstack.conf still loads" in refused.stderr, refused
     (dest / "etc/slurm/plugstack.conf").write_text("# required /usr/local/lib/slurm/dispatch_env.so\n")
-    make(tree, "uninstall", f"DESTDIR={dest}", f"PYTHONDIR={PYDIR}")
+    # the documented enabling step, a symlink to the shipped line: uninstall removes it first
+    os.symlink("/usr/local/share/dispatch-slurm/plugstack.conf", loads)
+    r = make(tree, "uninstall", f"DESTDIR={dest}", f"PYTHONDIR={PYDIR}")
+    assert f"removed {loads}" in r.stdout, r
     assert set(files(dest)) == {"etc/slurm/plugstack.conf"}
 
 
