@@ -19,7 +19,7 @@ from support import REPO
 
 pytestmark = pytest.mark.skipif(not Path("/usr/include/slurm/spank.h").exists(),
                                 reason="no slurm/spank.h: apt-get install libslurm-dev (tools/setup-host does)")
-TREE = ["Makefile", "pyproject.toml", "README.md", "admin", "spank_env", "prolog", "epilog", "dispatch_slurm"]
+TREE = ["Makefile", "pyproject.toml", "README.md", "admin", "debian", "spank_env", "prolog", "epilog", "dispatch_slurm"]
 PYDIR = "/usr/lib/python3/dist-packages"  # given, so the layout does not depend on this interpreter
 # every file `make install` writes but the Python modules, and its mode (PREFIX=/usr/local)
 LAYOUT = {
@@ -167,3 +167,42 @@ def test_the_man_page_is_what_the_click_commands_say():
     assert out.stdout == committed, "admin/man/dispatch-slurm.1 is out of date: run `make man`"
     for cmd in ("submit", "env", "check-site", "latest", "gc", "run"):
         assert re.search(rf'^\.SS "{re.escape(cmd.replace("-", chr(92) + "-"))} ', committed, re.M), cmd
+
+
+@pytest.mark.skipif(shutil.which("rpmbuild") is None, reason="no rpmbuild: apt-get install rpm (tools/setup-host does)")
+def test_make_rpm_ships_the_same_files_at_rhels_paths(tree):
+    """The spec installs through `make install`: the RPM holds what a source install does, at
+    RHEL's paths, the two configuration files marked %config(noreplace), and erases through unplug."""
+    make(tree, "rpm", "PATH=/usr/sbin:/usr/bin:/sbin:/bin")
+    rpm = next((tree / "dist").glob("dispatch-slurm-0.1.0-1.*.rpm"))
+    listed = subprocess.run(["rpm", "-qlp", rpm], capture_output=True, text=True, check=True).stdout.split()
+    site = next(p for p in listed if p.endswith("-packages/dispatch_slurm"))[:-len("/dispatch_slurm")]
+    assert re.fullmatch(r"/usr/lib/python3\.\d+/site-packages", site), site
+    others = {p for p in listed if not p.startswith(f"{site}/dispatch_slurm/")}
+    assert others == {
+        "/etc/dispatch-slurm", "/etc/dispatch-slurm/site.conf", "/etc/sysconfig/dispatch-slurm",
+        "/usr/bin/dispatch-slurm", f"{site}/dispatch_slurm", f"{site}/dispatch_slurm-0.1.0.dist-info",
+        *(f"{site}/dispatch_slurm-0.1.0.dist-info/{f}" for f in ("INSTALLER", "METADATA", "entry_points.txt")),
+        "/usr/lib64/slurm/dispatch_env.so", "/usr/libexec/dispatch-slurm",
+        *(f"/usr/libexec/dispatch-slurm/{h}" for h in ("prolog", "taskprolog", "epilog", "unplug")),
+        "/usr/share/dispatch-slurm", "/usr/share/dispatch-slurm/plugstack.conf",
+        "/usr/share/doc/dispatch-slurm-0.1.0", "/usr/share/doc/dispatch-slurm-0.1.0/README.md",
+        "/usr/share/man/man1/dispatch-slurm.1", "/usr/share/man/man5/dispatch-slurm-site.conf.5",
+        "/usr/share/man/man8/dispatch_env.8"}, sorted(others)
+    modules = {p for p in listed if p.startswith(f"{site}/dispatch_slurm/") and p.endswith(".py")}
+    assert {m[len(site) + 1:] for m in modules} == {str(p.relative_to(tree)) for p in (tree / "dispatch_slurm").rglob("*.py")}
+    conf = subprocess.run(["rpm", "-qpc", rpm], capture_output=True, text=True, check=True).stdout.split()
+    assert conf == ["/etc/dispatch-slurm/site.conf", "/etc/sysconfig/dispatch-slurm"]
+    scripts = subprocess.run(["rpm", "-qp", "--scripts", rpm], capture_output=True, text=True, check=True).stdout
+    assert "/usr/libexec/dispatch-slurm/unplug /etc/slurm/plugstack.conf /usr/share/dispatch-slurm/plugstack.conf" in scripts
+    print("rpm -qlp:", *sorted(others), f"... and {len(modules)} modules", sep="\n  ")
+
+
+def test_every_version_says_the_same():
+    version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M)[1]
+    assert re.search(rf"^VERSION = {re.escape(version)}$", (REPO / "spank_env/Makefile").read_text(), re.M)
+    assert (REPO / "debian/changelog").read_text().startswith(f"dispatch-slurm ({version}) ")
+    spec = (REPO / "admin/dispatch-slurm.spec").read_text()
+    assert f"%global pkg_version {version}}}" in spec and re.search(rf"^\* .* - {re.escape(version)}-1$", spec, re.M)
+    for page in ("dispatch_env.8", "dispatch-slurm-site.conf.5", "dispatch-slurm.1"):
+        assert f'"dispatch-slurm {version}"' in (REPO / "admin/man" / page).read_text().splitlines()[0], page
