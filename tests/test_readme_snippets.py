@@ -24,7 +24,12 @@ SH = [m[1] for m in re.finditer(r"```sh\n(.*?)```", README, re.S)]
 # blocks run elsewhere, for real, instead of here with stand-ins
 ELSEWHERE = {
     "make demo": "the two developer commands: CI runs `make test` itself (.ci/run)",
-    "apt-get install gcc make": "an admin's install on the nodes: docker-slurm/Dockerfile runs these steps",
+    "apt-get install gcc make": "an admin's install from source: tests/test_package.py runs `make install` "
+                                "(into a DESTDIR and a PREFIX), tests/cluster/test_package.py the symlink step",
+    "make deb LINTIAN=:": "the Debian recipe: docker-slurm/Dockerfile builds and installs the .deb for every "
+                          "release, tests/cluster/test_package.py enables, purges and upgrades it",
+    "make rpm": "the RPM recipe: tests/test_package.py builds it with rpmbuild and checks `rpm -qlp` "
+                "(no RHEL cluster here: dnf is not run)",
     "dispatch-slurm plan /scratch/me/run1": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
     "dispatch-slurm release": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
     "continues to the end": "the long run over time limits: tests/cluster/test_continuations.py runs the "
