@@ -161,7 +161,7 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     # the Prolog's record back (root's, 0644, as the Prolog writes it), then the Epilog again
     record = json.dumps({"DISPATCH_CHECKPOINT": root, "DISPATCH_ATTEMPT": attempt})
     c.exec("c1", f"printf '%s' '{record}' > /run/dispatch-slurm/{job}.json && chmod 0644 /run/dispatch-slurm/{job}.json")
-    c.exec("c1", ["/etc/slurm/dispatch/epilog"],
+    c.exec("c1", ["/usr/libexec/dispatch-slurm/epilog"],
            env={"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001", "SLURM_JOB_USER": "alice",
                 "SLURMD_NODENAME": "c1", f"{SPANK_OPT}checkpoint": root, **({"SLURM_JOB_SLUID": sluid[0]} if sluid else {})})
     assert snapshot(hdir / "root") == before
@@ -186,7 +186,7 @@ def test_on_cgroup_v2_the_epilog_waits_for_the_job_cgroup_not_a_process_scan(slu
     attempt = expected(c, root, job, n=1)["DISPATCH_ATTEMPT"]
     scan = c.exec("c2", f"grep -lsa 'DISPATCH_ATTEMPT={attempt}' /proc/[0-9]*/environ", check=False).stdout
     assert not scan.strip(), f"a process still carries the token, the scan alone would wait too: {scan}"
-    by_hand = c.exec("c2", ["/etc/slurm/dispatch/epilog"],
+    by_hand = c.exec("c2", ["/usr/libexec/dispatch-slurm/epilog"],
                      env={"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001",
                           "SLURM_JOB_USER": "alice", "SLURMD_NODENAME": "c2", f"{SPANK_OPT}checkpoint": root,
                           **({"SLURM_JOB_SLUID": sluid} if sluid else {})})
