@@ -65,7 +65,7 @@ install-python:
 # line is removed, another file loading the plugin refuses and nothing is removed); then
 # spank_env's own guard. Configuration an admin changed stays.
 uninstall:
-	admin/unplug $(D)$(PLUGSTACK) $(DATADIR)/$(PKG)/plugstack.conf
+	admin/unplug $(D)$(PLUGSTACK) $(DATADIR)/$(PKG)/plugstack.conf $(LIBEXECDIR)/$(PKG)
 	$(MAKE) -C spank_env uninstall DESTDIR=$(abspath $(D)) LIBDIR=$(LIBDIR)/slurm PLUGSTACK=$(PLUGSTACK)
 	rm -f $(addprefix $(D)$(LIBEXECDIR)/$(PKG)/,$(notdir $(HOOKS)) unplug) $(D)$(DATADIR)/$(PKG)/plugstack.conf \
 	  $(D)$(MANDIR)/man1/dispatch-slurm.1 $(D)$(MANDIR)/man5/dispatch-slurm-site.conf.5 $(D)$(MANDIR)/man8/dispatch_env.8
