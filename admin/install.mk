@@ -41,7 +41,8 @@ install-admin:
 	for h in $(HOOKS); do \
 	  sed 's|^DEFAULTS=.*|DEFAULTS=$(DEFAULTSDIR)/$(PKG)|' $$h >$(D)$(LIBEXECDIR)/$(PKG)/$${h#*/} && \
 	  chmod 0755 $(D)$(LIBEXECDIR)/$(PKG)/$${h#*/} || exit 1; done
-	sed -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@DATADIR@|$(DATADIR)|' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|' \
+	sed -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@DATADIR@|$(DATADIR)|' \
+	  -e 's|@CONF@|$(if $(filter /etc,$(SYSCONFDIR)),, conf=$(SYSCONFDIR)/$(PKG)/site.conf)|' \
 	  admin/plugstack.conf.in >$(D)$(DATADIR)/$(PKG)/plugstack.conf
 	chmod 0644 $(D)$(DATADIR)/$(PKG)/plugstack.conf
 	install -m 0644 admin/man/dispatch-slurm.1 $(D)$(MANDIR)/man1/

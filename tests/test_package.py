@@ -79,7 +79,7 @@ def test_install_lays_out_the_packages_files_and_uninstall_removes_them(tree, tm
     assert len(modules) > 40, modules
     drop_in = (dest / "usr/local/share/dispatch-slurm/plugstack.conf").read_text()
     active = [line for line in drop_in.splitlines() if line and not line.startswith("#")]
-    assert active == ["required /usr/local/lib/slurm/dispatch_env.so conf=/etc/dispatch-slurm/site.conf"]
+    assert active == ["required /usr/local/lib/slurm/dispatch_env.so"]  # conf=: the default, /etc/dispatch-slurm
     # every key of the site file and of the defaults file is commented out: nothing set by the install
     for conf in ("etc/dispatch-slurm/site.conf", "etc/default/dispatch-slurm"):
         lines = [line for line in (dest / conf).read_text().splitlines() if line.strip()]
@@ -139,6 +139,8 @@ def test_the_wrappers_read_the_defaults_file_not_the_jobs_environment(tree, tmp_
     make(tree, "install", f"PREFIX={prefix}", f"SYSCONFDIR={etc}", f"INSTALL_PYTHON={stub}", f"PYTHONDIR={prefix}/py")
     defaults = (etc / "default/dispatch-slurm").read_text()
     assert f"\nPYTHON={stub}\n" in defaults and f"\nSITE_CONF={etc}/dispatch-slurm/site.conf\n" in defaults
+    drop_in = (prefix / "share/dispatch-slurm/plugstack.conf").read_text().splitlines()[-1]
+    assert drop_in == f"required {prefix}/lib/slurm/dispatch_env.so conf={etc}/dispatch-slurm/site.conf"
     with open(etc / "default/dispatch-slurm", "a") as f:
         f.write(f"LOG={tmp_path}/hooks.log\n")
     job = {"PATH": os.environ["PATH"], "PYTHON": "/bin/false", "SITE_CONF": "/home/u/mine", "LOG": "/home/u/log",

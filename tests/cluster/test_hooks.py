@@ -394,8 +394,9 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
     root = make_root(c, f"{cdir}/root")
     c.exec("c1", f"printf 'grace = 299\\n' > {cdir}/mine.conf", user="alice")
     hosts = [CONTROLLER, *c.node_names]
+    shipped = {h: c.exec(h, ["cat", "/etc/dispatch-slurm/site.conf"]).stdout for h in hosts}  # the package's
     for h in hosts:
-        c.exec(h, "mkdir -p /etc/dispatch-slurm && printf 'grace = 45\\n' > /etc/dispatch-slurm/site.conf")
+        c.exec(h, "printf 'grace = 45\\n' > /etc/dispatch-slurm/site.conf")
     c.exec("c1", ["python3", "-c", f"from dispatch_slurm import store; store.allocate_submission({root!r})"],
            user="alice")  # N=1, as `dispatch-slurm submit` allocates it (the hooks refuse one never allocated)
     try:
@@ -405,5 +406,5 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
         c.wait_until(lambda: dumps(hdir, "task"), timeout=90, what="the task's DISPATCH_* dump")
     finally:
         for h in hosts:
-            c.exec(h, "rm -f /etc/dispatch-slurm/site.conf")
+            c.exec(h, "cat > /etc/dispatch-slurm/site.conf", input=shipped[h])
     assert "DISPATCH_GRACE_S=45" in (hdir / "task").read_text().splitlines()
