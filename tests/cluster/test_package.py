@@ -87,7 +87,7 @@ def test_the_readmes_lines_load_as_written(slurm_cluster: Cluster, workdir):
     # the slurm.conf lines are the cluster's (docker-slurm/slurm.conf.in), and name the package's files
     config = c.exec(CONTROLLER, ["scontrol", "show", "config"]).stdout
     for key, value in slurm_conf.items():
-        assert re.search(rf"^{key}\s*=\s*{re.escape(value)}\s*$", config, re.M), (key, value)
+        assert re.search(rf"^{key}(\[0\])?\s*=\s*{re.escape(value)}\s*$", config, re.M), (key, value)  # 24.11+: [0]
         if value.startswith("/"):
             owner = c.exec("c1", ["dpkg", "-S", value]).stdout
             assert owner.startswith("dispatch-slurm: "), owner
@@ -107,7 +107,7 @@ def test_removal_refused_while_used_then_purge_leaves_slurm_working(slurm_cluste
         # the admin takes the hooks out of slurm.conf, everywhere, and reconfigures
         for h in hosts(c):
             c.exec(h, "cat > /etc/slurm/slurm.conf", input=HOOK_LINE.sub(r"#\1=", saved[h]))
-        reconfigured(c, "(null)")
+        reconfigured(c, hooks=False)
         # refused, nothing changed: a copy of the plugstack line in another file
         c.exec("c1", f"cp {DROPIN} /etc/slurm/plugstack.conf.d/copy.conf")
         refused = c.exec("c1", ["dpkg", "--purge", "dispatch-slurm"], check=False)
@@ -137,16 +137,21 @@ def test_removal_refused_while_used_then_purge_leaves_slurm_working(slurm_cluste
             c.exec(h, ["dpkg", "-i", DEB], check=False)
             c.exec(h, "cat > /etc/slurm/slurm.conf", input=saved[h])
         enable(c)
-        reconfigured(c, "/usr/libexec/dispatch-slurm/prolog")
+        reconfigured(c, hooks=True)
     dispatch_job_runs(c, cdir, hdir, "reinstalled")
 
 
-def reconfigured(c: Cluster, prolog: str) -> None:
+def reconfigured(c: Cluster, hooks: bool) -> None:
+    """scontrol reconfigure, then poll until slurmctld shows the package's Prolog (or none of it)."""
     c.exec(CONTROLLER, ["scontrol", "reconfigure"])
-    # 24.11+ re-executes slurmctld on reconfigure: poll until it answers with the new value
-    c.wait_until(lambda: re.search(r"^Prolog\s*=\s*" + re.escape(prolog) + r"\s*$",
-                                   c.exec(CONTROLLER, ["scontrol", "show", "config"], check=False).stdout, re.M),
-                 timeout=60, what=f"Prolog={prolog}")
+    # 24.11+ re-executes slurmctld on reconfigure and prints "Prolog[0] = ..."
+    ours = re.compile(r"^Prolog(\[\d+\])?\s*=\s*/usr/libexec/dispatch-slurm/prolog\s*$", re.M)
+
+    def shown() -> bool:
+        r = c.exec(CONTROLLER, ["scontrol", "show", "config"], check=False)
+        return r.returncode == 0 and bool(ours.search(r.stdout)) == hooks
+
+    c.wait_until(shown, timeout=60, what=f"slurmctld {'with' if hooks else 'without'} the package's Prolog")
     c.wait_nodes(lambda ns: all(n.state == {"IDLE"} for n in ns), timeout=60, what="nodes idle")
 
 
