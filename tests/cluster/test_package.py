@@ -62,6 +62,36 @@ def enable(c: Cluster) -> None:
         c.exec(h, f"ln -sfn /usr/share/dispatch-slurm/plugstack.conf {DROPIN}")
 
 
+def test_the_image_runs_the_package(slurm_cluster: Cluster):
+    """What `dpkg -L` lists on a node (the modules aside): the layout of admin/README.md, the plugin
+    0644, the two configuration files conffiles, and nothing of dispatch-slurm outside it."""
+    c = slurm_cluster
+    listed = c.exec("c1", ["dpkg", "-L", "dispatch-slurm"]).stdout.split()
+    files = {p for p in listed if not p.startswith("/usr/lib/python3/dist-packages/dispatch_slurm/")
+             and c.exec("c1", ["test", "-d", p], check=False).returncode}
+    info = "/usr/lib/python3/dist-packages/dispatch_slurm-0.1.0.dist-info/"
+    assert files == {
+        "/etc/default/dispatch-slurm", "/etc/dispatch-slurm/site.conf", "/usr/bin/dispatch-slurm",
+        *(info + f for f in ("METADATA", "RECORD", "WHEEL", "entry_points.txt", "top_level.txt")),
+        "/usr/lib/x86_64-linux-gnu/slurm/dispatch_env.so",
+        *(f"/usr/libexec/dispatch-slurm/{h}" for h in ("prolog", "taskprolog", "epilog", "unplug")),
+        "/usr/share/dispatch-slurm/plugstack.conf", "/usr/share/lintian/overrides/dispatch-slurm",
+        *(f"/usr/share/doc/dispatch-slurm/{f}" for f in ("README.Debian", "README.md.gz", "changelog.gz", "copyright")),
+        "/usr/share/man/man1/dispatch-slurm.1.gz", "/usr/share/man/man5/dispatch-slurm-site.conf.5.gz",
+        "/usr/share/man/man8/dispatch_env.8.gz"}, sorted(files)
+    modes = c.exec("c1", ["stat", "-c", "%a %U", "/usr/lib/x86_64-linux-gnu/slurm/dispatch_env.so",
+                          "/usr/libexec/dispatch-slurm/prolog"]).stdout.split("\n")
+    assert modes[:2] == ["644 root", "755 root"], modes
+    conffiles = c.exec("c1", ["dpkg-query", "-W", "-f", "${Conffiles}", "dispatch-slurm"]).stdout.split()[::2]
+    assert sorted(conffiles) == ["/etc/default/dispatch-slurm", "/etc/dispatch-slurm/site.conf"], conffiles
+    assert c.exec("c1", ["readlink", DROPIN]).stdout.strip() == "/usr/share/dispatch-slurm/plugstack.conf"
+    # the image's Python finds the package Debian's way, not through a pip install or a copy
+    where = c.exec("c1", ["python3", "-c", "import dispatch_slurm; print(dispatch_slurm.__file__)"]).stdout.strip()
+    assert where == "/usr/lib/python3/dist-packages/dispatch_slurm/__init__.py", where
+    print(f"dpkg -L dispatch-slurm on {c.suite} (Slurm {c.slurm_release}):", *sorted(files),
+          f"... and {len(listed) - len(files)} directories and modules", sep="\n  ")
+
+
 def test_the_readmes_lines_load_as_written(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
