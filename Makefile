@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` and `make test`. Both set up what they
+# The two commands of docs/development.md: `make demo` and `make test`. Both set up what they
 # need on a fresh Debian machine (as root): system packages, a Docker engine, a venv.
 SHELL := /bin/bash
 PYTHON ?= python3

@@ -11,7 +11,7 @@ where a user runs them, in the controller container (the login node) as alice.
 Modes, measured in the same run:
 
   per-root  one `dispatch-slurm run ROOT ...` process per root (today's; the reference)
-  shared    one process for all N roots (issue 26: not in the CLI yet; see shared_argvs())
+  shared    one `dispatch-slurm run ROOT... -- ...` process for all N roots (supervisor/fleet.py)
 
 Counted from `sdiag` (reset with `sdiag --reset` as root when a scenario starts, then read
 as root: the benchmark's own queries are root's and never alice's):
@@ -60,15 +60,15 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # the test bed
-from dispatch_slurm.slurm.facts import DATA_PARSER  # noqa: E402
+from dispatch_slurm.slurm.dialects import DATA_PARSER  # noqa: E402
 from dispatch_slurm.supervisor.record import Record  # noqa: E402
+from testbed import sdiag as sdiag_mod  # noqa: E402
 from testbed import wait  # noqa: E402
 from testbed.cluster import CONTROLLER, SUITES, Cluster  # noqa: E402
 
 USER = "alice"
 NODES = 3
 SDIAG_OWN = {"REQUEST_STATS_INFO", "REQUEST_RESET_STATS"}
-_SDIAG_ROW = re.compile(r"^\s+(\S+?)\s*\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)")
 _TIMES = re.compile(r"(\d+)m([\d.]+)s")
 
 
@@ -84,12 +84,8 @@ def per_root_argvs(roots: list[str], run_args: list[str], sbatch: list[str]) -> 
 
 
 def shared_argvs(roots: list[str], run_args: list[str], sbatch: list[str]) -> list[list[str]]:
-    """Issue 26's: one process follows every root, each with its own record and rules.
-    Return the one argv here once the CLI has it, e.g.
-    ``[["dispatch-slurm", "run", *roots, *run_args, "--", *sbatch]]``; the rest of the
-    benchmark (pid, exit code, CPU, records per root) works unchanged for it."""
-    raise Unavailable("mode shared: `dispatch-slurm run` follows one root per process today "
-                      "(issue 26 adds one process for many roots; fill in shared_argvs())")
+    """Issue 26's: one process follows every root, each with its own record and rules."""
+    return [["dispatch-slurm", "run", *roots, *run_args, "--", *sbatch]]
 
 
 MODES = {"per-root": per_root_argvs, "shared": shared_argvs}
@@ -97,26 +93,8 @@ MODES = {"per-root": per_root_argvs, "shared": shared_argvs}
 
 # -- sdiag ---------------------------------------------------------------------------------
 
-def sdiag(c: Cluster) -> dict:
-    """slurmctld's RPC counters now: {"t", "types": {name: [count, total_us]}, "users": ...}."""
-    out = c.exec(CONTROLLER, ["sdiag"]).stdout
-    got: dict = {"t": time.time(), "types": {}, "users": {}}
-    section = None
-    for line in out.splitlines():
-        if line.startswith("Remote Procedure Call statistics by message type"):
-            section = "types"
-        elif line.startswith("Remote Procedure Call statistics by user"):
-            section = "users"
-        elif line and not line[0].isspace():
-            section = None
-        elif section and (m := _SDIAG_ROW.match(line)):
-            got[section][m[1]] = [int(m[3]), int(m[5])]
-    return got
-
-
-def sdiag_reset(c: Cluster) -> dict:
-    c.exec(CONTROLLER, ["sdiag", "--reset"])  # root (or SlurmUser) only
-    return sdiag(c)
+sdiag = sdiag_mod.read
+sdiag_reset = sdiag_mod.reset
 
 
 def delta(a: dict, b: dict) -> dict:
@@ -459,6 +437,9 @@ def main():
                     results["sweep"].append(Scenario(c, "sweep", n, m, ["--resubmit", "1"],
                                                      ["-o", "/dev/null", "-J", "rpc-bench", "--wrap", wrap],
                                                      a.job_seconds, say).run())
+                    if a.json:  # each scenario's figures kept as it ends: a later one may abort
+                        with open(a.json, "w") as f:
+                            json.dump(results, f, indent=1)
                     c.wait_nodes(lambda ns: all("IDLE" in n.state for n in ns), timeout=300, what="nodes idle")
     results["wall_s"] = time.time() - t_all
     if a.json:

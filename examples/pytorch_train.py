@@ -11,6 +11,9 @@ never published, so it is never resumed from. On SIGTERM (or --signal USR2 for
 within the grace window, then prints ``dispatch-checkpoint-complete`` and exits 0.
 The handler is deferred: it runs between steps (``preemption_point()``), so the saved
 model and optimizer always belong to one whole step. Only rank 0 saves and publishes.
+The warm-up (``--warmup``: batches fetched before the first step) and the evaluation
+(``--eval-every``) iterate through ``preemptible``, so a signal there saves at the next
+batch instead of waiting for the phase to end (the state is still the last whole step's).
 """
 
 import argparse
@@ -21,7 +24,7 @@ import time
 
 import torch
 
-from dispatch_slurm import install_preemption_handler, preemption_point, store
+from dispatch_slurm import install_preemption_handler, preemptible, preemption_point, store
 from dispatch_slurm.runtime.preempt import is_publishing_rank
 from dispatch_slurm.store import events
 
@@ -47,6 +50,10 @@ def main(argv=None) -> int:
     ap.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (to simulate work)")
     ap.add_argument("--signal", default="TERM", help="signal that starts the final save [TERM]")
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--warmup", type=int, default=0, help="batches of warm-up before the first step")
+    ap.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: never)")
+    ap.add_argument("--eval-batches", type=int, default=20, help="batches per evaluation")
+    ap.add_argument("--phase-time", type=float, default=0.0, help="extra seconds per warm-up/eval batch")
     a = ap.parse_args(argv)
     if a.max_steps < 1 or a.save_every < 1:
         ap.error("--max-steps and --save-every must be >= 1")
@@ -88,6 +95,11 @@ def main(argv=None) -> int:
         return save(step) if rank0 else None  # the handler publishes what rank 0 returns
 
     install_preemption_handler(on_preempt, signals=(sig,), defer=True)
+    if a.warmup:
+        print("warm-up", flush=True)
+    for i in preemptible(range(a.warmup)):  # e.g. filling a prefetch queue, compiling
+        batch(-1 - i)
+        time.sleep(a.phase_time)
     while step < a.max_steps:
         x, y = batch(step)
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -102,6 +114,14 @@ def main(argv=None) -> int:
                 store.publish(save(step), step, by="example")
             print(f"step {step} loss {loss.item():.4f} saved", flush=True)
         preemption_point()  # a pending signal: save this whole step, publish, exit 0
+        if a.eval_every and step % a.eval_every == 0:
+            print(f"eval at step {step}", flush=True)
+            with torch.no_grad():
+                for i in preemptible(range(a.eval_batches)):
+                    x, y = batch(10**6 + i)
+                    torch.nn.functional.mse_loss(model(x), y)
+                    time.sleep(a.phase_time)
+            print(f"eval done at step {step}", flush=True)
     events.emit("execution_ended", exit=0)
     print(f"done at step {step}", flush=True)
     return 0

@@ -1,7 +1,8 @@
 /*
- * The dispatch-slurm contract in C: the same rules as dispatch_slurm/{epoch,names,
- * env}.py, checked against tests/vectors/ (JSON) by test_contract. Pure: no Slurm,
- * no I/O, so every context (sbatch, slurmstepd, the unit test) computes identically.
+ * The dispatch-slurm contract in C: the same rules as dispatch_slurm/contract/
+ * (epoch.py, names.py, env.py), checked against tests/vectors/ (JSON) by
+ * test_contract. Pure: no Slurm, no I/O, so every context (sbatch, slurmstepd,
+ * the unit test) computes identically.
  */
 #ifndef DISPATCH_CONTRACT_H
 #define DISPATCH_CONTRACT_H

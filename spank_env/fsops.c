@@ -1,7 +1,8 @@
 /*
- * The filesystem side, in C: the same rules as dispatch_slurm/store.py. Runs only
- * with the job user's credentials (sbatch itself, or slurmstepd's user_init after
- * privileges are dropped), opens every directory below the root with O_NOFOLLOW,
+ * The filesystem side, in C: the same rules as dispatch_slurm/store/posix.py and
+ * store/durable.py. Runs only with the job user's credentials (sbatch itself, or
+ * slurmstepd's user_init after privileges are dropped), opens every directory below
+ * the root with O_NOFOLLOW,
  * and makes each new entry durable (fsync of its directory) before it is used.
  */
 #include <dirent.h>

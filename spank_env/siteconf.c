@@ -1,5 +1,5 @@
 /*
- * The site.conf language (the same in dispatch_slurm/siteconf.py, checked by
+ * The site.conf language (the same in dispatch_slurm/contract/siteconf.py, checked by
  * tests/vectors/siteconf.json), on bytes, whatever their encoding:
  *   - lines end at LF; one CR right before it (or at the end of the file) is dropped;
  *   - '#' starts a comment wherever it is, up to the end of the line (any bytes);

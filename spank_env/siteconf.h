@@ -1,5 +1,5 @@
 /*
- * site.conf in C: the same language, results and messages as dispatch_slurm/siteconf.py
+ * site.conf in C: the same language, results and messages as dispatch_slurm/contract/siteconf.py
  * (both run tests/vectors/siteconf.json). Pure: no Slurm headers; the only I/O is
  * reading the file in dsp_site_load.
  */

@@ -30,12 +30,14 @@ def pytest_terminal_summary(terminalreporter):
             f"{t.get('boot_s', 0):.1f} s, the cluster's whole session (its tests too) {t.get('session_s', 0):.0f} s")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs `-n`, `--dist loadgroup`), tests that share a
     session server run on one worker, so each server starts once: the S3 servers (moto,
     Ceph's RGW) here; each docker-slurm cluster in tests/cluster/conftest.py."""
     for item in items:
-        if S3_FIXTURES & set(getattr(item, "fixturenames", ())):
+        server = getattr(item, "callspec", None) and item.callspec.params.get("server")  # test_s3.server's
+        if S3_FIXTURES & set(getattr(item, "fixturenames", ())) or server in ("moto", "ceph"):
             item.add_marker(pytest.mark.xdist_group("s3"))
 
 

@@ -1,6 +1,6 @@
 """Real S3 servers for the tests, on loopback only: moto's standalone server (from the
 package index, works offline) and, where the machine has Ceph's packages, a one-node
-Ceph cluster with its RADOS gateway (tests/ceph_rgw.py). Nothing here mocks a call:
+Ceph cluster with its RADOS gateway (below). Nothing here mocks a call:
 the store talks HTTP to a server that stores objects.
 
 moto's conditional PUT checks whether the key exists, then writes it, in two steps of

@@ -9,6 +9,7 @@
   client imported facts' privates), so each module's private names are its own to change."""
 
 import ast
+import os
 import pathlib
 import shutil
 import subprocess
@@ -132,3 +133,34 @@ def test_the_private_name_check_can_fail(tmp_path):
     bad.write_text("from .facts import _number\nfrom . import facts\nx = facts._NO_VAL\n")
     assert _private_uses("dispatch_slurm.slurm.client", bad, "dispatch_slurm.slurm") == {
         "dispatch_slurm.slurm.facts._number", "facts._NO_VAL"}
+
+
+@pytest.mark.parametrize("path", sorted((PKG.parent / "benchmarks").glob("*.py")), ids=lambda p: p.name)
+def test_every_benchmark_imports(path, monkeypatch):
+    """A benchmark runs rarely (minutes on a cluster): what it imports from the package is
+    checked on every run, so a moved name fails here, not on the day it is measured."""
+    import importlib.util
+    monkeypatch.syspath_prepend(str(PKG.parent / "tests"))
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # top level only: main() is guarded
+
+
+def test_xdist_groups_keep_each_group_on_one_worker(tmp_path):
+    """`make test` relies on --dist loadgroup to boot each cluster once (tests/cluster/conftest.py
+    marks by cluster): with pytest 9.2 and xdist 3.8 the marks grouped nothing and every worker
+    booted its own cluster of each release. A toy suite under the same pytest shows it holds."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_collection_modifyitems(config, items):\n"
+        "    for item in items:\n        item.add_marker(pytest.mark.xdist_group(f'g{item.callspec.params[\"g\"]}'))\n")
+    (tmp_path / "test_toy.py").write_text(
+        "import os, pytest\n\n@pytest.mark.parametrize('i', range(4))\n@pytest.mark.parametrize('g', [0, 1])\n"
+        "def test_toy(g, i, tmp_path_factory):\n"
+        "    open(os.path.join(os.environ['TOY_OUT'], f'{g}.{os.environ[\"PYTEST_XDIST_WORKER\"]}'), 'a').close()\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "loadgroup", "-p", "no:cacheprovider",
+                          str(tmp_path / "test_toy.py")], cwd=tmp_path, env={**os.environ, "TOY_OUT": str(out)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    workers = {g: {p.name.split(".")[1] for p in out.iterdir() if p.name.startswith(f"{g}.")} for g in (0, 1)}
+    assert all(len(w) == 1 for w in workers.values()), f"a group ran on several workers: {workers}"

@@ -264,7 +264,7 @@ def test_the_task_prolog_refuses_the_second_job_in_its_stderr(root):
 def test_the_prolog_logs_the_refusal_exits_0_and_leaves_no_files(tmp_path, monkeypatch):
     """The Prolog never drains a node: the second job's refusal is logged, it exits 0 and
     writes no /run files (the plugin's user_init then fails the job's tasks with the same
-    message in the job's stderr; tests/cluster/test_epochs.py shows it on Slurm)."""
+    message in the job's stderr; tests/cluster/test_epoch_claims.py shows it on Slurm)."""
     import tempfile
     monkeypatch.setattr(hooks, "RUN_DIR", str(tmp_path / "run"))
     monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))

@@ -83,7 +83,8 @@ def outside(root, exec_dir):
 
 
 def ckpts(exec_dir):
-    return sorted(os.listdir(exec_dir), key=lambda n: int(n.split("-")[1]))
+    return sorted((n for n in os.listdir(exec_dir) if n.startswith("checkpoint-")),  # not dispatch-probe/
+                  key=lambda n: int(n.split("-")[1]))
 
 
 def assert_untouched(before, after):
@@ -283,7 +284,7 @@ def test_missing_dispatch_env_fails_at_train_begin_and_local_mode_runs(monkeypat
 
 
 def test_the_module_docstrings_import_runs():
-    """Issue 20: the usage the module's docstring shows imports (it named dispatch_slurm.hf)."""
+    """Issue 20: the usage the module's docstring shows imports (it once named a module path that does not exist)."""
     lines = [x.strip() for x in hf.__doc__.splitlines() if x.strip().startswith(("from dispatch_slurm", "import "))]
     assert lines
     for line in lines:
@@ -314,3 +315,54 @@ def test_outside_slurm_local_runs_the_readme_snippet_and_env_local_publishes(mon
         assert (resume is None) == (run == 1)
         train(2 * run, resume)
         assert store.latest(str(tmp_path / "dispatch-local")).step == 2 * run
+
+
+EVAL_TRAINER = """
+import os, signal, sys, time
+sys.path.insert(0, {tests!r})
+from test_hf import dataset, tiny_model
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from dispatch_slurm.integrations import hf
+
+OUT = os.environ["OUT"]
+
+class SignalInEval(TrainerCallback):  # SIGTERM to itself at the first evaluation batch; each batch slow
+    def on_prediction_step(self, args, state, control, **kw):
+        if not os.path.exists(os.path.join(OUT, "signalled")):
+            open(os.path.join(OUT, "signalled"), "w").write(str(state.global_step))
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # an evaluation longer than any grace would wait for
+    def on_evaluate(self, args, state, control, **kw):
+        open(os.path.join(OUT, "evaluated"), "w").close()
+    def on_step_end(self, args, state, control, **kw):
+        open(os.path.join(OUT, f"step-{{state.global_step}}"), "w").close()
+
+args = TrainingArguments(output_dir=hf.output_dir(), max_steps=50, save_strategy="no", eval_strategy="steps",
+                         eval_steps=3, eval_on_start={on_start}, per_device_train_batch_size=4,
+                         per_device_eval_batch_size=2, logging_strategy="no", report_to=[], use_cpu=True,
+                         disable_tqdm=True, seed=0, dataloader_num_workers=0)
+Trainer(model=tiny_model(), args=args, train_dataset=dataset(), eval_dataset=dataset(),
+        callbacks=[SignalInEval(), hf.DispatchCallback()]).train()
+print("training ended without a save", flush=True)
+"""
+
+
+@pytest.mark.parametrize("on_start", [False, True], ids=["evaluation", "eval_on_start-warm-up"])
+def test_a_signal_during_evaluation_saves_there_not_after_it(root, monkeypatch, tmp_path, on_start):
+    """SIGTERM at the first batch of an evaluation (at step 3, or eval_on_start's before
+    any step) that would take 128 batches: the save of that step is published from inside
+    the evaluation, which never finishes, and the process exits 0 with the sentinel."""
+    execution(monkeypatch, root, "c.13.1000000", E_OLD)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "t.py").write_text(EVAL_TRAINER.format(tests=str(REPO / "tests"), on_start=on_start))
+    p = subprocess.run([sys.executable, str(tmp_path / "t.py")], env={**os.environ, "OUT": str(tmp_path / "out"),
+                       "DISPATCH_PROBE_DIR": str(tmp_path / "probe")}, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == SENTINEL, p.stderr[-3000:]
+    step = 0 if on_start else 3
+    assert (tmp_path / "out" / "signalled").read_text() == str(step)
+    assert [x.step for x in store.publications(root)] == [step]
+    assert not (tmp_path / "out" / "evaluated").exists()  # saved mid-evaluation, not after it
+    assert not (tmp_path / "out" / f"step-{step + 1}").exists()
+    from dispatch_slurm.runtime import probe
+    (rec,) = probe.read(str(tmp_path / "probe")).values()
+    assert rec["stop"]["t"] - rec["signal"]["t"] < 1.0 and rec["exit"]["code"] == 0  # the next batch, not the end

@@ -74,3 +74,50 @@ def test_save_last_and_a_foreign_dirpath_are_refused(root, monkeypatch, tmp_path
     monkeypatch.delenv("DISPATCH_EXEC_DIR")
     with pytest.raises(DispatchError, match="DISPATCH_EXEC_DIR is not set"):
         dl.DispatchCheckpoint()
+
+
+VAL_TRAINER = """
+import os, signal, sys, time, torch
+import lightning.pytorch as L
+from dispatch_slurm.integrations import lightning as dl
+
+OUT = os.environ["OUT"]
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+    def training_step(self, batch, i):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+    def validation_step(self, batch, i):
+        if i == 0 and not os.path.exists(os.path.join(OUT, "signalled")):
+            open(os.path.join(OUT, "signalled"), "w").write(str(self.global_step))
+            os.kill(os.getpid(), signal.SIGTERM)  # the signal arrives in the first validation batch
+        time.sleep(0.02)  # a validation longer than a grace would wait for
+    def on_validation_end(self):
+        open(os.path.join(OUT, "validated"), "w").close()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+torch.manual_seed(0)
+x = torch.randn(2048, 8)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+trainer = L.Trainer(max_steps=100, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                    enable_model_summary=False, default_root_dir=dl.output_dir(), plugins=dl.plugins(),
+                    num_sanity_val_steps=int(sys.argv[1]), val_check_interval=5, limit_val_batches=256,
+                    callbacks=[dl.DispatchCheckpoint(every_n_train_steps=1000)])
+trainer.fit(Tiny(), data, data)
+print("training ended without a save", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sanity", [0, 256], ids=["validation", "sanity-check-warm-up"])
+def test_a_signal_during_validation_saves_there(root, tmp_path, sanity):
+    proc, out = run_script(VAL_TRAINER, tmp_path, root, "c.21.1000000", 1_000_000, sanity)
+    text = output(proc)
+    assert proc.returncode == 0 and text.rstrip().endswith(SENTINEL), text[-3000:]
+    step = 0 if sanity else 5
+    assert (out / "signalled").read_text() == str(step)
+    assert [p.step for p in store.publications(root)] == [step]
+    assert not (out / "validated").exists()  # saved inside the validation, not after it

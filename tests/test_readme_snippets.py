@@ -1,17 +1,22 @@
-"""Issue 12: the README's shell snippets run as written, under `bash -euo pipefail`, and
+"""Issue 12: the shell snippets of README.md and docs/*.md run as written, under `bash -euo pipefail`, and
 stop or resume correctly when a failure is injected (env fails, latest errors, nothing
 published yet, a vanished save). Issue 20: every snippet that starts a trainer in the
 background ends with the trainer's exit status, so a crash fails the job. External programs
 are small stand-ins on PATH: `python`/`torchrun` (a trainer that records its arguments,
 writes one Hugging Face-style save or a DCP-style one on S3, and exits 0 or, asked to, 1),
-`srun`/`sbatch`/`scontrol` (tests/stubs/slurm-cli); dispatch-slurm itself is the real one."""
+`srun`/`sbatch`/`scontrol` (tests/stubs/slurm-cli); dispatch-slurm itself is the real one.
+Issue 23: each block is found by the marker above it (`<!-- snippet: NAME -->`), and one that
+another test runs names it (`<!-- snippet: NAME; run by PATH::TEST -->`); a block with
+neither fails `test_every_shell_block_is_run_here_or_names_the_test_that_runs_it`."""
 
+import fnmatch
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+from typing import NamedTuple
 
 import pytest
 
@@ -19,26 +24,84 @@ from dispatch_slurm import store
 from support import allocate
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-README = (REPO / "README.md").read_text()
-SH = [m[1] for m in re.finditer(r"```sh\n(.*?)```", README, re.S)]
-# blocks run elsewhere, for real, instead of here with stand-ins
-ELSEWHERE = {
-    "make demo": "the two developer commands: CI runs `make test` itself (.ci/run)",
-    "apt-get install gcc make": "an admin's install from source: tests/test_package.py runs `make install` "
-                                "(into a DESTDIR and a PREFIX), tests/cluster/test_package.py the symlink step",
-    "make deb LINTIAN=:": "the Debian recipe: docker-slurm/Dockerfile builds and installs the .deb for every "
-                          "release, tests/cluster/test_package.py enables, purges and upgrades it",
-    "make rpm": "the RPM recipe: tests/test_package.py builds it with rpmbuild and checks `rpm -qlp` "
-                "(no RHEL cluster here: dnf is not run)",
-    "dispatch-slurm plan /scratch/me/run1": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
-    "dispatch-slurm release": "the supervisor needs a cluster: tests/cluster/test_supervisor.py",
-    "continues to the end": "the long run over time limits: tests/cluster/test_continuations.py runs the "
-                            "Quickstart's job script under `run` across several time limits",
-    "torchrun --nproc-per-node": "examples/dist_train.py under torchrun (tests/test_ranks.py) and srun "
-                                 "(tests/cluster/test_multirank.py)",
-    "run /scratch/me/run1 --keep-last": "the supervisor's gc over a stand-in Slurm: tests/test_retention.py"
-                                        "::test_run_keep_last_collects_after_each_end_when_the_latest_moves_and_once_it_ceased",
-}
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL = ("sh", "bash", "shell", "console")
+# <!-- snippet: NAME --> right above a block this module runs, or
+# <!-- snippet: NAME; run by PATH[::TEST] [(why)], ... --> above one another test (or CI) runs
+MARKER = re.compile(r"<!-- snippet: ([a-z0-9-]+)(?:; run by (.*?))? -->\n$")
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
+
+
+class Block(NamedTuple):
+    where: str  # file:line
+    name: str | None
+    run_by: str | None
+    text: str
+
+
+def blocks(pages: dict[str, str]) -> list[Block]:
+    """Every shell block of the pages, with the marker above it (None when there is none)."""
+    out = []
+    for path, text in pages.items():
+        for m in FENCE.finditer(text):
+            if m[1].strip() not in SHELL:
+                continue
+            marker = MARKER.search(text[:m.start()][-400:])
+            line = text[:m.start()].count("\n") + 1
+            out.append(Block(f"{path}:{line}", marker and marker[1], marker and marker[2], m[2]))
+    return out
+
+
+def run_by_problems(b: Block) -> list[str]:
+    """Each `PATH[::TEST]` a marker names must exist: the file, and the test function in it."""
+    refs = re.findall(r"((?:\.?[\w-]+/)*\.?[\w.-]+\.(?:py|yml|yaml)|(?:[\w.-]+/)+[\w.-]+|\.ci/run)(?:::(\w+))?",
+                      b.run_by)
+    if not refs:
+        return [f"{b.where}: snippet {b.name!r} names no test that runs it"]
+    bad = []
+    for path, test in refs:
+        f = REPO / path
+        if not f.is_file():
+            bad.append(f"{b.where}: snippet {b.name!r}: {path} does not exist")
+        elif test and not re.search(rf"^def {test}\(", f.read_text(), re.M):
+            bad.append(f"{b.where}: snippet {b.name!r}: {path} has no test {test}")
+    return bad
+
+
+def problems(pages: dict[str, str], run_here: dict[str, str]) -> list[str]:
+    """Why the pages' shell blocks are not all accounted for: a block without a marker, a
+    name used twice, a block this module should run but does not, a test named that is not
+    there."""
+    found, bad = {}, []
+    for b in blocks(pages):
+        if b.name is None:
+            bad.append(f"{b.where}: a shell block with no `<!-- snippet: NAME -->` marker above it")
+        elif b.name in found:
+            bad.append(f"{b.where}: snippet name {b.name!r} is used twice (also {found[b.name].where})")
+        elif b.run_by is not None:
+            bad += run_by_problems(b)
+            if b.name in run_here:
+                bad.append(f"{b.where}: snippet {b.name!r} says it is run elsewhere, but RUN_HERE runs it")
+        elif b.name not in run_here:
+            bad.append(f"{b.where}: snippet {b.name!r}: nobody runs it (add it to RUN_HERE, or `; run by ...`)")
+        if b.name:
+            found.setdefault(b.name, b)
+    tests = {n for n in globals() if n.startswith("test_")}
+    for name, test in run_here.items():
+        if name not in found:
+            bad.append(f"RUN_HERE names {name!r}, which no page has")
+        if not fnmatch.filter(tests, test):
+            bad.append(f"RUN_HERE: {name!r} is run by {test}, which this module does not have")
+    return bad
+
+
+BLOCKS = {b.name: b for b in blocks({p.relative_to(REPO).as_posix(): p.read_text() for p in PAGES}) if b.name}
+
+
+def block(name: str) -> str:
+    return BLOCKS[name].text
+
+
 # the stand-in trainer, started by a `python` or `torchrun` on PATH that execs the real interpreter
 # (so the pid a job script's `$!` names is this process)
 TRAINER = r"""
@@ -81,38 +144,51 @@ sys.exit(int(os.environ.get("TRAINER_EXIT", "0")))
 """
 
 
-def block(needle: str) -> str:
-    (found,) = [b for b in SH if needle in b and not any(k in b for k in ELSEWHERE)]
-    return found
-
-
-# each snippet, by a needle only it holds, and the test that runs it
+# each snippet this module runs, and its test
 RUN_HERE = {
-    "dispatch-slurm --version": "test_the_install_snippet_installs_without_root",
-    "testbed trial --scenario local": "test_the_local_trial_is_the_first_thing_to_try",
-    "env --local": "test_the_local_user_path_without_slurm",
-    "#!/bin/bash": "test_the_job_script_*",
-    'dispatch-slurm publish "$DISPATCH': "test_publishing_by_hand",
-    "dispatch-slurm submit /scratch": "test_submit_supervise_once_and_report",
-    "& TRAINER=$!": "test_watch_beside_a_trainer",
-    "DISPATCH_CHECKPOINT=s3://": "test_the_s3_job_snippet",
-    "dispatch-slurm gc /scratch": "test_gc_dry_run_then_gc_then_pin",
-    "pub/README.txt": "test_troubleshooting_a_stray_entry_in_pub",
-    "retire /scratch/me/run1 --latest": "test_troubleshooting_a_vanished_latest_save",
+    "install": "test_the_install_snippet_installs_without_root",
+    "local-trial": "test_the_local_trial_is_the_first_thing_to_try",
+    "local-user-path": "test_the_local_user_path_without_slurm",
+    "job-script": "test_the_job_script_*",
+    "publish-by-hand": "test_publishing_by_hand",
+    "submit-run-report": "test_submit_supervise_once_and_report",
+    "watch-beside-a-trainer": "test_watch_beside_a_trainer",
+    "s3-job": "test_the_s3_job_snippet",
+    "gc": "test_gc_dry_run_then_gc_then_pin",
+    "stray-entry-in-pub": "test_troubleshooting_a_stray_entry_in_pub",
+    "vanished-latest-save": "test_troubleshooting_a_vanished_latest_save",
+    "moving-a-root": "test_troubleshooting_moving_a_root",
 }
 
 
-def test_every_sh_block_is_run_here_or_named_with_where_it_runs():
-    for b in SH:
-        assert any(k in b for k in (*RUN_HERE, *ELSEWHERE)), f"a README snippet nobody runs:\n{b}"
-    for needle in RUN_HERE:
-        block(needle)  # exactly one block each
+def test_every_shell_block_is_run_here_or_names_the_test_that_runs_it():
+    pages = {p.relative_to(REPO).as_posix(): p.read_text() for p in PAGES}
+    bad = problems(pages, RUN_HERE)
+    assert not bad, "\n".join(bad)
+    assert len(BLOCKS) >= len(RUN_HERE) + 5
+
+
+def test_the_snippet_check_finds_each_kind_of_gap():
+    """Injected: an unmarked block, a duplicate name, a block nobody runs, a test that does
+    not exist (here and elsewhere), a RUN_HERE entry no page has."""
+    page = ("```sh\necho unmarked\n```\n\n<!-- snippet: a -->\n```sh\necho a\n```\n\n"
+            "<!-- snippet: a -->\n```bash\necho again\n```\n\n<!-- snippet: b -->\n```sh\necho b\n```\n\n"
+            "<!-- snippet: c; run by tests/test_docs.py::test_no_such_test -->\n```sh\necho c\n```\n\n"
+            "<!-- snippet: d; run by tests/no_such_file.py -->\n```sh\necho d\n```\n\n"
+            "<!-- snippet: e; run by tests/test_docs.py::test_every_page_is_in_the_navigation -->\n```sh\n"
+            "echo e\n```\n\n```python\nprint('not shell')\n```\n")
+    bad = problems({"x.md": page}, {"a": "test_the_snippet_check_finds_each_kind_of_gap", "z": "test_none"})
+    want = ["x.md:1: a shell block with no", "used twice", "snippet 'b': nobody runs it", "has no test test_no_such_test",
+            "tests/no_such_file.py does not exist", "RUN_HERE names 'z'", "is run by test_none"]
+    for w in want:
+        assert any(w in x for x in bad), (w, bad)
+    assert len(bad) == len(want), bad  # e is fine, and the python block is no shell block
 
 
 def test_every_background_trainer_ends_the_script_with_its_exit_status():
     """A trainer started with `&` must be waited for by its pid (`wait $T`): a bare `wait`
     returns 0 whatever the trainer did."""
-    for b in SH:
+    for b in (b.text for b in BLOCKS.values()):
         lines = [x.split("#")[0].strip() for x in b.splitlines()]
         started = [x for x in lines if re.search(r"&(\s*[A-Z]+=\$!)?$", x)]
         if not started:
@@ -158,12 +234,9 @@ def resumed_from(tmp) -> bytes | None:
     return args[args.index(b"--resume-from") + 1] if b"--resume-from" in args else None
 
 
-JOB = "#!/bin/bash"  # the Quickstart's job script
-
-
 def test_the_job_script_starts_fresh_and_publishes(job):
     tmp, root, env = job
-    res = bash(block(JOB), {**env, "WAIT_WATCH": "1"}, tmp)
+    res = bash(block("job-script"), {**env, "WAIT_WATCH": "1"}, tmp)
     assert res.returncode == 0, res.stderr
     assert resumed_from(tmp) is None, "nothing was published: the trainer must start fresh"
     assert store.latest(str(root)).path == "exec/c.7.2000000/checkpoint-10"
@@ -173,7 +246,7 @@ def test_the_job_script_fails_when_the_trainer_crashes(job):
     """Issue 20: the trainer exits 1 (after a save): the script exits 1, so the job ends
     FAILED, not COMPLETED; the save it made is still published by the watch's final scan."""
     tmp, root, env = job
-    res = bash(block(JOB), {**env, "WAIT_WATCH": "1", "TRAINER_EXIT": "1"}, tmp)
+    res = bash(block("job-script"), {**env, "WAIT_WATCH": "1", "TRAINER_EXIT": "1"}, tmp)
     assert res.returncode == 1, (res.returncode, res.stderr)
     assert store.latest(str(root)).step == 10
 
@@ -183,7 +256,7 @@ def test_the_job_script_resumes_from_the_latest_publication_whatever_its_bytes(j
     earlier = os.fsencode(root) + b"/exec/c.6.1000000/checkpoint-5\xff"  # a non-UTF-8 save name
     os.makedirs(earlier)
     store.publish(os.fsdecode(earlier), 5, root=str(root), epoch=1_000_000)
-    res = bash(block(JOB), {**env, "WAIT_WATCH": "1"}, tmp)
+    res = bash(block("job-script"), {**env, "WAIT_WATCH": "1"}, tmp)
     assert res.returncode == 0, res.stderr
     assert resumed_from(tmp) == earlier
     assert store.latest(str(root)).path == "exec/c.7.2000000/checkpoint-15"
@@ -202,7 +275,7 @@ def test_the_job_script_stops_before_training_on_an_error(job, fault):
         save.mkdir(parents=True)
         store.publish(str(save), root=str(root), epoch=1_000_000)
         save.rmdir()
-    res = bash(block(JOB), env, tmp)
+    res = bash(block("job-script"), env, tmp)
     assert res.returncode == 2, "the job went on after an error"
     assert trainer_args(tmp) is None, "the trainer ran: it would have started from step 0"
     assert b"dispatch-slurm" in res.stderr and b"Traceback" not in res.stderr
@@ -215,10 +288,10 @@ def test_publishing_by_hand(job):
     tmp, root, env = job
     env.update(DISPATCH_EPOCH="2000000", DISPATCH_ATTEMPT="c.7.2000000",
                DISPATCH_EXEC_DIR=str(root / "exec" / "c.7.2000000"))
-    missing = bash(block('dispatch-slurm publish "$DISPATCH'), env, tmp)
+    missing = bash(block("publish-by-hand"), env, tmp)
     assert missing.returncode == 2 and missing.stderr.count(b"\n") == 1 and b"does not exist" in missing.stderr
     (root / "exec" / "c.7.2000000" / "checkpoint-500").mkdir(parents=True)
-    ok = bash(block('dispatch-slurm publish "$DISPATCH'), env, tmp)
+    ok = bash(block("publish-by-hand"), env, tmp)
     assert ok.returncode == 0 and store.latest(str(root)).step == 500
 
 
@@ -228,21 +301,21 @@ def test_watch_beside_a_trainer(job, exit_):
     env.update(DISPATCH_EPOCH="2000000", DISPATCH_ATTEMPT="c.7.2000000", WAIT_WATCH="1", TRAINER_EXIT=str(exit_),
                DISPATCH_EXEC_DIR=str(root / "exec" / "c.7.2000000"))
     (root / "exec" / "c.7.2000000").mkdir(parents=True)
-    res = bash(block("& TRAINER=$!"), env, tmp)
+    res = bash(block("watch-beside-a-trainer"), env, tmp)
     assert res.returncode == exit_, res.stderr
     assert store.latest(str(root)).step == 10
 
 
 def test_submit_supervise_once_and_report(job):
     tmp, root, env = job
-    script = block("dispatch-slurm submit /scratch").replace("/scratch/$USER", str(tmp / "scratch"))
+    script = block("submit-run-report").replace("/scratch/$USER", str(tmp / "scratch"))
     res = bash(script, env, tmp)
     assert res.returncode == 0, res.stderr
     log = (tmp / "slurm.json.log").read_text()
     assert '"--export=ALL,DISPATCH_CHECKPOINT,DISPATCH_GENERATION,DISPATCH_SUBMISSION"' in log
     assert "--test-only" in log and (tmp / "scratch" / "run1" / "record.jsonl").exists()
     assert (tmp / "timeline.png").read_bytes()[:4] == b"\x89PNG"
-    typo = bash(block("dispatch-slurm submit /scratch").replace("/scratch/$USER", str(tmp / "typo"))
+    typo = bash(block("submit-run-report").replace("/scratch/$USER", str(tmp / "typo"))
                 .replace("mkdir -p", "true"), env, tmp)  # the root was never made: stop at submit
     assert typo.returncode == 2 and b"does not exist" in typo.stderr
 
@@ -258,7 +331,7 @@ def test_gc_dry_run_then_gc_then_pin(job):
             (save / "model.bin").write_bytes(b"w" * 4096)
             store.publish(str(save), root=str(root), epoch=int(attempt.rsplit(".", 1)[1]))
     before = sorted(p.relative_to(root) for p in root.rglob("model.bin"))
-    script = block("dispatch-slurm gc /scratch").replace("/scratch/me/run1", str(root)).replace("<attempt>",
+    script = block("gc").replace("/scratch/me/run1", str(root)).replace("<attempt>",
                                                                                               "c.6.1000000")
     res = bash(script, env, tmp)
     assert res.returncode == 0, res.stderr
@@ -276,7 +349,7 @@ def test_the_install_snippet_installs_without_root(tmp_path):
         shutil.copy(REPO / f, src / f)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env.update(HOME=str(tmp_path), PATH="/usr/bin:/bin")
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block("dispatch-slurm --version")], env=env,
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block("install")], env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "version 0.1.0" in res.stdout
@@ -290,11 +363,11 @@ def test_the_local_user_path_without_slurm(job, exit_):
     tmp, _, env = job
     env = {k: v for k, v in env.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
     env.update(WAIT_WATCH="1")
-    first = bash(block("env --local"), env, tmp)
+    first = bash(block("local-user-path"), env, tmp)
     assert first.returncode == 0, first.stderr
     root = tmp / "dispatch-local"
     assert resumed_from(tmp) is None and store.latest(str(root)).path == "exec/local.1.1000000/checkpoint-10"
-    second = bash(block("env --local"), {**env, "TRAINER_EXIT": str(exit_)}, tmp)
+    second = bash(block("local-user-path"), {**env, "TRAINER_EXIT": str(exit_)}, tmp)
     assert second.returncode == exit_, second.stderr
     assert resumed_from(tmp) == os.fsencode(root / "exec" / "local.1.1000000" / "checkpoint-10")
     latest = store.latest(str(root))
@@ -307,7 +380,7 @@ def test_the_local_trial_is_the_first_thing_to_try(job):
     tmp, _, env = job
     env = {**{k: v for k, v in env.items() if not k.startswith(("DISPATCH_", "SLURM_"))},
            "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin"}
-    script = block("testbed trial --scenario local").replace("cd dispatch-slurm", f"cd {REPO}")
+    script = block("local-trial").replace("cd dispatch-slurm", f"cd {REPO}")
     res = bash(script, env, tmp, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     # columns: scenario mode trials overlap-median max mixed lost wrong-resume replacement-ran
@@ -325,7 +398,7 @@ def test_the_s3_job_snippet(job, s3_env, exit_):
     url = f"s3://{s3_env.bucket()}/runs/run1"  # s3_env: this process talks to moto too
     env = {**env, **s3_env.env, "WAIT_WATCH": "1"}
     env.pop("AWS_PROFILE", None)
-    script = block("DISPATCH_CHECKPOINT=s3://").replace("s3://my-bucket/runs/run1", url)
+    script = block("s3-job").replace("s3://my-bucket/runs/run1", url)
     first = bash(script, {**env, "DISPATCH_SUBMISSION": str(store.allocate_submission(url))}, tmp)
     assert first.returncode == 0, first.stderr
     assert resumed_from(tmp) is None
@@ -353,7 +426,7 @@ def test_troubleshooting_a_stray_entry_in_pub(job):
     me = _scratch(tmp, root)
     refused = bash(f"dispatch-slurm latest {me}/run1", env, tmp)
     assert refused.returncode == 2 and f"mv {me}/run1/pub/README.txt".encode() in refused.stderr
-    res = bash(block("pub/README.txt").replace("/scratch/me", me), env, tmp)
+    res = bash(block("stray-entry-in-pub").replace("/scratch/me", me), env, tmp)
     assert res.returncode == 0, res.stderr
     assert res.stdout.decode().startswith(f"{me}/run1/exec/c.6.1000000/checkpoint-5\tstep 5")
     assert os.path.exists(f"{me}/README.txt")
@@ -367,7 +440,20 @@ def test_troubleshooting_a_vanished_latest_save(job):
         store.publish(str(save), root=str(root), epoch=1_000_000)
     (root / "exec" / "c.6.1000000" / "checkpoint-6").rmdir()
     me = _scratch(tmp, root)
-    res = bash(block("retire /scratch/me/run1 --latest").replace("/scratch/me", me), env, tmp)
+    res = bash(block("vanished-latest-save").replace("/scratch/me", me), env, tmp)
     assert res.returncode == 0, res.stderr
     assert b"latest is now step 5" in res.stdout and b"no longer exists" in res.stderr  # ls said it first
     assert store.latest_save(f"{me}/run1").step == 5
+
+
+def test_troubleshooting_moving_a_root(job):
+    """The whole root moved with no job on it: `latest` names the same save under the new path."""
+    tmp, root, env = job
+    save = root / "exec" / "c.6.1000000" / "checkpoint-5"
+    save.mkdir(parents=True)
+    store.publish(str(save), root=str(root), epoch=1_000_000)
+    me = _scratch(tmp, root)
+    res = bash(block("moving-a-root").replace("/scratch/me", me), env, tmp)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.decode().startswith(f"{me}/run1-moved/exec/c.6.1000000/checkpoint-5\tstep 5"), res.stdout
+    assert not os.path.exists(f"{me}/run1")

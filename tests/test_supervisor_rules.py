@@ -65,6 +65,8 @@ class FakeSlurm:
             if self.sbatch_error:
                 return CommandResult(1, "", self.sbatch_error)
             if "--test-only" in argv:
+                # the plugin (in sbatch) would refuse an N not yet allocated under sub/
+                assert not [a for a in argv if a.startswith("--dispatch-submission")], argv
                 self.calls[-1] = ["sbatch --test-only"]
                 return CommandResult(0, "", "sbatch: Job 0 to start at 2026-12-01T10:00:00\n")
             if self.refuse_once:

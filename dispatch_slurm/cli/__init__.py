@@ -10,7 +10,7 @@ import sys
 import click
 
 from ..errors import DispatchError
-from . import admin, job, protocol, report, retention, supervise
+from . import admin, doctor, job, protocol, report, retention, supervise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +31,7 @@ def dispatch(endpoint_url, profile):
 
 
 for _cmd in (*protocol.COMMANDS, *job.COMMANDS, *supervise.COMMANDS, *admin.COMMANDS, *report.COMMANDS,
-             *retention.COMMANDS):
+             *retention.COMMANDS, *doctor.COMMANDS):
     dispatch.add_command(_cmd)
 
 

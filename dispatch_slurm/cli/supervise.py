@@ -62,31 +62,68 @@ def _supervise(fn, *args):
     try:
         result = fn(*args)
     except KeyboardInterrupt:
+        roots = args[0] if isinstance(args[0], str) else " ".join(args[0])
         click.echo("dispatch-slurm: supervisor stopped by a signal; the job is left as it is: "
-                   f"`dispatch-slurm run {args[0]}` resumes from the record", err=True)
+                   f"`dispatch-slurm run {roots}` resumes from the record", err=True)
         sys.exit(130)
-    click.echo(f"dispatch-slurm: {result.message}", err=True)
+    for line in result.message.splitlines():
+        click.echo(f"dispatch-slurm: {line}", err=True)
     sys.exit(result.code)
 
 
-@click.command()
+class _RootsThenSbatch(click.Command):
+    """``run ROOT [ROOT...] [OPTIONS] -- SBATCH_ARGS``: before ``--``, the roots and run's
+    options; after it, sbatch's arguments. Without ``--``: ROOT, then sbatch's (as sbatch
+    arguments never start with a root, one root is the only reading)."""
+
+    def parse_args(self, ctx, args):
+        if "--" not in args:
+            return super().parse_args(ctx, args)
+        i = args.index("--")
+        rest = super().parse_args(ctx, args[:i])
+        more = ctx.params.get("sbatch_args") or ()
+        ctx.params["more_roots"] = tuple(common.absolute_root(r, False) for r in more)
+        ctx.params["sbatch_args"] = tuple(args[i + 1:])
+        return rest
+
+    def collect_usage_pieces(self, ctx):
+        return ["[OPTIONS]", "ROOT [ROOT]...", "[-- SBATCH_ARGS...]"]
+
+
+@click.command(cls=_RootsThenSbatch)
 @common.root_argument()
 @_supervisor_options
 @click.option("--once", is_flag=True, help="do what needs doing now, then exit 0 (resumable: for scrontab "
               "or cron instead of a process that lives for days on a login node)")
+@click.option("--max-poll", type=click.FloatRange(min=0.1, max=3600), metavar="SECONDS",
+              help="the longest wait between two reads of Slurm while every followed job runs (a job that is "
+                   "pending, starting or near its time limit is read every --poll)  [default: 6 x --poll]")
+@click.option("--roots-from", type=click.Path(), metavar="PATH", help="also supervise every root this names, "
+              "looked at every poll: a folder (each folder in it is a root) or a file (one root per line); "
+              "a new root without a record gets this command's sbatch arguments")
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
 def run(root, resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last, poll, once,
-        sbatch_args):
+        max_poll, roots_from, sbatch_args, more_roots=()):
     """Submit a job and supervise it: follow it through Slurm and, when an execution ends,
     apply the rules (`dispatch-slurm plan` shows them). Every fact goes to ROOT/record.jsonl;
     run again with only ROOT to resume after a crash (nothing is submitted twice).
 
         dispatch-slurm run /scratch/me/run1 --resubmit 3 -- --nodes=2 train.sbatch
 
+    Many roots, one process: name them all before `--` (each gets its own job, record and
+    rules; one Slurm read per poll serves them all); a root with %a and `--array=SPEC`
+    among sbatch's arguments is one root and one job per array task.
+
+    \b
+        dispatch-slurm run /scratch/me/lr1 /scratch/me/lr2 --resubmit 1 -- train.sbatch
+        dispatch-slurm run '/scratch/me/sweep/task%a' -- --array=0-99 train.sbatch
+
     Exit 0 done (or, with --once, still running), 1 failed, 2 error, 3 held (a hold
-    expired unanswered)."""
+    expired unanswered); for many roots the worst of them (error, failed, held, done)."""
     opts = _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
-    _supervise(supervisor.run, root, opts, list(sbatch_args), poll, None, once)
+    roots = [root, *more_roots]
+    _supervise(supervisor.run, roots if len(roots) > 1 else root, opts, list(sbatch_args), poll, None, once,
+               max_poll, roots_from)
 
 
 @click.command()

@@ -1,7 +1,7 @@
 """Every entry under a checkpoint root, named once.
 
 The protocol's readers and writers (store, supervisor, hooks, gc) take their names
-from here, and the README's on-disk contract table is checked against ``ENTRIES``
+from here, and the on-disk contract table of docs/design.md is checked against ``ENTRIES``
 (tests/test_docs.py), so the layout cannot drift from its documentation."""
 
 EXEC = "exec"          # exec/<attempt>/: one execution's saves
@@ -16,7 +16,7 @@ RETIRED = "retired"    # retired/<publication name>: gc (empty) or a person (who
 PINNED = "pinned"      # pinned/<b32 path>: a save gc never removes
 EPOCHS = "epochs"      # epochs/<epoch, 20 digits>: the one execution (attempt) that runs at that epoch
 
-#: (entry, who writes it, what it is): the on-disk contract, in README order.
+#: (entry, who writes it, what it is): the on-disk contract, in the order docs/design.md shows.
 ENTRIES = (
     ("exec/<attempt>/...", "the execution", "one execution's saves; nothing else writes there"),
     ("pub/<epoch>-<step>-<b32>", "publish", "publications: empty, never renamed, rewritten or appended to"),
@@ -47,7 +47,7 @@ def exec_relpath(attempt: str) -> str:
 
 
 def table() -> str:
-    """The on-disk contract as the README shows it (a Markdown table)."""
+    """The on-disk contract as docs/design.md shows it (a Markdown table)."""
     rows = ["| entry | written by | what |", "|---|---|---|"]
     rows += [f"| `<root>/{e}` | {who} | {what} |" for e, who, what in ENTRIES]
     return "\n".join(rows)

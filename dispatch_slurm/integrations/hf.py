@@ -34,6 +34,17 @@ rank stops at the same step) and, once true, sets ``should_save`` and
 is made durable, published once, and every rank exits 0 with the sentinel (1 without it
 if anything failed).
 
+A signal during an evaluation -- ``eval_strategy``'s, or ``eval_on_start``'s before the
+first step (warm-up: nothing else runs a callback there) -- is not left waiting for the
+evaluation to end, which can outlast the grace (goodfire-ai/spd#741: 0 of 6 preemption saves
+landed). At each ``on_prediction_step`` (one evaluation batch) the callback asks
+``stop_requested()`` too and, once true, saves there through the Trainer's own
+``_save_checkpoint`` (the weights are the last whole step's: an evaluation changes nothing),
+then publishes and exits as above. The Trainer is found as the caller of the callback (the
+evaluation loop's ``self``); ``_save_checkpoint`` is a private method, read in 5.x. The handler
+is installed at ``on_train_begin``, not when the Trainer is built: a script that builds one
+and never trains must still die of SIGTERM, not note it forever.
+
 Outside dispatch (no ``$DISPATCH_CHECKPOINT``/``$DISPATCH_EXEC_DIR``/``$DISPATCH_EPOCH``)
 ``on_train_begin`` fails at once, naming what is missing, instead of at the first save.
 ``DispatchCallback(local=True)`` (or ``$DISPATCH_LOCAL=1``) says the run is deliberately
@@ -45,6 +56,7 @@ publications.
 """
 
 import os
+import sys
 
 try:
     from transformers import TrainerCallback
@@ -101,6 +113,18 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _calling_trainer():
+    """The Trainer whose evaluation loop called this callback (up the stack)."""
+    from transformers import Trainer
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Trainer):
+            return frame.f_locals["self"]
+        frame = frame.f_back
+    raise DispatchError("DispatchCallback.on_prediction_step: no Trainer up the stack to save through "
+                        "(call it only from a Trainer)")
+
+
 class DispatchCallback(TrainerCallback):
     """Publish each save as the Trainer finishes it, and save + publish on SIGTERM
     (root, epoch: from the env; ``local=True``: a run outside Slurm, nothing to do)."""
@@ -110,6 +134,7 @@ class DispatchCallback(TrainerCallback):
         self.root, self.epoch, self.sync = root, epoch, sync
         self.local = _local() if local is None else local
         self.stopping = False
+        self.training = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.local:
@@ -126,6 +151,18 @@ class DispatchCallback(TrainerCallback):
             raise DispatchError(f"output_dir {args.output_dir} is not inside this execution's folder "
                                 f"{exec_dir}: the Trainer's rotation could delete another execution's saves")
         preempt.install_preemption_handler(None)  # the Trainer saves (on_step_end -> on_save)
+        self.training = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.training = False
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self.local or not self.training or self.stopping or not preempt.stop_requested():
+            return
+        self.stopping = True
+        trainer = _calling_trainer()
+        trainer._save_checkpoint(trainer.model_wrapped, trial=None)  # the one path train() saves through
+        self.on_save(args, state, control)  # durable, published once, exit
 
     def on_step_end(self, args, state, control, **kwargs):
         if not self.local and preempt.stop_requested():

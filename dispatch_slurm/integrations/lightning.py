@@ -24,6 +24,11 @@ What it replaces in Lightning (2.x, read in its source), and why:
     returned. ``save_last`` is refused: ``last.ckpt`` is rewritten in place, and a
     publication's save is never rewritten. Rotation (``save_top_k``) stays in the exec
     folder.
+  * A signal during validation -- ``val_check_interval``'s, or the sanity check's before the
+    first step (warm-up) -- saves at the next validation batch (``on_validation_batch_end``),
+    not after the whole validation: the weights are the last whole step's. The handler is
+    installed at ``on_sanity_check_start`` too (after Lightning's own, before any batch).
+    A signal while a batch is being loaded is acted on when that batch ends.
 Resume: every rank calls ``resume_path()`` before ``fit`` (torch.distributed is not up yet);
 at ``setup`` the ranks compare their choices and refuse to train on different saves (an
 overlapping execution publishing in between), instead of silently diverging.
@@ -99,13 +104,23 @@ class DispatchCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer, pl_module):
         preempt.install_preemption_handler(None)  # over Lightning's SIGTERM handler
 
+    def on_sanity_check_start(self, trainer, pl_module):
+        preempt.install_preemption_handler(None)  # the sanity check is a validation before any step
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if preempt.stop_requested():
-            path = os.path.join(self.dirpath, f"checkpoint-{trainer.global_step}{self.FILE_EXTENSION}")
-            if self._saved != trainer.global_step:  # not os.path.exists: ranks must agree
-                trainer.save_checkpoint(path)
-            preempt.conclude((path, trainer.global_step))
+            self._stop(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if trainer.state.fn == "fit" and preempt.stop_requested():
+            self._stop(trainer)
+
+    def _stop(self, trainer) -> None:
+        path = os.path.join(self.dirpath, f"checkpoint-{trainer.global_step}{self.FILE_EXTENSION}")
+        if self._saved != trainer.global_step:  # not os.path.exists: ranks must agree
+            trainer.save_checkpoint(path)
+        preempt.conclude((path, trainer.global_step))
 
     def _save_checkpoint(self, trainer: "pl.Trainer", filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)  # written and, several ranks, past the barrier

@@ -75,7 +75,7 @@ from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
 from ..errors import DispatchError
 from ..store import events, s3
 from ..store.roots import is_s3
-from . import distributed
+from . import distributed, probe
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -154,18 +154,24 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
         s3.client()  # import boto3 and build the client now, not inside the handler (see store above)
     for sig in sigs:
         signal.signal(sig, _on_signal)
+    probe.record("installed", signals=[s.name for s in sigs], grace=_s.grace, defer=_s.defer,
+                 launcher=os.environ.get("DISPATCH_LAUNCHER"))
 
 
 def stop_requested() -> bool:
     """Whether to stop and save now: a signal reached this process (several ranks: any
     rank, decided collectively, so every rank gets True at the same call). Call it at
     the same point of every step on every rank; once True it stays True."""
-    if _s.stopping or _s.ranks is None:
+    if _s.stopping:
+        return True
+    if _s.ranks is None:
         _s.stopping = _s.arrived is not None
-        return _s.stopping
-    elapsed = _s.ranks.agree(-1.0 if _s.arrived is None else time.monotonic() - _s.arrived)
-    if elapsed is not None:
-        _s.arrived, _s.stopping = time.monotonic() - elapsed, True  # the earliest signal's deadline
+    else:
+        elapsed = _s.ranks.agree(-1.0 if _s.arrived is None else time.monotonic() - _s.arrived)
+        if elapsed is not None:
+            _s.arrived, _s.stopping = time.monotonic() - elapsed, True  # the earliest signal's deadline
+    if _s.stopping:
+        probe.record("stop")
     return _s.stopping
 
 
@@ -176,10 +182,23 @@ def preemption_point() -> None:
         _run()
 
 
+def preemptible(iterable):
+    """``iterable``'s items, with a ``preemption_point()`` before each: wrap the loops that
+    are not training steps -- evaluation, warm-up, data loading, a long first pass -- so a
+    signal there saves at the next item, not after the loop (the state between two items
+    is still the last whole step's). Several ranks: every rank must iterate as many items
+    (the point is a collective), as a sharded eval loader does."""
+    for item in iterable:
+        preemption_point()
+        yield item
+    preemption_point()
+
+
 def _on_signal(signum, frame) -> None:
     if _s.arrived is not None:
         return  # a second signal (srun forwarding, scancel after --signal): one save only
     _s.arrived = time.monotonic()
+    probe.record("signal", signal=signal.Signals(signum).name)
     events.record("preempt_signal", signal=signal.Signals(signum).name, grace=_s.grace,
                   deadline=time.time() + _s.grace)
     if not _s.defer:
@@ -188,6 +207,9 @@ def _on_signal(signum, frame) -> None:
 
 def _run() -> None:
     _s.running = True
+    if not _s.stopping:
+        _s.stopping = True
+        probe.record("stop")  # the save starts in the handler itself
     try:
         result = _s.fn(time_remaining())
     except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
@@ -202,9 +224,12 @@ def conclude(result=None, error: BaseException | None = None):
     _s.running = True
     if error is None and result is not None:
         error = _attempt(_durable, result)
+    probe.record("saved", ok=error is None, error=None if error is None else f"{type(error).__name__}: {error}")
     ok = _everywhere(error is None)
     if ok and result is not None and is_publishing_rank(_s.publish):
         error = _attempt(lambda: store.publish(*_saved(result), by="preempt"))
+        if error is None:
+            probe.record("published", path=_saved(result)[0], step=_saved(result)[1])
     ok = ok and _everywhere(error is None)
     if error is not None:
         trace = "".join(traceback.format_exception(error))
@@ -212,7 +237,9 @@ def conclude(result=None, error: BaseException | None = None):
     elif not ok:
         _write(2, "\ndispatch-slurm: preemption checkpoint failed on another rank: nothing published\n")
     if not ok:
+        probe.record("exit", code=1)
         os._exit(1)
+    probe.record("exit", code=0)
     events.record("checkpoint_complete", elapsed=time.monotonic() - _s.arrived, time_remaining=time_remaining())
     _write(1, "\n" + SENTINEL + "\n")  # on its own line: the program may have been mid-line
     while _s.linger:  # until the scheduler's SIGKILL (see "Requeue after a preemption")

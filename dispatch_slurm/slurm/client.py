@@ -38,6 +38,7 @@ class Slurm(Shell):
     def __init__(self, runner: Optional[Runner] = None, *, expand_hostlists: bool = True):
         super().__init__(runner, expand_hostlists=expand_hostlists)
         self._dialect: Optional[dialects.Dialect] = None
+        self._cluster: Optional[str] = None
 
     @property
     def dialect(self) -> dialects.Dialect:
@@ -150,14 +151,17 @@ class Slurm(Shell):
         m = re.search(r"CANCELLED by (\d+)", out)
         return int(m.group(1)) if m else None
 
-    def cancel(self, job_id: int, signal: Optional[str] = None, *, batch: bool = False) -> None:
+    def cancel(self, job_id: int, signal: Optional[str] = None, *, batch: bool = False, full: bool = False) -> None:
         """``scancel``: without ``signal`` Slurm's cancel (SIGCONT, SIGTERM, KillWait, SIGKILL);
-        with it, only that signal (``batch``: to the batch shell alone, not the steps)."""
+        with it, only that signal (``batch``: to the batch shell alone, not the steps;
+        ``full``: to the batch shell, its children and every step)."""
         cmd = ["scancel"]
         if signal:
             cmd.append(f"--signal={signal}")
         if batch:
             cmd.append("--batch")
+        if full:
+            cmd.append("--full")
         self.run([*cmd, str(int(job_id))])
 
     def hold(self, job_id: int) -> None:
@@ -187,11 +191,15 @@ class Slurm(Shell):
         return {f["PartitionName"]: f for f in fields if "PartitionName" in f}
 
     def cluster_name(self) -> str:
-        """ClusterName from ``scontrol show config`` (part of every DISPATCH_ATTEMPT)."""
-        name = self.config().get("ClusterName", "")
-        if not name:
-            raise SlurmError(["scontrol", "show", "config"], 0, "no ClusterName", what="printed no ClusterName")
-        return name
+        """ClusterName from ``scontrol show config`` (part of every DISPATCH_ATTEMPT), asked
+        once per client: it never changes under a running slurmctld, and a supervisor of
+        many roots would otherwise ask it (two RPCs) once per root."""
+        if self._cluster is None:
+            name = self.config().get("ClusterName", "")
+            if not name:
+                raise SlurmError(["scontrol", "show", "config"], 0, "no ClusterName", what="printed no ClusterName")
+            self._cluster = name
+        return self._cluster
 
 
 # What 22.05 .. 26.05 say for a job id slurmctld does not hold (purged after MinJobAge).

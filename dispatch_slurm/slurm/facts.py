@@ -89,6 +89,12 @@ class JobInfo:
         return unix_time(self.raw, "start_time")
 
     @property
+    def end_time(self) -> Optional[int]:
+        """Unix time the current execution ended or, while it runs, the time its time limit
+        ends it (slurmctld's expected end); None when Slurm has neither."""
+        return unix_time(self.raw, "end_time")
+
+    @property
     def comment(self) -> str:
         """``sbatch --comment``: the supervisor tags its submissions with it."""
         c = self.raw.get("comment")
@@ -119,7 +125,7 @@ class NodeInfo:
     @property
     def responding(self) -> bool:
         """Up and answering slurmctld: not DOWN, NOT_RESPONDING, FUTURE, UNKNOWN or powered down.
-        (Responding says nothing about the node's old processes: see dispatch_slurm.cessation.)"""
+        (Responding says nothing about the node's old processes: see dispatch_slurm.slurm.cessation.)"""
         bad = {"DOWN", "NOT_RESPONDING", "FUTURE", "UNKNOWN", "POWERED_DOWN", "POWERING_DOWN",
                "POWER_DOWN", "POWERING_UP", "REBOOT_ISSUED"}
         return not (self.state & bad) and bool(self.state)

@@ -3,7 +3,7 @@
 `dispatch-slurm run ROOT -- SBATCH_ARGS` submits the job (allocating N under
 ``<root>/sub/``), follows it with the Slurm client (CLI JSON), and when an execution
 ends applies a rule: rules.TABLE is the one table of them (done, continue after a time
-limit, resubmit, stop, requeue, fail), which the loop, ``plan`` and the README share.
+limit, resubmit, stop, requeue, fail), which the loop, ``plan`` and docs/supervisor.md share.
 
 For a shared checkpoint (``--shared-checkpoint``: the job cannot isolate its writes)
 every recovery rule is replaced by a *hold* for a person: a new execution must not
@@ -26,14 +26,16 @@ intent without a job id asks Slurm for a job with that tag before submitting aga
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
-from . import requests
+from . import requests, sweep
 from .claim import DEFAULT_POLL, Claim
+from .fleet import Fleet, outcome
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
 from .record import Record
 from .render import render_plan
@@ -48,8 +50,8 @@ class NoHold(DispatchError):
 def normalize(root: str) -> str:
     root = names.normalize_root(root)
     if "%a" in root:
-        raise DispatchError(f"checkpoint root {root!r}: array roots (%a) are not supervised; "
-                            "run one supervisor per task root")
+        raise DispatchError(f"checkpoint root {root!r}: %a is expanded by `run` only (with --array among "
+                            "sbatch's arguments); name one task's root here")
     if root.startswith(names.S3_SCHEME):
         raise DispatchError(f"checkpoint root {root}: the supervisor needs a POSIX root (its record is "
                             "appended and fsynced); s3:// roots serve publish, latest, ls, watch, env and submit")
@@ -86,8 +88,10 @@ def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
     return defn
 
 
-def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None,
-        once: bool = False) -> Finished:
+def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool = False,
+              template: Optional[str] = None) -> Supervisor:
+    """A supervisor of ROOT, its claim taken and its record replayed (a new root: the job's
+    definition recorded, with ``template``, an array task's ``%a`` root), ready to step."""
     root = normalize(root)
     sup = Supervisor(root, slurm, poll=poll)
     try:
@@ -95,18 +99,58 @@ def run(root: str, options: dict, args: list[str], poll: float, slurm: Optional[
         if st.facts:
             check_resume(options, args, st.defn)
             defn = None
-            if st.defn.get("cwd") and os.path.isdir(st.defn["cwd"]):
-                os.chdir(st.defn["cwd"])
         else:
             defn = new_defn(options, args, sup.slurm)
+            if template:
+                defn["array_root"] = template
         if (warning := signal_warning(root, defn or st.defn)):
             sup.say(f"warning: {warning}")
         sup.start(defn)
-        return sup.run(once=once)
-    except Finished as f:
-        return f
-    finally:
+    except BaseException:
         sup.close()
+        raise
+    return sup
+
+
+def run(roots: str | list[str], options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None,
+        once: bool = False, max_poll: Optional[float] = None, roots_from: Optional[str] = None) -> Finished:
+    """Supervise each root (a ``%a`` root: one per array task; ``roots_from``: also the
+    roots that folder or list file names, now and later), all in one loop sharing one
+    Slurm read per poll (fleet.py). One root's error is its own: the others go on."""
+    roots = [roots] if isinstance(roots, str) else list(roots)
+    slurm = slurm or Slurm()
+    tasks = list({normalize(t.root): t for t in sweep.expand(roots, args)}.values())  # a bad root: refused, none run
+    if roots_from is not None:
+        list(sweep.listed(roots_from))  # unreadable now: refused before anything is submitted
+    if len(tasks) == 1 and roots_from is None:  # one root: its errors are the command's
+        sup = open_root(normalize(tasks[0].root), options, tasks[0].args, poll, slurm, once, tasks[0].template)
+        try:
+            return sup.run(once=once, max_poll=max_poll)
+        finally:
+            sup.close()
+    fleet = Fleet(slurm, poll=poll, max_poll=max_poll, clock=time.time, sleep=time.sleep, name_roots=True,
+                  discover=roots_from and (lambda: _discovered(fleet, roots_from, options, args, poll, slurm, once)))
+    for t in tasks:
+        _join(fleet, normalize(t.root), options, t.args, poll, slurm, once, t.template)
+    fleet.run(once)
+    return outcome(fleet.results)
+
+
+def _join(fleet: Fleet, root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool,
+          template: Optional[str] = None) -> None:
+    try:
+        fleet.add(open_root(root, options, args, poll, slurm, once, template))
+    except (DispatchError, OSError) as e:
+        fleet.fail(root, e)
+
+
+def _discovered(fleet: Fleet, source: str, options: dict, args: list[str], poll: float, slurm: Slurm,
+                once: bool) -> None:
+    """Roots ``--roots-from`` names that the fleet does not know yet, joined (or failed)."""
+    for root in sweep.listed(source):
+        root = names.normalize_root(os.path.abspath(root))
+        if root not in fleet.members and root not in fleet.results:
+            _join(fleet, root, options, args, poll, slurm, once)
 
 
 def stop(root: str, message: Optional[str] = None, poll: float = DEFAULT_POLL,
@@ -187,5 +231,5 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "stop", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
+           "release", "stop", "open_root", "Fleet", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

@@ -16,7 +16,7 @@ from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
-from ..slurm.client import Slurm, SlurmError
+from ..slurm.client import JobInfo, Slurm, SlurmError
 from ..store import events
 from . import holds, requests, retention, rules
 from .claim import DEFAULT_POLL, Claim
@@ -61,6 +61,10 @@ class Supervisor:
         self._slurm_warned = False
         self._announce: Optional[dict] = None
         self.gc = retention.Collector(root, self.slurm, clock)  # run --keep-last K
+        # how _follow reads the job: Slurm itself, or the fleet's one read for every root
+        # (fleet.Snapshot.find_job, which may answer NOT_ASKED: look at the next poll)
+        self.lookup: Callable[[int], object] = self.slurm.find_job
+        self.seen: Optional[JobInfo] = None  # Slurm's last answer about the job (fleet.hot)
 
     # -- record ---------------------------------------------------------------------------
 
@@ -119,20 +123,18 @@ class Supervisor:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def run(self, once: bool = False) -> Finished:
+    def run(self, once: bool = False, max_poll: Optional[float] = None) -> Finished:
         """Step until the job is finished; with ``once``, only until the next step would
-        have to wait (then exit 0: a cron or scrontab entry runs it again later)."""
-        while True:
-            if self.claim is not None:
-                if not self.claim.mine():
-                    self._lost_claim()
-                self.claim.heartbeat()
-            wait = self.step()
-            if wait and once:
-                return Finished(EXIT_DONE, f"{self.state.summary()}; nothing more to do for {wait:g} s "
-                                           "(run again, e.g. from scrontab, to continue)")
-            if wait:
-                self.sleep(wait)
+        have to wait (then exit 0: a cron or scrontab entry runs it again later). The loop
+        is the fleet's (fleet.py), of one root here."""
+        from .fleet import Fleet
+        fleet = Fleet(self.slurm, poll=self.poll, max_poll=max_poll, clock=self.clock, sleep=self.sleep,
+                      say=self.say)
+        fleet.add(self)
+        result = fleet.run(once)[self.root]
+        if result.code == EXIT_ERROR and fleet.errors.get(self.root):
+            raise fleet.errors[self.root]
+        return result
 
     def step(self) -> float:
         """Do the next thing the state calls for (rules.next_action); the seconds to wait
@@ -226,18 +228,25 @@ class Supervisor:
         refuse spends no submission number; an N that sbatch then refused anyway (Slurm
         has no job with its tag) is used again, never a fresh one."""
         st, defn = self.state, self.state.defn
+        if defn.get("cwd") and os.path.isdir(defn["cwd"]) and os.getcwd() != defn["cwd"]:
+            os.chdir(defn["cwd"])  # sbatch finds the script where the job was defined (many roots: each its own)
         first_and_bad = st.submitted_in_g == 0 and st.refused_by_test  # the sbatch arguments are wrong
         if st.submit_failures >= (1 if first_and_bad else SUBMIT_TRIES):
             self.finish("failed", f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}")
         n = st.retry_n
         if n is None:
             argv, env = sbatch_argv(defn, self.root, st.g, 1, submission_tag(self.root, st.g, 1))
+            # Without the plugin's options: it refuses an N that sub/ does not hold, and
+            # this N is allocated only once the test passed. A refusal of the plugin's own
+            # comes at the real sbatch, whose N is then used again (retry_n), never lost.
+            argv = [a for a in argv if not a.startswith("--dispatch-")]
             try:
                 self.slurm.test_submit(argv, env or None)
             except SlurmError as e:
                 self.fact("submit_failed", g=st.g, error=str(e)[-1000:], test_only=True)
                 return self.poll
-            n = store.allocate_submission(names.submission_dir(self.root))
+            # an array task's N comes from the folder of the task roots, as for any array submission
+            n = store.allocate_submission(names.submission_dir(defn.get("array_root") or self.root))
         tag = submission_tag(self.root, st.g, n)
         self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0))
         argv, env = sbatch_argv(defn, self.root, st.g, n, tag)
@@ -285,11 +294,14 @@ class Supervisor:
         did, the `run --keep-last` collection's second chance, then wait a poll."""
         st = self.state
         try:
-            j = self.slurm.find_job(st.job)
+            j = self.lookup(st.job)
         except SlurmError as e:
             self._slurm_trouble(e)
             return self.poll
+        if j is not None and not isinstance(j, JobInfo):  # the fleet did not read Slurm this poll
+            return self.poll
         self._slurm_warned = False
+        self.seen = j
         seen = rules.observe(st, j)
         if seen is not None:
             type_, fields = seen

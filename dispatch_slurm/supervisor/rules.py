@@ -67,6 +67,8 @@ def make_defn(options: dict, args: list[str], base: Optional[dict] = None) -> di
             raise DispatchError("--signal needs --grace: the seconds the save needs before the time limit")
         signal_option(d["signal"], d["grace"])  # refuses a malformed signal here, not at the first sbatch
     d["args"] = list(args) or list(base.get("args", []))
+    if base.get("array_root"):  # an array task's %a root (sweep.py): every generation names it
+        d["array_root"] = base["array_root"]
     check_sbatch_args(d["args"], d)
     d["cwd"] = os.getcwd()
     return d
@@ -110,9 +112,11 @@ def check_sbatch_args(args: list[str], defn: dict) -> None:
         if opt.startswith("--dispatch-"):
             raise DispatchError(f"sbatch argument {a!r}: the supervisor sets the --dispatch-* options "
                                 "itself (use run's own options: --shared-checkpoint, --grace)")
-        if opt in ("--array", "-a") or (a.startswith("-a") and len(a) > 2 and not a.startswith("--")):
-            raise DispatchError(f"sbatch argument {a!r}: array jobs are not supervised; every task is "
-                                "its own job (run one supervisor per task root)")
+        one_task = re.fullmatch(r"--array=\d+", a)  # a task of a %a root, as `run` submits it (sweep.py)
+        if not one_task and (opt in ("--array", "-a") or (a.startswith("-a") and len(a) > 2 and not a.startswith("--"))):
+            raise DispatchError(f"sbatch argument {a!r}: every task of an array needs its own root; name the "
+                                "root with %a, e.g. run 'ROOT/task%a' -- --array=0-9 job.sh (one root and one "
+                                "job per task, in one supervisor)")
         if defn.get("signal") is not None and opt == "--signal":
             raise DispatchError(f"sbatch argument {a!r}: --signal is set from run's own --signal and --grace")
         if defn["via"] == "env" and opt == "--export":
@@ -134,14 +138,15 @@ def sbatch_argv(defn: dict, root: str, g: int, n: int, tag: str) -> tuple[list[s
         # very recovery the hold must stand in for. --no-requeue makes those end the job,
         # so the supervisor sees the end and holds.
         argv.append("--no-requeue")
+    named = defn.get("array_root") or root  # an array task names the %a root, expanded to ``root`` in the job
     if defn["via"] == "spank":
-        argv += [f"--dispatch-checkpoint={root}", f"--dispatch-generation={g}", f"--dispatch-submission={n}"]
+        argv += [f"--dispatch-checkpoint={named}", f"--dispatch-generation={g}", f"--dispatch-submission={n}"]
         if defn["shared"]:
             argv.append("--dispatch-shared-checkpoint")
         if defn.get("grace") is not None:
             argv.append(f"--dispatch-grace={defn['grace']}")
     else:
-        env = {"DISPATCH_CHECKPOINT": root, "DISPATCH_GENERATION": str(g), "DISPATCH_SUBMISSION": str(n)}
+        env = {"DISPATCH_CHECKPOINT": named, "DISPATCH_GENERATION": str(g), "DISPATCH_SUBMISSION": str(n)}
         if defn["shared"]:
             env["DISPATCH_SHARED_CHECKPOINT"] = "1"
         if defn.get("grace") is not None:
@@ -157,7 +162,7 @@ def submission_tag(root: str, g: int, n: int) -> str:
 # -- what an ended execution leads to ------------------------------------------------------
 #
 # One table, read three ways: ``cause_of`` + ``decide`` (the loop), ``plan`` (what a person
-# reads before the job starts) and the README's rules table (tests/test_docs.py).
+# reads before the job starts) and the rules table of docs/supervisor.md (tests/test_docs.py).
 CONTINUE = ("the next execution at once, with a new N, while the `--continuations` budget lasts (default "
             f"{DEFAULTS['continuations']}), else fail (exit 1); a chain whose last {STALLS} executions published no "
             "higher step is stopped (exit 1)")
@@ -184,7 +189,7 @@ RULE_OF = {cause: rule for cause, _, rule, _ in TABLE}
 
 
 def table() -> str:
-    """The rules as the README shows them (a Markdown table; tests/test_docs.py checks it)."""
+    """The rules as docs/supervisor.md shows them (a Markdown table; tests/test_docs.py checks it)."""
     rows = ["| the execution ended | rule | then |", "|---|---|---|"]
     rows += [f"| {when} | {rule} | {then} |" for _, when, rule, then in TABLE]
     return "\n".join(rows)

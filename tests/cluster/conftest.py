@@ -77,6 +77,7 @@ def _vm_allows(item) -> bool:
     return VM_FULL or not any(m.args and m.args[0] == "full" for m in marks)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     """Drop the (test, cluster) pairs the markers exclude (see the module docstring)."""
     keep, drop = [], []

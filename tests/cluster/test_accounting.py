@@ -14,13 +14,13 @@ from __future__ import annotations
 import pytest
 
 from dispatch_slurm.slurm import dialects
-from testbed.cluster import CONTROLLER, Cluster, ClusterError, end_time
+from testbed.cluster import CONTROLLER, Cluster, ClusterError
 from dispatch_slurm.slurm.client import SlurmError
 
 pytestmark = pytest.mark.cluster
 
 def facts(j) -> tuple:
-    return (j.job_id, j.state, j.restart_count, j.nodes, j.exit_code, j.exit_signal, j.start_time, end_time(j),
+    return (j.job_id, j.state, j.restart_count, j.nodes, j.exit_code, j.exit_signal, j.start_time, j.end_time,
             j.partition, j.user, j.name)
 
 

@@ -1,6 +1,6 @@
 """Issue 22 on the cluster: the image installed dispatch-slurm from its Debian package
-(docker-slurm/Dockerfile), and here an admin's steps are run on it. The README's lines,
-copied as written (the Debian recipe's symlink, the hand-written plugstack line, the
+(docker-slurm/Dockerfile), and here an admin's steps are run on it. The admin guide's lines
+(docs/admin.md), copied as written (the Debian recipe's symlink, the hand-written plugstack line, the
 slurm.conf lines), load: a `--dispatch-checkpoint` job is accepted and gets its
 environment. Removal never breaks Slurm: refused while a plugstack file or slurm.conf still
 uses the package, and once they do not, a purge leaves sbatch and srun working. An upgrade
@@ -18,8 +18,7 @@ from support import REPO
 
 pytestmark = pytest.mark.cluster
 
-README = (REPO / "README.md").read_text()
-ADMIN = README[README.index("## For cluster admins"):]
+ADMIN = (REPO / "docs" / "admin.md").read_text()
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", ADMIN, re.S)
 DEB = "/src/debs/dispatch-slurm_0.1.0_amd64.deb"  # what the image installed (docker-slurm/Dockerfile)
 DROPIN = "/etc/slurm/plugstack.conf.d/dispatch-slurm.conf"
@@ -86,7 +85,7 @@ def test_the_image_runs_the_package(slurm_cluster: Cluster):
     assert sorted(conffiles) == ["/etc/default/dispatch-slurm", "/etc/dispatch-slurm/site.conf"], conffiles
     assert c.exec("c1", ["readlink", DROPIN]).stdout.strip() == "/usr/share/dispatch-slurm/plugstack.conf"
     # the image's Python finds the package Debian's way, not through a pip install or a copy
-    where = c.exec("c1", ["python3", "-c", "import dispatch_slurm; print(dispatch_slurm.__file__)"]).stdout.strip()
+    where = c.exec("c1", ["python3", "-c", "import dispatch_slurm as d; print(d.__file__)"]).stdout.strip()
     assert where == "/usr/lib/python3/dist-packages/dispatch_slurm/__init__.py", where
     print(f"dpkg -L dispatch-slurm on {c.suite} (Slurm {c.slurm_release}):", *sorted(files),
           f"... and {len(listed) - len(files)} directories and modules", sep="\n  ")

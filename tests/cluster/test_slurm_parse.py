@@ -19,7 +19,7 @@ import pytest
 
 from dispatch_slurm.slurm import command, dialects
 from dispatch_slurm.slurm.client import CommandResult, Slurm, SlurmError
-from testbed.cluster import base_state, end_time
+from testbed.cluster import base_state
 
 DATA = Path(__file__).parent / "data"
 
@@ -226,7 +226,7 @@ def test_forgotten_jobs_are_read_from_sacct_the_same_on_both_releases(release):
         assert (job.state, job.restart_count, job.nodes, job.exit_code, job.exit_signal) == want, label
         assert (job.source, job.partition, job.user, job.name) == ("sacct", "normal", "alice", "wrap")
         assert (job.state, job.restart_count, job.nodes) == (held["state"], held["restart_count"], held["nodes"])
-        assert (job.start_time, end_time(job)) == (held["start_time"], held["end_time"]), label
+        assert (job.start_time, job.end_time) == (held["start_time"], held["end_time"]), label
         assert job.cluster.startswith("dslurm_") and slurm.accounted_job(job.job_id) == job
     assert {"--json=v0.0.42" in c for c in calls if c[0] == "sacct"} == {release != "22.05"}
     assert slurm.cancelled_by(sacct["labels"]["cancelled"]) == 2001  # alice

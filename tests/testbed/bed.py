@@ -14,7 +14,6 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Uni
 
 from dispatch_slurm.errors import DispatchError
 from dispatch_slurm.slurm.client import CommandResult, JobInfo, NodeInfo, Slurm, SlurmError
-from dispatch_slurm.slurm.facts import unix_time
 
 from . import wait
 from .wait import WaitTimeout
@@ -26,12 +25,6 @@ T = TypeVar("T")
 
 class ClusterError(DispatchError):
     """The test cluster could not be built, started or driven, or a wait ran out."""
-
-
-def end_time(job: JobInfo) -> Optional[int]:
-    """Unix time the job's current execution ended (None while it runs): only the tests
-    compare it (slurmctld's against sacct's), the package never decides by it."""
-    return unix_time(job.raw, "end_time")
 
 
 def base_state(node: NodeInfo) -> str:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dispatch_slurm.slurm.client import CommandResult
 
-from .bed import CONTROLLER, Bed, ClusterError, _Partition, base_state, end_time
+from .bed import CONTROLLER, Bed, ClusterError, _Partition, base_state
 
 __all__ = [
     "CONTROLLER",
@@ -46,7 +46,6 @@ __all__ = [
     "ClusterError",
     "base_state",
     "build_image",
-    "end_time",
     "remove_orphans",
     "source_root",
 ]

@@ -1,0 +1,292 @@
+"""One supervisor process for many roots (supervisor/fleet.py, sweep.py), without a
+cluster: the stand-in slurmctld of test_supervisor_rules answers as Slurm 24.11 does and
+counts every command, so the tests count the Slurm reads a poll costs. The cluster test
+(tests/cluster/test_supervisor.py) and benchmarks/bench_supervisor_rpc.py show the same
+on real Slurm."""
+
+from __future__ import annotations
+
+import pytest
+from test_supervisor_rules import Clock, FakeSlurm, defn, facts
+
+from dispatch_slurm import supervisor as sv
+from dispatch_slurm.errors import DispatchError
+from dispatch_slurm.slurm.client import Slurm
+from dispatch_slurm.supervisor import fleet as fl
+from dispatch_slurm.supervisor import sweep
+
+POLL = 10.0
+
+
+def member(root, fake, clock, slurm=None, **kw):
+    sup = sv.Supervisor(str(root), slurm or Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None)
+    sup.open("test")
+    sup.start(defn(**kw))
+    return sup
+
+
+def roots(tmp_path, n):
+    out = []
+    for i in range(n):
+        (tmp_path / f"r{i}").mkdir()
+        out.append(tmp_path / f"r{i}")
+    return out
+
+
+def make_fleet(fake, clock, sups, **kw):
+    f = fl.Fleet(Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None, name_roots=True, **kw)
+    for s in sups:
+        f.add(s)
+    return f
+
+
+def reads(fake):
+    """(reads of every job at once, reads of one job)."""
+    show = [c for c in fake.calls if c[:3] == ["scontrol", "show", "job"]]
+    return sum(len(c) == 4 for c in show), sum(len(c) == 5 for c in show)
+
+
+class Until:
+    """A sleep that ends the fleet's run (raising Stop) once ``clock.t`` passes ``t``, after
+    doing what the test scheduled at given times: the fleet runs as it would for real,
+    and the stand-in's jobs change under it."""
+
+    class Stop(Exception):
+        pass
+
+    def __init__(self, clock, t_end, at=()):
+        self.clock, self.t_end, self.at = clock, t_end, sorted(at, key=lambda x: x[0])
+
+    def __call__(self, s):
+        self.clock.sleep(s)
+        while self.at and self.at[0][0] <= self.clock.t:
+            self.at.pop(0)[1]()
+        if self.clock.t >= self.t_end:
+            raise Until.Stop
+
+
+def test_many_roots_share_one_read_per_poll_and_read_slowly_while_all_run(tmp_path):
+    fake, clock = FakeSlurm(), Clock()
+    rs = roots(tmp_path, 20)
+    one = Slurm(fake)  # one client per process, as `run` makes it
+    f = make_fleet(fake, clock, [member(r, fake, clock, one) for r in rs])
+    t0 = clock.t
+    started = lambda: [fake.start(j) for j in range(100, 120)]  # noqa: E731
+    f.sleep = Until(clock, t0 + 600, at=[(t0 + 30, started)])
+    with pytest.raises(Until.Stop):
+        f.run()
+    assert len(fake.sbatch) == 20
+    every, one = reads(fake)
+    assert one == 0, "a poll read one job"
+    # pending for 30 s: a read every poll; then running: the first polls after the start,
+    # then one read per max_poll (60 s) for ~9 minutes: ~3 + ~3 + ~9
+    assert every == f.reads and 8 <= every <= 20, every
+    assert all(len(facts(r, "started")) == 1 for r in rs)
+    # what does not change is asked once per process, not per root or per poll
+    assert fake.calls.count(["scontrol", "show", "config"]) == 1 and fake.calls.count(["scontrol", "--version"]) == 1
+
+
+def test_the_per_root_poll_would_have_read_every_job_every_poll(tmp_path):
+    """The reference the fleet beats: today's one-supervisor-per-root reads one job per
+    poll per root (this is the count the shared read replaces)."""
+    fake, clock = FakeSlurm(), Clock()
+    sups = [member(r, fake, clock) for r in roots(tmp_path, 5)]
+    for s in sups:
+        s._submit()
+    for j in range(100, 105):
+        fake.start(j)
+    for _ in range(10):
+        for s in sups:
+            s.step()
+    assert reads(fake) == (0, 50)
+
+
+def test_one_corrupt_record_stops_its_root_only(tmp_path):
+    fake, clock = FakeSlurm(), Clock()
+    rs = roots(tmp_path, 3)
+    (rs[1] / "record.jsonl").write_text('{"type": "job"\n{"type": "job", "t": 1}\n')
+    f = make_fleet(fake, clock, [])
+    for r in rs:
+        try:
+            f.add(member(r, fake, clock))
+        except DispatchError as e:
+            f.fail(str(r), e)
+    def end_all():
+        for j in (100, 101):
+            fake.start(j)
+            fake.end(j, "COMPLETED")
+    f.sleep = Until(clock, clock.t + 3600, at=[(clock.t + 20, end_all)])
+    res = f.run()
+    assert res[str(rs[0])].code == 0 and res[str(rs[2])].code == 0
+    assert res[str(rs[1])].code == 2 and "record.jsonl" in res[str(rs[1])].message
+    out = fl.outcome(res)
+    assert out.code == 2 and out.message.splitlines()[0] == "3 roots: 2 done, 0 failed, 0 held, 1 error"
+
+
+def test_a_root_whose_record_breaks_while_followed_stops_alone(tmp_path):
+    fake, clock = FakeSlurm(), Clock()
+    a, b = roots(tmp_path, 2)
+    f = make_fleet(fake, clock, [member(a, fake, clock), member(b, fake, clock)])
+
+    def breaks():
+        fake.start(100)
+        fake.start(101)
+        def full(fact):  # the file system under b fills up: its appends fail as write(2) would
+            raise OSError(28, "No space left on device", str(b / "record.jsonl"))
+        f.members[str(b)].sup.record.append = full
+
+    def ends():
+        fake.end(100, "COMPLETED")
+        fake.end(101, "COMPLETED")
+    f.sleep = Until(clock, clock.t + 3600, at=[(clock.t + 20, breaks), (clock.t + 200, ends)])
+    res = f.run()
+    assert res[str(a)].code == 0 and res[str(b)].code == 2 and "No space left" in res[str(b)].message
+
+
+def test_an_end_while_everything_runs_is_seen_within_max_poll_and_at_once_with_evidence(tmp_path):
+    fake, clock = FakeSlurm(), Clock()
+    a, b = roots(tmp_path, 2)
+    f = make_fleet(fake, clock, [member(a, fake, clock), member(b, fake, clock)])
+    t0 = clock.t
+    marks = {}
+
+    def fail(jid, evidence):
+        def go():
+            fake.end(jid, "FAILED", code=1)
+            marks[jid] = clock.t
+            if evidence:  # the Epilog's cessation entry (ceased/<attempt>.<node>)
+                (tmp_path / f"r{jid - 100}" / "ceased").mkdir(exist_ok=True)
+                (tmp_path / f"r{jid - 100}" / "ceased" / "x.c1").write_text("")
+        return go
+    f.sleep = Until(clock, t0 + 3600, at=[(t0 + 15, lambda: (fake.start(100), fake.start(101))),
+                                          (t0 + 301, fail(100, False)), (t0 + 901, fail(101, True))])
+    res = f.run()
+    assert res[str(a)].code == 1 and res[str(b)].code == 1
+    lag = {j: facts(r, "ended")[0]["t"] - marks[j] for j, r in ((100, a), (101, b))}
+    assert lag[100] <= f.max_poll + POLL, lag  # no evidence: the slow read finds it
+    assert lag[101] <= POLL + 0.01, lag  # the Epilog's entry: the next poll reads Slurm
+
+
+def test_a_time_limit_makes_the_poll_fast_before_it_ends(tmp_path):
+    fake, clock = FakeSlurm(), Clock()
+    (r,) = roots(tmp_path, 1)
+    sup = member(r, fake, clock, signal="TERM", grace=90)
+    f = make_fleet(fake, clock, [sup])
+    t0 = clock.t
+
+    def start():
+        fake.start(100, t=int(clock.t))
+        fake.jobs[100]["end_time"] = {"set": True, "number": int(t0 + 1800)}
+    f.sleep = Until(clock, t0 + 1800, at=[(t0 + 5, start)])
+    with pytest.raises(Until.Stop):
+        f.run()
+    times = [c for c in fake.calls if c[:3] == ["scontrol", "show", "job"]]
+    assert sup.seen is not None and fl.hot(sup, t0 + 1800 - 90 - 30 - 10)
+    assert not fl.hot(sup, t0 + 600)
+    assert len(times) < 1800 / POLL / 2  # slow in the middle...
+    assert f.last_read >= t0 + 1800 - POLL  # ...and every poll near the end
+
+
+def test_a_job_array_is_one_root_and_one_job_per_task_each_with_its_own_rules(tmp_path):
+    (tmp_path / "sweep").mkdir()
+    tasks = sweep.expand([str(tmp_path / "sweep" / "t%a")], ["--time=10", "--array=0-4:2,7", "job.sh", "--lr=1"])
+    assert [(r.rsplit("/", 1)[1], a, t) for r, a, t in tasks] == [
+        (f"t{i}", ["--time=10", f"--array={i}", "job.sh", "--lr=1"], str(tmp_path / "sweep" / "t%a"))
+        for i in (0, 2, 4, 7)]
+    assert all((tmp_path / "sweep" / f"t{i}").is_dir() for i in (0, 2, 4, 7))
+    fake, clock = FakeSlurm(), Clock()
+    f = make_fleet(fake, clock, [])
+    for r, a, template in tasks:
+        sup = sv.Supervisor(r, Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None)
+        sup.open("test")
+        sup.start(defn(args=a, resubmit=1, array_root=template))
+        f.add(sup)
+
+    def run_all():
+        for j in range(100, 104):
+            fake.start(j)
+            fake.end(j, "FAILED" if j == 101 else "COMPLETED", code=1 if j == 101 else 0)
+
+    def resubmitted():
+        fake.start(104)
+        fake.end(104, "COMPLETED")
+    f.sleep = Until(clock, clock.t + 3600, at=[(clock.t + 20, run_all), (clock.t + 100, resubmitted)])
+    res = f.run()
+    assert all(x.code == 0 for x in res.values())
+    assert [a for a in (argv for argv, _ in fake.sbatch) if "--array=2" in a].__len__() == 2  # task 2 resubmitted
+    assert len(fake.sbatch) == 5
+    # the job names the %a root (an array task needs it: the plugin and `env` expand it), and its
+    # N comes from the folder of the task roots, as for an array submitted by hand
+    assert sorted(p.name for p in (tmp_path / "sweep" / "sub").iterdir()) == [f"{n:06d}" for n in range(1, 6)]
+    assert all(f"--dispatch-checkpoint={tmp_path / 'sweep' / 't%a'}" in argv for argv, _ in fake.sbatch)
+
+
+@pytest.mark.parametrize("spec,error", [
+    ("0-9%2", "throttle"), ("3-1", "empty range"), ("a-b", "not a task id"), ("0-20000", "more than"),
+])
+def test_array_specs_the_supervisor_cannot_keep_are_refused_naming_why(spec, error):
+    with pytest.raises(DispatchError, match=error):
+        sweep.array_tasks(spec)
+
+
+def test_array_roots_need_the_array_on_the_command_line_and_only_percent_a(tmp_path):
+    with pytest.raises(DispatchError, match="no --array"):
+        sweep.expand([str(tmp_path / "t%a")], ["job.sh"])
+    with pytest.raises(DispatchError, match="only %a"):
+        sweep.expand([str(tmp_path / "t%A_%a")], ["--array=0-1", "job.sh"])
+    (tmp_path / "job.sh").write_text("#!/bin/sh\n")
+    script = str(tmp_path / "job.sh")
+    assert sweep.expand([str(tmp_path)], [script, "--array=3"]) == [(str(tmp_path), [script, "--array=3"], None)]
+    # an option's value is not the script (sbatch's own options: the first word naming a file ends them)
+    assert sweep.expand([str(tmp_path / "t%a")], ["-o", "/dev/null", "-a", "1", script, "--array=9"]) == \
+        [(str(tmp_path / "t1"), ["-o", "/dev/null", "--array=1", script, "--array=9"], str(tmp_path / "t%a"))]
+    for args in (["--array=0-1", "job.sh"], ["-a", "3", "job.sh"], ["-a3", "job.sh"]):  # on a plain root
+        with pytest.raises(DispatchError, match="name the root with %a"):
+            sv.make_defn({**sv.DEFAULTS, "via": "spank"}, args)
+    assert sv.make_defn({**sv.DEFAULTS, "via": "spank"}, ["--array=3", "job.sh"])["args"] == ["--array=3", "job.sh"]
+
+
+def test_roots_from_a_folder_or_a_list_file(tmp_path):
+    d = tmp_path / "runs"
+    d.mkdir()
+    (d / "b").mkdir()
+    (d / "a").mkdir()
+    (d / ".hidden").mkdir()
+    (d / "notes.txt").write_text("")
+    assert list(sweep.listed(str(d))) == [str(d / "a"), str(d / "b")]
+    lst = tmp_path / "roots.txt"
+    lst.write_text(f"# my runs\n{d / 'a'}\n\nruns/b\n")
+    assert list(sweep.listed(str(lst))) == [str(d / "a"), str(tmp_path / "runs" / "b")]
+    with pytest.raises(DispatchError, match="name a folder of roots or a file"):
+        list(sweep.listed(str(tmp_path / "nope")))
+
+
+def test_once_over_many_roots_steps_each_until_it_waits(tmp_path):
+    fake, clock = FakeSlurm(), Clock()
+    rs = roots(tmp_path, 3)
+    f = make_fleet(fake, clock, [member(r, fake, clock) for r in rs])
+    res = f.run(once=True)
+    assert len(fake.sbatch) == 3 and all(x.code == 0 and "nothing more to do" in x.message for x in res.values())
+
+
+@pytest.mark.parametrize("argv,roots,sbatch", [
+    (["run", "r1", "--resubmit", "1", "--", "--nodes=2", "job.sh"], "r1", ["--nodes=2", "job.sh"]),
+    (["run", "r1", "job.sh", "x"], "r1", ["job.sh", "x"]),  # no `--`: one root, then sbatch's (as before)
+    (["run", "r1", "r2", "--once", "r3", "--", "job.sh"], ["r1", "r2", "r3"], ["job.sh"]),
+    (["run", "r1", "--"], "r1", []),  # resume: the root alone
+])
+def test_run_reads_roots_before_the_double_dash_and_sbatch_after(tmp_path, monkeypatch, argv, roots, sbatch):
+    from click.testing import CliRunner
+
+    from dispatch_slurm.cli import dispatch
+    seen = {}
+
+    def fake_run(r, opts, args, poll, slurm, once, max_poll, roots_from):
+        seen.update(roots=r, args=args)
+        return sv.Finished(0, "ok")
+    monkeypatch.setattr(sv, "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(dispatch, argv)
+    assert res.exit_code == 0, res.output
+    want = str(tmp_path / roots) if isinstance(roots, str) else [str(tmp_path / r) for r in roots]
+    assert seen == {"roots": want, "args": sbatch}
