@@ -64,3 +64,7 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info
+
+# The admin's install (make install/uninstall, DESTDIR, PREFIX), the packages (make deb,
+# make rpm, make orig) and the man pages: admin/install.mk.
+include admin/install.mk

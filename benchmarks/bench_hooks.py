@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # the test bed
 from testbed.cluster import CONTROLLER, Cluster  # noqa: E402
 
-PLUGSTACK = "required /usr/local/lib/slurm/dispatch_env.so"
+DROPIN = "/etc/slurm/plugstack.conf.d/dispatch-slurm.conf"  # the package's enabling symlink
 VARIANTS = {  # name: (plugin loaded, TaskProlog configured, sbatch options / exported inputs)
     "none": (False, False, []),
     "idle": (True, True, []),
@@ -41,12 +41,11 @@ srun -n1 --quiet bash -c 'echo "attempt=${{DISPATCH_ATTEMPT:-none}}"'
 
 def configure(c: Cluster, plugin: bool, taskprolog: bool) -> None:
     for host in [CONTROLLER, *c.node_names]:
-        c.exec(host, f"echo '{PLUGSTACK}' > /etc/slurm/plugstack.conf" if plugin
-               else ": > /etc/slurm/plugstack.conf")
-        line = "TaskProlog=/etc/slurm/dispatch/taskprolog" if taskprolog else "#TaskProlog=off"
+        c.exec(host, f"ln -sfn /usr/share/dispatch-slurm/plugstack.conf {DROPIN}" if plugin else f"rm -f {DROPIN}")
+        line = "TaskProlog=/usr/libexec/dispatch-slurm/taskprolog" if taskprolog else "#TaskProlog=off"
         c.exec(host, f"sed -i -E 's|^#?TaskProlog=.*|{line}|' /etc/slurm/slurm.conf")
     c.exec(CONTROLLER, ["scontrol", "reconfigure"])
-    want = "/etc/slurm/dispatch/taskprolog" if taskprolog else "(null)"
+    want = "/usr/libexec/dispatch-slurm/taskprolog" if taskprolog else "(null)"
     # 24.11 re-executes slurmctld on reconfigure: poll until it answers with the new value
     c.wait_until(lambda: re.search(r"TaskProlog\s*=\s*" + re.escape(want),
                                    c.exec(CONTROLLER, ["scontrol", "show", "config"], check=False).stdout),

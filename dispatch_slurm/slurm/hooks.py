@@ -379,11 +379,15 @@ def main(argv=None) -> int:
     """Run one hook. Exit 0 unless the node itself is broken: a user's input, even one
     that trips a bug here, must never make Slurm drain the node (a TaskProlog's
     non-zero fails only the task)."""
+    global LOG
     ap = argparse.ArgumentParser(prog="python3 -m dispatch_slurm.slurm.hooks")
     ap.add_argument("hook", choices=["prolog", "task-prolog", "epilog"])
     ap.add_argument("--site-conf", help=f"the site's settings [default: {siteconf.DEFAULT_PATH}]; "
                     "never taken from the job's environment")
+    ap.add_argument("--log", help=f"the hooks' own log [default: {LOG}] (LOG= in /etc/default/dispatch-slurm)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.log:
+        LOG = a.log  # one hook per process: the wrapper's choice holds for all of it
     try:
         if a.hook == "task-prolog":
             return task_prolog(os.environ, site_conf=a.site_conf)

@@ -161,7 +161,7 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     # the Prolog's record back (root's, 0644, as the Prolog writes it), then the Epilog again
     record = json.dumps({"DISPATCH_CHECKPOINT": root, "DISPATCH_ATTEMPT": attempt})
     c.exec("c1", f"printf '%s' '{record}' > /run/dispatch-slurm/{job}.json && chmod 0644 /run/dispatch-slurm/{job}.json")
-    c.exec("c1", ["/etc/slurm/dispatch/epilog"],
+    c.exec("c1", ["/usr/libexec/dispatch-slurm/epilog"],
            env={"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001", "SLURM_JOB_USER": "alice",
                 "SLURMD_NODENAME": "c1", f"{SPANK_OPT}checkpoint": root, **({"SLURM_JOB_SLUID": sluid[0]} if sluid else {})})
     assert snapshot(hdir / "root") == before
@@ -186,7 +186,7 @@ def test_on_cgroup_v2_the_epilog_waits_for_the_job_cgroup_not_a_process_scan(slu
     attempt = expected(c, root, job, n=1)["DISPATCH_ATTEMPT"]
     scan = c.exec("c2", f"grep -lsa 'DISPATCH_ATTEMPT={attempt}' /proc/[0-9]*/environ", check=False).stdout
     assert not scan.strip(), f"a process still carries the token, the scan alone would wait too: {scan}"
-    by_hand = c.exec("c2", ["/etc/slurm/dispatch/epilog"],
+    by_hand = c.exec("c2", ["/usr/libexec/dispatch-slurm/epilog"],
                      env={"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": "2001", "SLURM_JOB_GID": "2001",
                           "SLURM_JOB_USER": "alice", "SLURMD_NODENAME": "c2", f"{SPANK_OPT}checkpoint": root,
                           **({"SLURM_JOB_SLUID": sluid} if sluid else {})})
@@ -394,8 +394,9 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
     root = make_root(c, f"{cdir}/root")
     c.exec("c1", f"printf 'grace = 299\\n' > {cdir}/mine.conf", user="alice")
     hosts = [CONTROLLER, *c.node_names]
+    shipped = {h: c.exec(h, ["cat", "/etc/dispatch-slurm/site.conf"]).stdout for h in hosts}  # the package's
     for h in hosts:
-        c.exec(h, "mkdir -p /etc/dispatch-slurm && printf 'grace = 45\\n' > /etc/dispatch-slurm/site.conf")
+        c.exec(h, "printf 'grace = 45\\n' > /etc/dispatch-slurm/site.conf")
     c.exec("c1", ["python3", "-c", f"from dispatch_slurm import store; store.allocate_submission({root!r})"],
            user="alice")  # N=1, as `dispatch-slurm submit` allocates it (the hooks refuse one never allocated)
     try:
@@ -405,5 +406,5 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
         c.wait_until(lambda: dumps(hdir, "task"), timeout=90, what="the task's DISPATCH_* dump")
     finally:
         for h in hosts:
-            c.exec(h, "rm -f /etc/dispatch-slurm/site.conf")
+            c.exec(h, "cat > /etc/dispatch-slurm/site.conf", input=shipped[h])
     assert "DISPATCH_GRACE_S=45" in (hdir / "task").read_text().splitlines()

@@ -16,7 +16,8 @@ from support import REPO
 
 pytestmark = pytest.mark.cluster
 
-PLUGIN = "/usr/local/lib/slurm/dispatch_env.so"
+PLUGIN = "/usr/lib/x86_64-linux-gnu/slurm/dispatch_env.so"  # the Debian package's (the images are amd64)
+DROPIN = "/etc/slurm/plugstack.conf.d/dispatch-slurm.conf"  # the package's enabling symlink
 SITE = "/etc/dispatch-slurm/site.conf"
 ACCOUNT71 = "a" * 35 + "-" + "b" * 20 + "." + "c" * 13 + "_x"  # as in the vectors
 CHECK = ["dispatch-slurm", "check-site"]  # the admin's check of /etc/dispatch-slurm/site.conf
@@ -45,7 +46,7 @@ def test_plugin_is_hardened_and_versioned(cluster: Cluster):
 
 
 def test_make_install_uninstall(cluster: Cluster):
-    """DESTDIR/PREFIX/LIBDIR are respected; uninstall refuses while plugstack.conf loads the plugin."""
+    """DESTDIR/PREFIX/LIBDIR are respected; uninstall refuses while a plugstack.conf.d file loads the plugin."""
     c = cluster
     src, stage = "/tmp/spank-make", "/tmp/spank-stage"
     make = ["make", "-s", "-C", src]
@@ -57,9 +58,9 @@ def test_make_install_uninstall(cluster: Cluster):
         c.exec("c1", [*make, "uninstall", f"DESTDIR={stage}", "PREFIX=/opt/x"])
         c.exec("c1", [*make, "uninstall", f"DESTDIR={stage}", "LIBDIR=/plugins"])
         assert c.exec("c1", ["find", stage, "-type", "f"]).stdout == ""
-        # the real one: /etc/slurm/plugstack.conf still says `required .../dispatch_env.so`
+        # the real one: plugstack.conf.d/dispatch-slurm.conf still says `required .../dispatch_env.so`
         refused = c.exec("c1", [*make, "uninstall"], check=False)
-        assert refused.returncode != 0 and "remove that line first" in refused.stderr, refused
+        assert refused.returncode != 0 and f"{DROPIN} still loads dispatch_env.so" in refused.stderr, refused
         assert c.exec("c1", ["test", "-f", PLUGIN], check=False).returncode == 0
     finally:
         c.exec("c1", ["rm", "-rf", src, stage])
@@ -143,10 +144,9 @@ def test_broken_site_conf_refuses_only_dispatch_jobs(slurm_cluster: Cluster, wor
 def test_unreadable_site_conf_or_bad_plugstack_argument(slurm_cluster: Cluster, workdir, etc):
     """conf= naming a missing file, then an unknown argument: the same, never a broken site."""
     c = slurm_cluster
-    plugstack = c.exec(CONTROLLER, ["cat", "/etc/slurm/plugstack.conf"]).stdout
-    etc("/etc/slurm/plugstack.conf", plugstack.replace("dispatch_env.so", "dispatch_env.so conf=/nowhere/site.conf"))
+    etc(DROPIN, f"required {PLUGIN} conf=/nowhere/site.conf\n")
     only_dispatch_jobs_refused(c, workdir, "site config /nowhere/site.conf does not exist")
-    etc("/etc/slurm/plugstack.conf", plugstack.replace("dispatch_env.so", "dispatch_env.so grace=5"))
+    etc(DROPIN, f"required {PLUGIN} grace=5\n")
     cdir, hdir = workdir
     only_dispatch_jobs_refused(c, (f"{cdir}/again", hdir / "again"),
                                "plugstack.conf: unknown argument 'grace=5' for dispatch_env (only conf=PATH)")

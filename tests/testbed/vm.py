@@ -109,15 +109,15 @@ def _project_files() -> list[str]:
     docker-slurm/build-images hashes, plus the VM's own."""
     root = source_root()
     out: list[str] = []
-    for d, pats in (("docker-slurm", ("*.in", "*.env", "plugstack.conf", "entrypoint.sh")),
+    for d, pats in (("docker-slurm", ("*.in", "*.env", "entrypoint.sh")),
                     ("docker-slurm/vm", ("*",)), ("spank_env", ("*.c", "*.h", "*.map", "Makefile")),
-                    ("prolog", ("*",)), ("epilog", ("*",))):
+                    ("prolog", ("*",)), ("epilog", ("*",)), ("admin", ("*",)), ("admin/man", ("*",))):
         for pat in pats:
             out += [str(p.relative_to(root)) for p in (root / d).glob(pat) if p.is_file()]
     out += [str(p.relative_to(root)) for p in (root / "dispatch_slurm").rglob("*.py") if "__pycache__" not in p.parts]
     # the trials' trainer, run by path in the jobs (the rest of the test bed stays outside)
-    # (not README.md: install-site gives pip an empty one, so the prose never rebuilds an image)
-    out += [f for f in ("tests/testbed/workload.py", "pyproject.toml") if (root / f).is_file()]
+    # (not README.md: `make install` does not read it, so the prose never rebuilds an image)
+    out += [f for f in ("tests/testbed/workload.py", "pyproject.toml", "Makefile") if (root / f).is_file()]
     return sorted(set(out))
 
 
