@@ -93,6 +93,7 @@ class Member:
     sup: Supervisor
     due: float
     mark: tuple = ()
+    read: int = 0  # the last Slurm read this member was given (Fleet.reads)
 
 
 def outcome(results: dict[str, Finished]) -> Finished:
@@ -126,6 +127,7 @@ class Fleet:
         self.results: dict[str, Finished] = {}
         self.errors: dict[str, Exception] = {}
         self.last_read: Optional[float] = None
+        self.snap = NO_READ  # the last read's answer
         self.reads = 0  # Slurm reads (one per poll that needed one): the benchmark's and tests' count
 
     def add(self, sup: Supervisor) -> None:
@@ -154,9 +156,9 @@ class Fleet:
             if not due:
                 self.sleep(max(0.0, min(m.due for m in live.values()) - now))
                 continue
-            snap = self._read(due, now)
+            self._read(due, now)
             for r in due:
-                wait = self._step(r, snap)
+                wait = self._step(r, self._unseen(r))
                 if wait is not None and once and wait > 0:
                     sup = self.members.pop(r).sup
                     sup.close()
@@ -175,12 +177,12 @@ class Fleet:
         return [m for m in self.members.values() if m.sup.state.job is not None and
                 rules.next_action(m.sup.state) == "follow"]
 
-    def _read(self, due: list[str], now: float) -> Snapshot:
+    def _read(self, due: list[str], now: float) -> None:
         """One Slurm read for every followed job, when any due one needs it (``hot``, a
         change on disk) or the last read is ``max_poll`` old; else no read this poll."""
         following = self._following()
         if not any(self.members[r] in following for r in due):
-            return NO_READ
+            return
         changed = False
         for m in following:
             mark = disk_mark(m.sup.root)
@@ -188,13 +190,23 @@ class Fleet:
             m.mark = mark
         stale = self.last_read is None or now - self.last_read >= self.max_poll - 0.5 * self.poll
         if not (changed or stale or any(hot(m.sup, now) for m in following)):
-            return NO_READ
+            return
         ids = {m.sup.state.job for m in following}
         self.last_read, self.reads = now, self.reads + 1
         try:
-            return Snapshot(self.slurm.find_jobs(ids), asked=ids)
+            self.snap = Snapshot(self.slurm.find_jobs(ids), asked=ids)
         except SlurmError as e:
-            return Snapshot(error=e, asked=ids)
+            self.snap = Snapshot(error=e, asked=ids)
+
+    def _unseen(self, root: str) -> Snapshot:
+        """The last read, once per member: members fall due a little apart, and one that was
+        not due when the read was made must still be given it (else it waits for a read made
+        while it is due, which the pacing may put off for ever)."""
+        m = self.members[root]
+        if m.read == self.reads:
+            return NO_READ
+        m.read = self.reads
+        return self.snap
 
     def _step(self, root: str, snap: Snapshot) -> Optional[float]:
         """Step one supervisor until it has to wait (each step at most one thing); the wait,
