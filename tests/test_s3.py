@@ -251,8 +251,8 @@ time.sleep(120)
 """
 
 
-def test_preemption_handler_saves_and_publishes_to_s3(s3_env, s3_root):
-    proc = subprocess.Popen([sys.executable, "-c", PREEMPTED], env=_watch_env(s3_env, s3_root),
+def test_preemption_handler_saves_and_publishes_to_s3(s3_env, s3_root, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", PREEMPTED], env=_watch_env(s3_env, s3_root), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
@@ -264,6 +264,7 @@ def test_preemption_handler_saves_and_publishes_to_s3(s3_env, s3_root):
     assert "dispatch-checkpoint-complete" in out
     assert store.latest(s3_root).path == f"exec/{A1}/checkpoint-12"
     assert [e["type"] for e in events.read(s3_root)] == ["preempt_signal", "published", "checkpoint_complete"]
+    assert not list(tmp_path.iterdir()), "the handler wrote local files for an s3:// execution (its probe records)"
 
 
 @pytest.mark.parametrize("cmd", [["run", "s3://some-bucket/run", "--", "job.sh"], ["plan", "s3://some-bucket/run"]])

@@ -35,8 +35,9 @@ def directory(environ=os.environ) -> str | None:
     """Where this process's probe records go, or None (see the module doc)."""
     if environ.get("DISPATCH_PROBE_DIR"):
         return environ["DISPATCH_PROBE_DIR"]
-    if environ.get("DISPATCH_EXEC_DIR"):
-        return os.path.join(environ["DISPATCH_EXEC_DIR"], DIRNAME)
+    exec_dir = environ.get("DISPATCH_EXEC_DIR")
+    if exec_dir and "://" not in exec_dir:  # an s3:// exec folder is no local path: no records there
+        return os.path.join(exec_dir, DIRNAME)
     return None
 
 
