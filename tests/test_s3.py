@@ -246,6 +246,8 @@ def save(left):
     return url
 
 install_preemption_handler(save, grace=30)
+import faulthandler
+faulthandler.dump_traceback_later(45, exit=True)  # no save within 45 s: its stacks on stderr, for the test to show
 print("ready", flush=True)
 time.sleep(120)
 """
@@ -261,7 +263,7 @@ def test_preemption_handler_saves_and_publishes_to_s3(s3_env, s3_root, tmp_path)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert "dispatch-checkpoint-complete" in out
+    assert "dispatch-checkpoint-complete" in out, (out, err)
     assert store.latest(s3_root).path == f"exec/{A1}/checkpoint-12"
     assert [e["type"] for e in events.read(s3_root)] == ["preempt_signal", "published", "checkpoint_complete"]
     assert not list(tmp_path.iterdir()), "the handler wrote local files for an s3:// execution (its probe records)"
