@@ -70,7 +70,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def start(tmp_path, root, env=None, **cfg):
+def start(tmp_path, root, env=None, blocked=(), **cfg):
     exec_dir = root / "exec" / "c.1.1000000"
     exec_dir.mkdir(parents=True, exist_ok=True)
     cfg = {"out": str(tmp_path), "exec": str(exec_dir), "signals": ["SIGTERM"], **cfg}
@@ -80,7 +80,8 @@ def start(tmp_path, root, env=None, **cfg):
     e = {**base, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": str(E1),
          "DISPATCH_ATTEMPT": "c.1.1000000", "SLURM_JOB_ID": "42", **(env or {})}
     proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked)) if blocked else None)
 
     def ready():
         if proc.poll() is not None:
@@ -121,6 +122,16 @@ def test_sigterm_saves_publishes_prints_sentinel_and_exits_0(tmp_path, root):
     assert evs[0]["signal"] == "SIGTERM" and evs[0]["grace"] == 60
     assert evs[1]["step"] == 7 and evs[1]["by"] == "preempt"
     assert 0 < evs[2]["time_remaining"] <= 60 and evs[2]["elapsed"] >= 0.2
+
+
+def test_a_signal_blocked_in_the_inherited_mask_still_saves(tmp_path, root):
+    """A launcher (or a test runner's thread) may start the trainer with SIGTERM blocked:
+    the handler would be installed and never run. Installing it unblocks its signals."""
+    proc = start(tmp_path, root, blocked={signal.SIGTERM})
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc, timeout=20)
+    assert rc == 0 and out.splitlines()[-1] == SENTINEL, err
+    assert store.latest(root).step == 7
 
 
 def test_sentinel_is_on_a_line_of_its_own(tmp_path, root):

@@ -154,6 +154,9 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
         s3.client()  # import boto3 and build the client now, not inside the handler (see store above)
     for sig in sigs:
         signal.signal(sig, _on_signal)
+    # A signal blocked in the mask this process inherited (a launcher's, a test runner's
+    # thread) would stay pending with the handler installed: the save would never run.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
     probe.record("installed", signals=[s.name for s in sigs], grace=_s.grace, defer=_s.defer,
                  launcher=os.environ.get("DISPATCH_LAUNCHER"))
 
