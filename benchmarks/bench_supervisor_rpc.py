@@ -491,7 +491,8 @@ def report(results: dict, path: str) -> None:
             print(f"  whole life, {r['jobs']} job(s) {r['mode']}: {life['rpcs']} RPCs in {life['seconds'] / 60:.2f} min "
                   f"(every first execution running {r['start_s']:.0f} s after the launch); "
                   f"types (all users, count): {', '.join(f'{short(k)} {v}' for k, v in sorted(life['types'].items(), key=lambda kv: -kv[1]))}")
-    print(f"total wall {results['wall_s'] / 60:.1f} min; JSON: {path}")
+    if "wall_s" in results:  # absent when a later scenario aborted (the JSON keeps what ended)
+        print(f"total wall {results['wall_s'] / 60:.1f} min; JSON: {path}")
 
 
 if __name__ == "__main__":
