@@ -34,6 +34,8 @@ def log_lines(host_dir, name="log") -> list[str]:
     return p.read_text().splitlines() if p.exists() else []
 
 
+# (The step waits in `wait`, which a trapped signal interrupts at once: behind a foreground
+# `sleep 1` the trap ran only when the sleep ended, which on a loaded host came after KillWait.)
 # A job whose batch shell and whose step both trap SIGTERM and keep running: so
 # Slurm itself must end it (after GraceTime / KillWait), and the log shows which
 # process got which signal. $1 = the log folder, $2 = a unique marker for pgrep.
@@ -43,7 +45,7 @@ log={dir}/log
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} host=$(hostname) user=$(id -un)" >> $log
 trap 'echo "batch TERM restart=${{SLURM_RESTART_COUNT:-0}}" >> $log' TERM
 srun --quiet bash -c 'trap "echo step TERM restart=${{SLURM_RESTART_COUNT:-0}} >> {dir}/log" TERM; \
-  while :; do sleep 1; done; : {marker}' &
+  while :; do sleep 1 & wait $!; done; : {marker}' &
 wait; wait
 """
 
