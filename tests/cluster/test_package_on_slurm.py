@@ -14,6 +14,7 @@ import re
 import pytest
 
 from testbed.cluster import CONTROLLER, Cluster
+from test_spank_site import make_root, no_node_drained  # the same helpers, one home
 from support import REPO
 
 pytestmark = pytest.mark.cluster
@@ -33,15 +34,6 @@ def readme_block(needle: str) -> str:
 def hosts(c: Cluster) -> list[str]:
     return [CONTROLLER, *c.node_names]
 
-
-def make_root(c: Cluster, path: str) -> str:
-    c.exec("c1", f"mkdir -p {path} && chmod 700 {path}", user="alice")
-    return path
-
-
-def no_node_drained(c: Cluster) -> None:
-    reasons = c.exec(CONTROLLER, ["sinfo", "-R", "-h"]).stdout.strip()
-    assert reasons == "", f"a node was drained: {reasons}"
 
 
 def dispatch_job_runs(c: Cluster, cdir: str, hdir, name: str) -> str:
