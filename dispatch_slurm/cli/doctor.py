@@ -157,35 +157,46 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
     sig, stack = _wiring(script, sig, where, launcher, wrapped, processes, command)
     conf, partition = _slurm_conf(partition, False if command and use_slurm is None else use_slurm, job_id)
     conf = _overrides(conf, kill_wait, grace_time, preempt_mode, send_user_signal)
-    if (command or job_id) and sig is None and not preempt:
+    rehearsal = bool(command or job_id)
+    if rehearsal and sig is None and not preempt:
         raise click.UsageError("a rehearsal of the time limit needs the job's --signal (or --script), "
                                "or --preempt")
     sig_ = sig or rules.Signal("TERM", False, 60)
     findings = rules.check(sig, stack, conf, grace, save_seconds)
     wins = rules.windows(sig, stack, conf)
     table, run = [], None
-    if command or job_id:
-        path = "preemption" if preempt else "time limit"
-        window = wins.get(path) or ((conf.grace_time if preempt else sig_.seconds) + conf.kill_wait)
+    if rehearsal:
+        window = wins.get("preemption" if preempt else "time limit") or \
+            ((conf.grace_time if preempt else sig_.seconds) + conf.kill_wait)
         if command:
             run, table = _local(list(command), sig_, conf, ranks, ready_timeout, preempt, probe_dir, every_process)
         else:
             run, table = _on_job(job_id, sig_, conf, ranks, ready_timeout, preempt, probe_dir, root)
-        handled = {n[3:] for r in table for n in r.signals}
-        if handled:  # what the handlers say they catch, over the guess
-            findings = rules.check(sig, stack, conf, grace, save_seconds, handled=handled)
-        seen = {f.code for f in findings}
-        findings += [f for f in rules.verdict(table, ranks, window, run.exit_code, stack.launcher,
-                                                   None if preempt else sig_.seconds)
-                     if f.code not in seen or f.code == "save-too-long"]
-    if as_json:
-        click.echo(json.dumps({"signal": str(sig) if sig else None, "stack": asdict(stack), "slurm": asdict(conf),
-                               "partition": partition, "windows": wins, "ranks": [asdict(r) for r in table],
-                               "run": None if run is None else asdict(run),
-                               "findings": [asdict(f) for f in findings]}, indent=1))
-    else:
-        click.echo(render(sig, stack, conf, partition, wins, table, findings, run), nl=False)
+        findings = _measured(findings, table, run, window, sig, sig_, stack, conf, grace, save_seconds, ranks, preempt)
+    _emit(as_json, sig, stack, conf, partition, wins, table, findings, run)
     sys.exit(1 if findings else 0)
+
+
+def _emit(as_json, sig, stack, conf, partition, wins, table, findings, run) -> None:
+    if not as_json:
+        click.echo(render(sig, stack, conf, partition, wins, table, findings, run), nl=False)
+        return
+    click.echo(json.dumps({"signal": str(sig) if sig else None, "stack": asdict(stack), "slurm": asdict(conf),
+                           "partition": partition, "windows": wins, "ranks": [asdict(r) for r in table],
+                           "run": None if run is None else asdict(run),
+                           "findings": [asdict(f) for f in findings]}, indent=1))
+
+
+def _measured(findings, table, run, window, sig, sig_, stack, conf, grace, save_seconds, ranks, preempt):
+    """The wiring's findings, re-checked with the signals the handlers say they catch (over
+    the guess), plus what the measured run says that the wiring did not."""
+    handled = {n[3:] for r in table for n in r.signals}
+    if handled:
+        findings = rules.check(sig, stack, conf, grace, save_seconds, handled=handled)
+    seen = {f.code for f in findings}
+    return findings + [f for f in rules.verdict(table, ranks, window, run.exit_code, stack.launcher,
+                                                None if preempt else sig_.seconds)
+                       if f.code not in seen or f.code == "save-too-long"]
 
 
 def _local(argv, sig, conf, ranks, ready_timeout, preempt, probe_dir, every_process):
@@ -219,7 +230,6 @@ def _on_job(job_id, sig, conf, ranks, ready_timeout, preempt, probe_dir, root):
     if probe_dir is None and root is None:
         raise click.UsageError("--job needs --root (or $DISPATCH_CHECKPOINT) or --probe-dir: where the ranks record")
     s, run = Slurm(), Run()
-    deadline = time.monotonic() + ready_timeout
 
     def records():
         dirs = [probe_dir] if probe_dir else _job_probes(root, job_id)
@@ -227,22 +237,9 @@ def _on_job(job_id, sig, conf, ranks, ready_timeout, preempt, probe_dir, root):
         for d in dirs:
             out.update({k: v for k, v in probe.read(d).items() if str(v.get("installed", {}).get("job")) == str(job_id)})
         return out
-    while sum("installed" in p for p in records().values()) < ranks and time.monotonic() < deadline:
-        job = s.find_job(job_id)
-        if job is None or job.ended:
-            raise DispatchError(f"job {job_id} ended before its handlers reported (state {job and job.state})")
-        time.sleep(1)
-    run.ready = sum("installed" in p for p in records().values())
+    run.ready = _until_ready(s, job_id, records, ranks, time.monotonic() + ready_timeout)
     run.sent_at = time.time()
-    if preempt:
-        name = sig.name if conf.send_user_signal else "TERM"
-        s.cancel(job_id, name, batch=sig.batch and conf.send_user_signal)
-        run.log.append((0.0, f"scancel --signal={name}{' --batch' if sig.batch and conf.send_user_signal else ''}"))
-        run.end_at = run.sent_at + conf.grace_time + conf.kill_wait
-    else:
-        s.cancel(job_id, sig.name, batch=sig.batch)
-        run.log.append((0.0, f"scancel --signal={sig.name}{' --batch' if sig.batch else ''} {job_id}"))
-        run.end_at = run.sent_at + sig.seconds + conf.kill_wait
+    _send(s, job_id, sig, conf, preempt, run)
     job = _until_ended(s, job_id, run.end_at - conf.kill_wait)
     if job is None or not job.ended:
         s.cancel(job_id)
@@ -252,6 +249,31 @@ def _on_job(job_id, sig, conf, ranks, ready_timeout, preempt, probe_dir, root):
     run.exit_code = None if job is None else job.exit_code
     run.log.append((round(time.time() - run.sent_at, 2), f"job {job_id} {job.state if job else 'gone'}"))
     return run, rules.rows(records(), run.sent_at, run.end_at)
+
+
+def _until_ready(s, job_id, records, ranks, deadline) -> int:
+    """Poll the probe records until ``ranks`` handlers are installed (or the deadline);
+    a job that ends first is an error. Returns how many were."""
+    while sum("installed" in p for p in records().values()) < ranks and time.monotonic() < deadline:
+        job = s.find_job(job_id)
+        if job is None or job.ended:
+            raise DispatchError(f"job {job_id} ended before its handlers reported (state {job and job.state})")
+        time.sleep(1)
+    return sum("installed" in p for p in records().values())
+
+
+def _send(s, job_id, sig, conf, preempt, run) -> None:
+    """scancel as Slurm would signal: a preemption (SIGTERM, or the job's signal with
+    send_user_signal), or the time limit's early signal; sets when the kill comes."""
+    if preempt:
+        name = sig.name if conf.send_user_signal else "TERM"
+        batch = sig.batch and conf.send_user_signal
+        run.end_at = run.sent_at + conf.grace_time + conf.kill_wait
+    else:
+        name, batch = sig.name, sig.batch
+        run.end_at = run.sent_at + sig.seconds + conf.kill_wait
+    s.cancel(job_id, name, batch=batch)
+    run.log.append((0.0, f"scancel --signal={name}{' --batch' if batch else ''} {job_id}"))
 
 
 def _until_ended(s, job_id, t):

@@ -327,42 +327,80 @@ def verdict(table: list[Row], expected: int, window_s: float, exit_code: int | N
     """What the measured run says: every rank's handler installed, signalled, stopped,
     saved in time, published once; the launcher's exit status. ``limit_at``: seconds
     after the early signal when the limit's SIGTERM goes to everything (a rank whose
-    handler ran only then never got the early signal)."""
-    out = []
-    if len(table) < expected:
-        missing = expected - len(table)
-        out.append(Finding("handler-not-installed", f"{missing} of {expected} rank(s) never installed the "
-                           "preemption handler (no probe record)", "install it before the first step: "
-                           "DispatchCallback (HF), DispatchCheckpoint (Lightning), install_preemption_handler "
-                           "(plain loops), on every rank"))
-    unsignalled = [r for r in table if r.delay is None or (limit_at is not None and r.delay >= limit_at - 0.25)]
-    if unsignalled:
-        who = _who(unsignalled)
-        via = f"{launcher} " if launcher else "a launcher or shell "
-        late = limit_at is not None and all(r.delay is not None for r in unsignalled)
-        how = "only the limit's SIGTERM came, KillWait before SIGKILL" if late else "nothing came"
-        out.append(Finding("signal-not-delivered", f"rank {who}: handler installed, the early signal never "
-                           f"arrived ({how}): {via}in between swallowed it", f"`dispatch-slurm launch -- {launcher or 'CMD'} ...`, "
-                           "or signal the steps (--signal without B:)"))
-    stuck = [r for r in table if r.delay is not None and r.to_stop is None]
-    if stuck:
-        out.append(Finding("no-safe-point", f"rank {_who(stuck)}: the signal arrived, no safe point came before "
-                           "the kill (evaluation, warm-up, data loading?)", "call preemption_point() (or "
-                           "stop_requested()) in the eval and data-loading loops too; the integrations do"))
-    failed = [r for r in table if r.exit == 1]
-    if failed:
-        out.append(Finding("save-failed", f"rank {_who(failed)}: the save ran and failed (exit 1, no sentinel)",
-                           "read the rank's stderr: the save's own error is printed there"))
-    slow = [r for r in table if r.to_stop is not None and (r.exit is None or (r.left is not None and r.left < 0))]
-    if slow:
-        out.append(Finding("save-too-long", f"rank {_who(slow)}: killed before its save ended (the window: "
-                           f"{window_s:g} s)", "a longer window than the save (--signal=SIG@T, the partition's "
-                           "GraceTime, the launcher's own kill) or a faster save"))
-    if exit_code not in (None, 0) and table and len(table) >= expected and all(r.exit == 0 for r in table):
-        out.append(Finding("exit-status", f"every rank saved and exited 0, the command exited {exit_code} "
-                           "(torchrun's SignalException): the job script reads it as a failure",
-                           f"`dispatch-slurm launch -- {launcher or 'torchrun'} ...` (exits 0 once every rank saved)"))
-    return out
+    handler ran only then never got the early signal). One check per finding, in the
+    order a run goes through them."""
+    run = _Run(table, expected, window_s, exit_code, launcher, limit_at)
+    return [f for check in _CHECKS if (f := check(run)) is not None]
+
+
+@dataclass
+class _Run:
+    table: list
+    expected: int
+    window_s: float
+    exit_code: int | None
+    launcher: str | None
+    limit_at: float | None
+
+
+def _not_installed(run: _Run) -> Finding | None:
+    if len(run.table) >= run.expected:
+        return None
+    return Finding("handler-not-installed", f"{run.expected - len(run.table)} of {run.expected} rank(s) never "
+                   "installed the preemption handler (no probe record)", "install it before the first step: "
+                   "DispatchCallback (HF), DispatchCheckpoint (Lightning), install_preemption_handler "
+                   "(plain loops), on every rank")
+
+
+def _not_delivered(run: _Run) -> Finding | None:
+    limit = run.limit_at
+    unsignalled = [r for r in run.table if r.delay is None or (limit is not None and r.delay >= limit - 0.25)]
+    if not unsignalled:
+        return None
+    via = f"{run.launcher} " if run.launcher else "a launcher or shell "
+    late = limit is not None and all(r.delay is not None for r in unsignalled)
+    how = "only the limit's SIGTERM came, KillWait before SIGKILL" if late else "nothing came"
+    return Finding("signal-not-delivered", f"rank {_who(unsignalled)}: handler installed, the early signal never "
+                   f"arrived ({how}): {via}in between swallowed it",
+                   f"`dispatch-slurm launch -- {run.launcher or 'CMD'} ...`, or signal the steps (--signal without B:)")
+
+
+def _no_safe_point(run: _Run) -> Finding | None:
+    stuck = [r for r in run.table if r.delay is not None and r.to_stop is None]
+    if not stuck:
+        return None
+    return Finding("no-safe-point", f"rank {_who(stuck)}: the signal arrived, no safe point came before "
+                   "the kill (evaluation, warm-up, data loading?)", "call preemption_point() (or "
+                   "stop_requested()) in the eval and data-loading loops too; the integrations do")
+
+
+def _save_failed(run: _Run) -> Finding | None:
+    failed = [r for r in run.table if r.exit == 1]
+    if not failed:
+        return None
+    return Finding("save-failed", f"rank {_who(failed)}: the save ran and failed (exit 1, no sentinel)",
+                   "read the rank's stderr: the save's own error is printed there")
+
+
+def _save_too_long(run: _Run) -> Finding | None:
+    slow = [r for r in run.table if r.to_stop is not None and (r.exit is None or (r.left is not None and r.left < 0))]
+    if not slow:
+        return None
+    return Finding("save-too-long", f"rank {_who(slow)}: killed before its save ended (the window: "
+                   f"{run.window_s:g} s)", "a longer window than the save (--signal=SIG@T, the partition's "
+                   "GraceTime, the launcher's own kill) or a faster save")
+
+
+def _exit_status(run: _Run) -> Finding | None:
+    every_rank_saved = run.table and len(run.table) >= run.expected and all(r.exit == 0 for r in run.table)
+    if run.exit_code in (None, 0) or not every_rank_saved:
+        return None
+    return Finding("exit-status", f"every rank saved and exited 0, the command exited {run.exit_code} "
+                   "(torchrun's SignalException): the job script reads it as a failure",
+                   f"`dispatch-slurm launch -- {run.launcher or 'torchrun'} ...` (exits 0 once every rank saved)")
+
+
+_CHECKS = (_not_installed, _not_delivered, _no_safe_point, _save_failed, _save_too_long, _exit_status)
 
 
 def _who(rs) -> str:

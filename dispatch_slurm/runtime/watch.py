@@ -248,65 +248,86 @@ def _alarm(signum, frame):
     raise _Expired
 
 
+def _open_inotify(w: Watcher, interval: float, say) -> Inotify | None:
+    try:
+        return Inotify()
+    except OSError as e:
+        say(f"dispatch-slurm watch: inotify unavailable ({e}); polling every {interval}s")
+        return None
+
+
+def _open_pidfd(pid: int | None) -> tuple[int | None, bool]:
+    """(pidfd or None, alive). No pidfd (an old kernel): os.kill(pid, 0) at each wake."""
+    if pid is None:
+        return None, True
+    try:
+        return os.pidfd_open(pid), True
+    except ProcessLookupError:
+        return None, False
+    except (AttributeError, OSError):
+        return None, True
+
+
+def _scan(w: Watcher, ino: Inotify | None, timeout: float | None) -> None:
+    """One scan, bounded by ``timeout`` (SIGALRM, armed by the caller's handler). A save is
+    checked before its watch exists; so whenever a watch is new, scan again: what was
+    written in between is then seen either way."""
+    if timeout is not None:
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        while True:
+            w.scan()
+            if ino is None or not ino.watch_only({w.exec_dir} | {os.path.join(w.exec_dir, n) for n in w.pending}):
+                return
+    except _Expired:
+        raise ScanTimeout("a scan did not finish within --timeout (is the filesystem or the "
+                          "S3 endpoint hung?)") from None
+    finally:
+        if timeout is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
         once: bool = False, until_pid: int | None = None, timeout: float | None = 300.0,
         say=lambda text: print(text, file=sys.stderr)) -> None:
     """Scan, then wait for a change and scan again, until ``once`` or ``until_pid``'s exit
     (after one final scan). Errors raise; a scan longer than ``timeout`` raises ScanTimeout
     (enforced with SIGALRM, so only from the main thread)."""
-    ino = None
-    if not poll and not once and w.fs is Local:  # inotify sees local writes only
-        try:
-            ino = Inotify()
-        except OSError as e:
-            say(f"dispatch-slurm watch: inotify unavailable ({e}); polling every {interval}s")
-            ino = None
-    pidfd, alive = None, True
-    if until_pid is not None:
-        try:
-            pidfd = os.pidfd_open(until_pid)
-        except ProcessLookupError:
-            alive = False
-        except (AttributeError, OSError):
-            pidfd = None  # no pidfd: os.kill(pid, 0) at each wake
-    timed = timeout is not None and threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGALRM, _alarm) if timed else None
+    ino = _open_inotify(w, interval, say) if not poll and not once and w.fs is Local else None  # local writes only
+    pidfd, alive = _open_pidfd(until_pid)
+    if threading.current_thread() is not threading.main_thread():
+        timeout = None
+    old = signal.signal(signal.SIGALRM, _alarm) if timeout is not None else None
+    fds = [f for f in (ino.fd if ino else None, pidfd) if f is not None]
+    wait = rescan if ino is not None else interval
+    if until_pid is not None and pidfd is None:  # polling the pid
+        wait = min(wait, interval)
     try:
         while True:
-            if timed:
-                signal.setitimer(signal.ITIMER_REAL, timeout)
-            try:
-                # A save is checked before its watch exists; so whenever a watch is new,
-                # scan again: what was written in between is then seen either way.
-                while True:
-                    w.scan()
-                    if ino is None or not ino.watch_only(
-                            {w.exec_dir} | {os.path.join(w.exec_dir, n) for n in w.pending}):
-                        break
-            except _Expired:
-                raise ScanTimeout("a scan did not finish within --timeout (is the filesystem or the "
-                                  "S3 endpoint hung?)") from None
-            finally:
-                if timed:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+            _scan(w, ino, timeout)
             if once or not alive:
                 return
-            fds = [f for f in (ino.fd if ino else None, pidfd) if f is not None]
-            wait = rescan if ino is not None else interval
-            if until_pid is not None and pidfd is None:
-                wait = min(wait, interval)
             ready, _, _ = select.select(fds, [], [], wait)
             if ino is not None and ino.fd in ready:
                 ino.drain()
-            if until_pid is not None:
-                alive = pidfd not in ready if pidfd is not None else _alive(until_pid)
+            alive = _still_alive(until_pid, pidfd, ready)
     finally:
-        if timed:
-            signal.signal(signal.SIGALRM, old)
-        if ino is not None:
-            ino.close()
-        if pidfd is not None:
-            os.close(pidfd)
+        _close(old, ino, pidfd)
+
+
+def _still_alive(pid: int | None, pidfd: int | None, ready: list) -> bool:
+    if pid is None:
+        return True
+    return pidfd not in ready if pidfd is not None else _alive(pid)
+
+
+def _close(old_alarm, ino: Inotify | None, pidfd: int | None) -> None:
+    if old_alarm is not None:
+        signal.signal(signal.SIGALRM, old_alarm)
+    if ino is not None:
+        ino.close()
+    if pidfd is not None:
+        os.close(pidfd)
 
 
 def check_pid(pid: int) -> None:
