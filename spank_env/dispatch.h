@@ -11,6 +11,7 @@
 
 #include "claim.h"
 #include "contract.h"
+#include "fail.h"
 
 #ifndef DSP_VERSION
 #error "DSP_VERSION is unset: build with spank_env/Makefile"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "contract.h"
+#include "fail.h"
 
 #define DIRFLAGS (O_RDONLY | O_DIRECTORY | O_CLOEXEC)
 
