@@ -101,7 +101,7 @@ DEB_ARCH = $(shell dpkg --print-architecture)
 
 orig:
 	rm -rf $(PKG_BUILD)/$(PKG)-$(VERSION) && mkdir -p $(PKG_BUILD)/$(PKG)-$(VERSION) dist
-	tar -c --exclude=__pycache__ --exclude='*.so' --exclude=test_contract $(PKG_SOURCES) | tar -x -C $(PKG_BUILD)/$(PKG)-$(VERSION)
+	tar -c --exclude=__pycache__ --exclude='*.so' --exclude=test_contract --exclude=test_contexts $(PKG_SOURCES) | tar -x -C $(PKG_BUILD)/$(PKG)-$(VERSION)
 	tar -C $(PKG_BUILD) -czf dist/$(PKG)-$(VERSION).tar.gz --owner=root --group=root $(PKG)-$(VERSION)
 
 # dpkg-buildpackage from the PATH's python3 must be Debian's (pybuild's modules are there).

@@ -76,3 +76,13 @@ int dsp_alloc_post_opt(spank_t sp)
 	slurm_info("dispatch-slurm: submission %llu under %s", n, subdir);
 	return pass_submission(sp, n);
 }
+
+/* sbatch, salloc, srun exit: what init loaded (the configuration, the options' values,
+ * the allocated N among them). */
+int dsp_alloc_exit(spank_t sp)
+{
+	(void)sp;
+	dsp_opts_free();
+	dsp_config_free();
+	return 0;
+}

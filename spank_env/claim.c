@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "claim.h"
+#include "fail.h"
 
 #define DIRFLAGS (O_RDONLY | O_DIRECTORY | O_CLOEXEC)
 #define FIX "fix: submit with `dispatch-slurm submit %s -- ...` or `sbatch --dispatch-checkpoint=%s` (each " \

@@ -2,18 +2,10 @@
 
 #include <ctype.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-int dsp_fail(char *err, size_t errsz, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errsz, fmt, ap);
-	va_end(ap);
-	return -1;
-}
+#include "fail.h"
 
 static int set(const struct dsp_arg *a)
 {

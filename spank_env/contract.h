@@ -37,9 +37,6 @@ struct dsp_out {
 	int shared;
 };
 
-/* Format a message into err; returns -1, so `return dsp_fail(...)` reports an error. */
-int dsp_fail(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 /* Decimal digits only (no sign, no space), at most 20 digits, then lo..hi. */
 int dsp_parse_part(const char *label, const char *what, const char *text, unsigned long long lo,
 		   unsigned long long hi, unsigned long long *out, char *err, size_t errsz);

@@ -1,8 +1,8 @@
 /*
  * The plugin's internal interface (pyxis style): plugin.c only dispatches on
- * spank_context(); each context file keeps its own static state; options.c owns the
- * option table and values, config.c the site config. State is reached through these
- * functions only: no shared mutable globals.
+ * spank_context(); each context file keeps its own static state, cleared by its own exit;
+ * options.c owns the option table and values, config.c the site config. State is reached
+ * through these functions only: no shared mutable globals.
  */
 #ifndef DISPATCH_H
 #define DISPATCH_H
@@ -11,6 +11,7 @@
 
 #include "claim.h"
 #include "contract.h"
+#include "fail.h"
 
 #ifndef DSP_VERSION
 #error "DSP_VERSION is unset: build with spank_env/Makefile"
@@ -37,15 +38,20 @@ const struct dsp_site *dsp_config_site(void);
 int dsp_config_usable(char *err, size_t errsz);	/* 0, or -1 with the message for the user */
 void dsp_config_free(void);
 
+/* One file per SPANK context, each with its own init and exit; an exit frees exactly what
+ * its own init loaded (tests/test_spank_plugin.py checks both). */
 /* alloc.c: sbatch / salloc / srun */
 int dsp_alloc_init(spank_t sp, int ac, char **av);
 int dsp_alloc_post_opt(spank_t sp);
+int dsp_alloc_exit(spank_t sp);
 /* remote.c: slurmstepd */
 int dsp_remote_init(spank_t sp, int ac, char **av);
 int dsp_remote_user_init(spank_t sp);
 int dsp_remote_task_init(spank_t sp);
+int dsp_remote_exit(spank_t sp);
 /* slurmd.c: slurmd */
 int dsp_slurmd_init(spank_t sp, int ac, char **av);
+int dsp_slurmd_exit(spank_t sp);
 
 /* fsops.c: as the user, never following a symlink inside the root */
 int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, size_t errsz);

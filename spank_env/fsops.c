@@ -15,8 +15,16 @@
 #include <unistd.h>
 
 #include "contract.h"
+#include "fail.h"
 
 #define DIRFLAGS (O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+
+/* Close an fd that may be -1 (never opened): the one cleanup path of each function below. */
+static void close_fd(int fd)
+{
+	if (fd >= 0)
+		close(fd);
+}
 
 /* The root itself may be a symlink (sites alias scratch); it must exist and be ours. */
 static int open_root(const char *dir, char *err, size_t errsz)
@@ -28,16 +36,15 @@ static int open_root(const char *dir, char *err, size_t errsz)
 			return dsp_fail(err, errsz, "checkpoint root %s does not exist (create it first)", dir);
 		return dsp_fail(err, errsz, "checkpoint root %s: %s", dir, strerror(errno));
 	}
-	if (fstat(fd, &st) || st.st_uid != geteuid()) {
-		close(fd);
-		return dsp_fail(err, errsz, "checkpoint root %s belongs to uid %u, not to you (uid %u)", dir,
-			    (unsigned)st.st_uid, (unsigned)geteuid());
-	}
-	if (faccessat(fd, ".", W_OK | X_OK, AT_EACCESS)) {
-		close(fd);
-		return dsp_fail(err, errsz, "checkpoint root %s is not writable by you", dir);
-	}
-	return fd;
+	if (fstat(fd, &st) || st.st_uid != geteuid())
+		dsp_fail(err, errsz, "checkpoint root %s belongs to uid %u, not to you (uid %u)", dir,
+			 (unsigned)st.st_uid, (unsigned)geteuid());
+	else if (faccessat(fd, ".", W_OK | X_OK, AT_EACCESS))
+		dsp_fail(err, errsz, "checkpoint root %s is not writable by you", dir);
+	else
+		return fd;
+	close(fd);
+	return -1;
 }
 
 int dsp_check_root(const char *dir, char *err, size_t errsz)
@@ -49,7 +56,7 @@ int dsp_check_root(const char *dir, char *err, size_t errsz)
 	return 0;
 }
 
-/* Open name under parent, creating it if missing; a symlink is refused. */
+/* Open name under parent, creating it if missing; a symlink is refused. errno tells why not. */
 static int ensure_dir(int parent, const char *name, unsigned int mode, int *created)
 {
 	int fd = openat(parent, name, DIRFLAGS | O_NOFOLLOW);
@@ -62,28 +69,29 @@ static int ensure_dir(int parent, const char *name, unsigned int mode, int *crea
 		return -1;
 	fd = openat(parent, name, DIRFLAGS | O_NOFOLLOW);
 	if (fd >= 0 && *created && fsync(parent)) {
+		int e = errno;
 		close(fd);
+		errno = e;
 		return -1;
 	}
 	return fd;
 }
 
+/* Every failure formats its message (errno still the failing call's) and jumps to out,
+ * which closes whatever is open. */
 int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, size_t errsz)
 {
-	int root, sub, created, fd;
+	int root, sub = -1, dfd = -1, created, fd, rc = -1;
 	unsigned long long max = 0;
-	DIR *d;
+	DIR *d = NULL;
 	struct dirent *e;
 	if ((root = open_root(dir, err, errsz)) < 0)
 		return -1;
-	if ((sub = ensure_dir(root, "sub", 0777, &created)) < 0) {
-		close(root);
-		return dsp_fail(err, errsz, "%s/sub: %s", dir, strerror(errno));
-	}
-	if (!(d = fdopendir(dup(sub)))) {
-		close(sub);
-		close(root);
-		return dsp_fail(err, errsz, "%s/sub: %s", dir, strerror(errno));
+	if ((sub = ensure_dir(root, "sub", 0777, &created)) < 0 || (dfd = dup(sub)) < 0 ||
+	    !(d = fdopendir(dfd))) {
+		dsp_fail(err, errsz, "%s/sub: %s", dir, strerror(errno));
+		close_fd(dfd);	/* a dup that fdopendir refused (closedir owns it once accepted) */
+		goto out;
 	}
 	while ((e = readdir(d))) {
 		unsigned long long v;
@@ -91,22 +99,18 @@ int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, s
 			continue;
 		if (strlen(e->d_name) != 6 || strspn(e->d_name, "0123456789") != 6 ||
 		    !(v = strtoull(e->d_name, NULL, 10))) {
-			closedir(d);
-			close(sub);
-			close(root);
-			return dsp_fail(err, errsz, "bad entry '%s' in %s/sub: not a 6-digit submission number "
-				    "000001..999999", e->d_name, dir);
+			dsp_fail(err, errsz, "bad entry '%s' in %s/sub: not a 6-digit submission number "
+				 "000001..999999", e->d_name, dir);
+			goto out;
 		}
 		if (v > max)
 			max = v;
 	}
-	closedir(d);
 	for (*n = max + 1;; (*n)++) {
 		char name[16];
 		if (*n > DSP_N_MAX) {
-			close(sub);
-			close(root);
-			return dsp_fail(err, errsz, "%s/sub: no submission number left (N must be <= 999,999)", dir);
+			dsp_fail(err, errsz, "%s/sub: no submission number left (N must be <= 999,999)", dir);
+			goto out;
 		}
 		snprintf(name, sizeof(name), "%06llu", *n);
 		fd = openat(sub, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
@@ -115,25 +119,33 @@ int dsp_allocate_submission(const char *dir, unsigned long long *n, char *err, s
 			break;
 		}
 		if (errno != EEXIST) {
-			close(sub);
-			close(root);
-			return dsp_fail(err, errsz, "%s/sub/%s: %s", dir, name, strerror(errno));
+			dsp_fail(err, errsz, "%s/sub/%s: %s", dir, name, strerror(errno));
+			goto out;
 		}
 	}
 	if (fsync(sub) || fsync(root)) {
-		close(sub);
-		close(root);
-		return dsp_fail(err, errsz, "%s/sub: fsync: %s", dir, strerror(errno));
+		dsp_fail(err, errsz, "%s/sub: fsync: %s", dir, strerror(errno));
+		goto out;
 	}
-	close(sub);
+	rc = 0;
+out:
+	if (d)
+		closedir(d);
+	close_fd(sub);
 	close(root);
-	return 0;
+	return rc;
+}
+
+/* The hint for a directory that O_NOFOLLOW refused (ELOOP) or that is not one (ENOTDIR). */
+static const char *symlink_hint(int e, const char *hint)
+{
+	return e == ELOOP || e == ENOTDIR ? hint : "";
 }
 
 int dsp_make_exec_dir(const char *root, const char *attempt, unsigned int mode, int create_root,
 		      char *err, size_t errsz)
 {
-	int rfd, efd, afd, created;
+	int rfd = -1, efd = -1, afd = -1, created, rc = -1;
 	struct stat st;
 	if (create_root) {	/* an array task's root: its parent must exist and be ours */
 		char parent[DSP_PATH];
@@ -143,32 +155,38 @@ int dsp_make_exec_dir(const char *root, const char *attempt, unsigned int mode, 
 		if ((pfd = open_root(parent, err, errsz)) < 0)
 			return -1;
 		rfd = ensure_dir(pfd, leaf + 1, 0777, &created);
+		if (rfd < 0)
+			dsp_fail(err, errsz, "%s: %s%s", root, strerror(errno),
+				 symlink_hint(errno, " (a symlink is in the way)"));
 		close(pfd);
 		if (rfd < 0)
-			return dsp_fail(err, errsz, "%s: %s%s", root, strerror(errno),
-				    errno == ELOOP || errno == ENOTDIR ? " (a symlink is in the way)" : "");
+			return -1;
 	} else if ((rfd = open_root(root, err, errsz)) < 0) {
 		return -1;
 	}
-	efd = ensure_dir(rfd, "exec", 0777, &created);
-	close(rfd);
-	if (efd < 0)
-		return dsp_fail(err, errsz, "%s/exec: %s%s", root, strerror(errno),
-			    errno == ELOOP || errno == ENOTDIR ? "; refusing to follow a symlink" : "");
-	afd = ensure_dir(efd, attempt, mode, &created);
-	close(efd);
-	if (afd < 0)
-		return dsp_fail(err, errsz, "%s/exec/%s: %s%s", root, attempt, strerror(errno),
-			    errno == ELOOP || errno == ENOTDIR ? "; refusing to follow a symlink" : "");
+	if ((efd = ensure_dir(rfd, "exec", 0777, &created)) < 0) {
+		dsp_fail(err, errsz, "%s/exec: %s%s", root, strerror(errno),
+			 symlink_hint(errno, "; refusing to follow a symlink"));
+		goto out;
+	}
+	if ((afd = ensure_dir(efd, attempt, mode, &created)) < 0) {
+		dsp_fail(err, errsz, "%s/exec/%s: %s%s", root, attempt, strerror(errno),
+			 symlink_hint(errno, "; refusing to follow a symlink"));
+		goto out;
+	}
 	if (fstat(afd, &st) || st.st_uid != geteuid()) {
-		close(afd);
-		return dsp_fail(err, errsz, "%s/exec/%s exists and belongs to uid %u, not to you", root, attempt,
-			    (unsigned)st.st_uid);
+		dsp_fail(err, errsz, "%s/exec/%s exists and belongs to uid %u, not to you", root, attempt,
+			 (unsigned)st.st_uid);
+		goto out;
 	}
 	if ((st.st_mode & 07777) != mode && fchmod(afd, mode)) {
-		close(afd);
-		return dsp_fail(err, errsz, "%s/exec/%s: chmod: %s", root, attempt, strerror(errno));
+		dsp_fail(err, errsz, "%s/exec/%s: chmod: %s", root, attempt, strerror(errno));
+		goto out;
 	}
-	close(afd);
-	return 0;
+	rc = 0;
+out:
+	close_fd(afd);
+	close_fd(efd);
+	close(rfd);
+	return rc;
 }

@@ -18,16 +18,20 @@ static struct {
 
 static int opt_cb(int val, const char *optarg, int remote);
 
+/* Each usage text starts with DSP_HELP, as pyxis's do with "[pyxis]": `sbatch --help` lists
+ * every plugin's options together, and the prefix tells ours apart. */
+#define DSP_HELP "[dispatch] "
+
 static struct spank_option table[] = {
-	{ "dispatch-checkpoint", "DIR", "checkpoint root of this job (dispatch-slurm); "
+	{ "dispatch-checkpoint", "DIR", DSP_HELP "checkpoint root of this job; "
 	  "for an array job put %a in its last component", 1, OPT_CHECKPOINT, opt_cb },
-	{ "dispatch-generation", "G", "generation G: 0 for a new job, +1 per supersession", 1,
+	{ "dispatch-generation", "G", DSP_HELP "generation G: 0 for a new job, +1 per supersession", 1,
 	  OPT_GENERATION, opt_cb },
-	{ "dispatch-submission", "N", "submission number N (default: allocated under DIR/sub/)", 1,
+	{ "dispatch-submission", "N", DSP_HELP "submission number N (default: allocated under DIR/sub/)", 1,
 	  OPT_SUBMISSION, opt_cb },
-	{ "dispatch-shared-checkpoint", NULL, "this job cannot isolate its checkpoint writes", 0,
+	{ "dispatch-shared-checkpoint", NULL, DSP_HELP "this job cannot isolate its checkpoint writes", 0,
 	  OPT_SHARED, opt_cb },
-	{ "dispatch-grace", "S", "seconds to checkpoint after SIGTERM (0..300)", 1, OPT_GRACE, opt_cb },
+	{ "dispatch-grace", "S", DSP_HELP "seconds to checkpoint after SIGTERM (0..300)", 1, OPT_GRACE, opt_cb },
 	SPANK_OPTIONS_TABLE_END
 };
 

@@ -11,8 +11,9 @@
  *
  * plugstack.conf: required /usr/local/lib/slurm/dispatch_env.so [conf=/etc/dispatch-slurm/site.conf]
  *
- * This file only dispatches on spank_context(): alloc.c (sbatch, salloc, srun),
- * remote.c (slurmstepd), slurmd.c; options.c and config.c own their state.
+ * This file only dispatches on spank_context(), init to exit: alloc.c (sbatch, salloc,
+ * srun), remote.c (slurmstepd), slurmd.c; each has its own exit, which clears its own state
+ * and frees what its init loaded (options.c, config.c own that state).
  */
 #include "dispatch.h"
 
@@ -76,13 +77,29 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return spank_context() == S_CTX_REMOTE ? dsp_remote_task_init(sp) : 0;
 }
 
-/* Every context: release what init and the options allocated. */
+/* Each context releases what its own init and options took (pyxis_dispatch.c does the
+ * same): slurmstepd, srun, sbatch and salloc call exit; slurmd calls slurmd_exit instead
+ * (slurm/spank.h), which the slurmd case of exit only mirrors. */
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
-	(void)sp;
 	(void)ac;
 	(void)av;
-	dsp_opts_free();
-	dsp_config_free();
-	return 0;
+	switch (spank_context()) {
+	case S_CTX_LOCAL:
+	case S_CTX_ALLOCATOR:
+		return dsp_alloc_exit(sp);
+	case S_CTX_REMOTE:
+		return dsp_remote_exit(sp);
+	case S_CTX_SLURMD:
+		return dsp_slurmd_exit(sp);
+	default:
+		return 0;
+	}
+}
+
+int slurm_spank_slurmd_exit(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	return dsp_slurmd_exit(sp);
 }

@@ -115,3 +115,13 @@ int dsp_remote_user_init(spank_t sp)
 		return -1;
 	return 0;
 }
+
+/* slurmstepd exit: this step's own state, then what init loaded. */
+int dsp_remote_exit(spank_t sp)
+{
+	(void)sp;
+	user_error[0] = '\0';
+	dsp_opts_free();
+	dsp_config_free();
+	return 0;
+}

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "contract.h"
+#include "fail.h"
 
 #define SHOW_MAX 60	/* bytes of a line quoted in a message */
 #define EXPECTED "(expected grace = S, grace.<account> = S or exec_mode = 0NNN)"

@@ -11,3 +11,12 @@ int dsp_slurmd_init(spank_t sp, int ac, char **av)
 	dsp_config_load(ac, av, 1);
 	return 0;
 }
+
+/* slurmd exit (slurm_spank_slurmd_exit): the configuration, all its init loaded; slurmd
+ * registers no options, so it has none to free. */
+int dsp_slurmd_exit(spank_t sp)
+{
+	(void)sp;
+	dsp_config_free();
+	return 0;
+}

@@ -17,6 +17,17 @@ def vectors(name: str):
     return json.loads((VECTORS / name).read_text())
 
 
+def build_spank(driver: str, out_dir, cppflags: str = "") -> pathlib.Path:
+    """Build a test driver of spank_env/ (test_contract, test_contexts) into out_dir through
+    its Makefile, so the tests compile what the plugin's build compiles, with its flags and
+    its source lists; WERROR=1 there: the tests are CI's build, where a warning fails."""
+    out = pathlib.Path(out_dir) / driver
+    flags = [f"CPPFLAGS={cppflags}"] if cppflags else []
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank_env"), "WERROR=1", f"OUT={out_dir}", *flags, str(out)],
+                   check=True)
+    return out
+
+
 def cli(*args, env=None, check=False, cwd=None):
     """Run the real `dispatch-slurm` CLI in a subprocess."""
     proc = subprocess.run([sys.executable, "-m", "dispatch_slurm", *map(str, args)],

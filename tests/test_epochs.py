@@ -20,12 +20,13 @@ from dispatch_slurm.contract import names
 from dispatch_slurm.errors import BadName, BadPath, StoreError
 from dispatch_slurm.slurm import hooks
 from dispatch_slurm.store import epochs, events, s3
-from support import REPO, allocate, cli, vectors
+from support import allocate, build_spank, cli, vectors
 
 E = 1_000_000  # G=0, N=1, R=0: what two jobs with DISPATCH_SUBMISSION=1 both compute
 A, B = f"linux.101.{E}", f"linux.102.{E}"  # job 101 and job 102 at that epoch
 CLAIMS = vectors("claims.json")
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("make") is None,
+                              reason="no C compiler or make")
 
 
 @pytest.fixture(autouse=True)
@@ -363,11 +364,7 @@ def _publisher(root, save, barrier, results):
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
     """test_contract (claim.c included, the settle deadline shortened) as a server."""
-    out = tmp_path_factory.mktemp("claim") / "test_contract"
-    src = REPO / "spank_env"
-    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
-                    "-DDSP_CLAIM_SETTLE_MS=300", "-o", str(out),
-                    *(str(src / f) for f in ("test_contract.c", "contract.c", "siteconf.c", "claim.c"))], check=True)
+    out = build_spank("test_contract", tmp_path_factory.mktemp("claim"), "-DDSP_CLAIM_SETTLE_MS=300")
     servers = []
 
     def start():

@@ -48,7 +48,7 @@ def tree(tmp_path_factory):
     for name in TREE:
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, t / name, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o", "test_contract"))
+            shutil.copytree(src, t / name, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o", "test_contract", "test_contexts"))
         else:
             shutil.copy(src, t / name)
     make(t, "-C", "spank_env", "WERROR=1")

@@ -11,19 +11,16 @@ import tomllib
 import pytest
 
 from dispatch_slurm.contract import siteconf
-from support import REPO, cli, vectors
+from support import REPO, build_spank, cli, vectors
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
-                                reason="no C compiler")
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("make") is None,
+                                reason="no C compiler or make")
 
 
 @pytest.fixture(scope="module")
 def contract(tmp_path_factory):
     """Build test_contract from the sources into a temp dir and run it as a server."""
-    out = tmp_path_factory.mktemp("spank") / "test_contract"
-    src = REPO / "spank_env"
-    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-o", str(out),
-                    *(str(src / f) for f in ("test_contract.c", "contract.c", "siteconf.c", "claim.c"))], check=True)
+    out = build_spank("test_contract", tmp_path_factory.mktemp("spank"))
     proc = subprocess.Popen([str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(*fields, multiline=False):

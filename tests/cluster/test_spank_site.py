@@ -43,6 +43,14 @@ def test_plugin_is_hardened_and_versioned(cluster: Cluster):
     symbols = c.exec("c1", ["nm", "-D", "--defined-only", PLUGIN]).stdout
     # Slurm >= 25.05 reads it (fail the job, not the node); older ones must not be handed it
     assert ("slurm_spank_init_failure_mode" in symbols) == (tuple(map(int, c.slurm_release.split("."))) >= (25, 5))
+    # _FORTIFY_SOURCE in effect at the package build's own level (never lowered): fortified calls
+    assert re.search(r"\b__\w+_chk\b", c.exec("c1", ["nm", "-D", "--undefined-only", PLUGIN]).stdout)
+    # `sbatch --help` lists every option, its help (on the option's line or the next) saying whose
+    helps = re.findall(r"(--dispatch-[a-z-]+)(?:=\S+)?\s+(\S[^\n]*)", c.exec(CONTROLLER, ["sbatch", "--help"]).stdout)
+    print("sbatch --help:", *helps, sep="\n  ")
+    assert [o for o, _ in helps] == ["--dispatch-checkpoint", "--dispatch-generation", "--dispatch-submission",
+                                     "--dispatch-shared-checkpoint", "--dispatch-grace"], helps
+    assert all(h.startswith("[dispatch] ") for _, h in helps), helps
 
 
 def test_make_install_uninstall(cluster: Cluster):
@@ -52,7 +60,8 @@ def test_make_install_uninstall(cluster: Cluster):
     make = ["make", "-s", "-C", src]
     try:
         c.exec("c1", f"rm -rf {src} {stage} && cp -r /src/dispatch-slurm/spank_env {src} && make -s -C {src} clean")
-        c.exec("c1", [*make, "install", f"DESTDIR={stage}", "PREFIX=/opt/x"])
+        # built here against this release's slurm/spank.h and compiler: CI's build, every warning fails it
+        c.exec("c1", [*make, "WERROR=1", "install", f"DESTDIR={stage}", "PREFIX=/opt/x"])
         assert c.exec("c1", ["test", "-f", f"{stage}/opt/x/lib/slurm/dispatch_env.so"], check=False).returncode == 0
         c.exec("c1", [*make, "install", f"DESTDIR={stage}", "LIBDIR=/plugins"])
         c.exec("c1", [*make, "uninstall", f"DESTDIR={stage}", "PREFIX=/opt/x"])
