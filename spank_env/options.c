@@ -31,7 +31,7 @@ static struct spank_option table[] = {
 	  OPT_SUBMISSION, opt_cb },
 	{ "dispatch-shared-checkpoint", NULL, DSP_HELP "this job cannot isolate its checkpoint writes", 0,
 	  OPT_SHARED, opt_cb },
-	{ "dispatch-grace", "S", DSP_HELP "seconds to checkpoint after SIGTERM (0..300)", 1, OPT_GRACE, opt_cb },
+	{ "dispatch-grace", "S", DSP_HELP "seconds to checkpoint after SIGTERM (0.." DSP_STR(DSP_GRACE_CAP_N) ")", 1, OPT_GRACE, opt_cb },
 	SPANK_OPTIONS_TABLE_END
 };
 

@@ -7,7 +7,7 @@
  *   --dispatch-submission=N     default: the next free number under DIR/sub/, allocated
  *                               once, at submit time
  *   --dispatch-shared-checkpoint  the job cannot isolate its writes
- *   --dispatch-grace=S          seconds to checkpoint after SIGTERM (0..300)
+ *   --dispatch-grace=S          seconds to checkpoint after SIGTERM (0..DSP_GRACE_CAP)
  *
  * plugstack.conf: required /usr/local/lib/slurm/dispatch_env.so [conf=/etc/dispatch-slurm/site.conf]
  *

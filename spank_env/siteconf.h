@@ -10,7 +10,10 @@
 
 #define DSP_SITE_CONF "/etc/dispatch-slurm/site.conf"
 #define DSP_GRACE_DEFAULT 60ULL
-#define DSP_GRACE_CAP 300ULL
+#define DSP_GRACE_CAP_N 300  /* = contract/siteconf.py GRACE_CAP (tests/test_spank_plugin.py) */
+#define DSP_GRACE_CAP ((unsigned long long)DSP_GRACE_CAP_N)
+#define DSP_XSTR(x) #x
+#define DSP_STR(x) DSP_XSTR(x)
 /* The one fixed limit, the same in siteconf.py: a site.conf holds a few settings, and
  * slurmstepd reads it at every step start. */
 #define DSP_SITE_MAX 1048576

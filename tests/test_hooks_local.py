@@ -97,8 +97,8 @@ def test_the_sentinel_is_read_from_a_bounded_tail_of_regular_files_only(tmp_path
     with open(big, "wb") as f:  # 3 GiB, sparse: reading all of it would take the node's memory
         f.truncate(3 << 30)
         f.seek(0, 2)
-        f.write(b"\n" + hooks.SENTINEL + b"\n")
-    assert hooks.SENTINEL in hooks.stdout_tail(str(big))
+        f.write(b"\n" + hooks.SENTINEL.encode() + b"\n")
+    assert hooks.SENTINEL.encode() in hooks.stdout_tail(str(big))
     assert hooks.stdout_tail("/dev/zero") == b""
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)  # no writer: a blocking open would hang the Epilog

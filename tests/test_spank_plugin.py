@@ -236,3 +236,12 @@ def test_no_distribution_build_asks_for_werror_or_undefines_fortify():
         text = path.read_text(errors="replace")
         assert not re.search(r"-Werror|\bWERROR\b|-U_?FORTIFY", text), path
     assert not re.search(r"-U_?FORTIFY", (SRC / "Makefile").read_text())
+
+
+def test_the_grace_cap_is_one_number_in_c_and_python():
+    """The plugin refuses --dispatch-grace above DSP_GRACE_CAP, the CLI above GRACE_CAP, the
+    site config caps at both: one number (issue 21), its help text made from the macro."""
+    from dispatch_slurm.contract.siteconf import GRACE_CAP
+    m = re.search(r"#define DSP_GRACE_CAP_N (\d+)", (SRC / "siteconf.h").read_text())
+    assert m and int(m.group(1)) == GRACE_CAP
+    assert "0..300" not in (SRC / "options.c").read_text()

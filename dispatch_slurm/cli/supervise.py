@@ -7,6 +7,7 @@ import sys
 import click
 
 from .. import supervisor
+from ..contract.siteconf import GRACE_CAP
 from . import common
 
 
@@ -30,7 +31,7 @@ def _supervisor_options(fn):
         click.option("--via", type=click.Choice(["auto", "spank", "env"]), help="pass G and N by the SPANK "
                      "plugin's options, or exported in the environment (the script runs `dispatch-slurm env`); "
                      "auto: the plugin's where sbatch has them  [default: auto]"),
-        click.option("--grace", type=click.IntRange(0, 300), help="seconds to checkpoint after SIGTERM"),
+        click.option("--grace", type=click.IntRange(0, GRACE_CAP), help="seconds to checkpoint after SIGTERM"),
         click.option("--signal", "sig", metavar="[B:]SIG", help="sbatch --signal=[B:]SIG@GRACE: SIG the grace "
                      "before the time limit (needs --grace); warns when this root's measured saves do not fit"),
         click.option("--keep-last", type=click.IntRange(1), metavar="K", help="after each execution ends, "

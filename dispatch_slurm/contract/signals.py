@@ -14,6 +14,9 @@ import re
 from ..errors import DispatchError
 
 _SPEC = re.compile(r"(?:(?P<where>[BR]{1,2}):)?(?P<sig>(?:SIG)?[A-Z][A-Z0-9]*|[0-9]{1,2})")
+# The line a saved preemption prints on stdout, alone on its line: the Epilog reads it in the
+# job's output to tell a saved stop from a kill (the handler prints it, slurm/hooks.py reads).
+SENTINEL = "dispatch-checkpoint-complete"
 MARGIN = 0.8  # a save measured above this share of the grace leaves too little room
 
 

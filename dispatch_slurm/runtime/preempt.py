@@ -71,13 +71,13 @@ import traceback
 
 from .. import store  # imported now: an import inside the handler could deadlock
 from ..contract.names import step_of
+from ..contract.signals import SENTINEL
 from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
 from ..errors import DispatchError
 from ..store import events, s3
 from ..store.roots import is_s3
 from . import distributed, probe
 
-SENTINEL = "dispatch-checkpoint-complete"
 
 
 class _State:

@@ -40,14 +40,14 @@ import traceback
 
 from ..contract import env as envmod
 from ..contract import names, siteconf
+from ..contract.signals import SENTINEL
 from ..errors import DispatchError
-from ..store import ceased, epochs, events
+from ..store import ceased, durable, epochs, events
 from . import cgroup
 
 RUN_DIR = "/run/dispatch-slurm"
 LOG = "/var/log/dispatch-slurm.log"
 SPANK_OPT = "SPANK__SLURM_SPANK_OPTION_dispatch_env_dispatch_"
-SENTINEL = b"dispatch-checkpoint-complete"
 CHILD_TIMEOUT = 60  # a hung filesystem must not hang the hook forever
 CESSATION_WAIT = 30  # how long the Epilog waits for the execution's processes to go
 ANSWER_MAX = 1 << 20  # the child's answer: more is cut (it is one JSON object)
@@ -113,8 +113,7 @@ def as_job_user(environ, fn, *args):
             result = {"bug": f"{type(e).__name__}: {e}"}
         try:
             data = json.dumps(result).encode()  # ASCII: any byte of a path is escaped
-            while data:
-                data = data[os.write(wfd, data):]
+            durable.write_all(wfd, data)
         finally:
             os._exit(0)
     os.close(wfd)
@@ -175,8 +174,7 @@ def record_file(job_id: str) -> str:
 def _write_root_file(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        while data:
-            data = data[os.write(fd, data):]
+        durable.write_all(fd, data)
     finally:
         os.close(fd)
 
@@ -273,7 +271,7 @@ def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: s
         return {"recorded": False}
     events.record("cessation", root=root, attempt=attempt, node=node, source="epilog",
                   **({"sluid": sluid} if sluid else {}), **({"evidence": evidence} if evidence else {}))
-    sentinel = bool(stdout_path) and SENTINEL in stdout_tail(stdout_path)
+    sentinel = bool(stdout_path) and SENTINEL.encode() in stdout_tail(stdout_path)
     if sentinel:
         events.record("checkpoint_complete", root=root, attempt=attempt, source="epilog")
     return {"recorded": True, "sentinel": sentinel}

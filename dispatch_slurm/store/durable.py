@@ -89,7 +89,7 @@ def create_new(name: str, dir_fd: int, data: bytes = b"", mode: int = 0o444, syn
     with _named(name, dir_fd):
         fd = os.open(name, _NEW_FLAGS, mode, dir_fd=dir_fd)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
         if data and sync:
             os.fsync(fd)
     finally:
@@ -105,7 +105,7 @@ def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0
         fd = os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
     try:
         new = os.fstat(fd).st_size == 0
-        _write_all(fd, data)
+        write_all(fd, data)
         if sync:
             os.fsync(fd)
     finally:
@@ -114,7 +114,8 @@ def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0
         _sync_directory(dir_fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """os.write may write less than asked (a pipe, a signal): loop until all is written."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
