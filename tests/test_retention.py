@@ -593,3 +593,13 @@ def test_ceased_takes_the_executions_nodes_from_the_root_when_nothing_else_names
     assert ans["answer"] == cessation.CEASED and set(ans["nodes"]) == {"c1", "c2"}, ans
     (ok, why), = sup_gc.from_root(str(root), [a]).values()
     assert ok and "c1: process scan, c2: cgroup v2" in why
+
+
+def test_a_big_jobs_node_list_is_read_back_whole(root):
+    """A 5,000-node execution: each entry names every node (the bound is well above it)."""
+    from dispatch_slurm.store import ceased as ceased_store
+    nodes = [f"node{i:05d}" for i in range(5000)]
+    for n in nodes[:2]:
+        ceased_store.record(str(root), A, n, {"by": "cgroup v2"}, nodes=nodes)
+    ev = ceased_store.execution(str(root), A)
+    assert ev["nodes"] == nodes and len(ev["missing"]) == 4998 and ev["ceased"] is False

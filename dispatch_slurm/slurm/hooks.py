@@ -167,9 +167,12 @@ def _prepare(values: dict, mode: int, pattern: str, job: dict | None = None) -> 
     out = epochs.prepare(values, mode, pattern, label="--dispatch-submission")
     if job is not None:
         os.environ.update(values)  # the event's epoch and attempt (this child only)
-        events.record("execution_started", root=values["DISPATCH_CHECKPOINT"], attempt=values["DISPATCH_ATTEMPT"],
-                      source="prolog", node=job["node"],
-                      **{k: job[k] for k in ("nodes", "nodelist", "start_time", "sluid") if job.get(k) is not None})
+        try:  # observability: never the Prolog's failure (events.record warns on I/O errors itself)
+            events.record("execution_started", root=values["DISPATCH_CHECKPOINT"],
+                          attempt=values["DISPATCH_ATTEMPT"], source="prolog", node=job["node"],
+                          **{k: job[k] for k in ("nodes", "nodelist", "start_time", "sluid") if job.get(k) is not None})
+        except Exception as e:  # noqa: BLE001
+            os.write(2, f"dispatch-slurm: warning: no execution_started event: {type(e).__name__}: {e}\n".encode())
     return out
 
 

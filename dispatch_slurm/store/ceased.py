@@ -58,7 +58,7 @@ def nodes(root: str, attempt: str) -> set[str]:
     return {e[len(prefix):] for e in entries if e.startswith(prefix)}
 
 
-MAX_EVIDENCE = 4096  # an entry is one small JSON object: more is not the Epilog's
+MAX_EVIDENCE = 256 << 10  # one JSON object: how, and the execution's node list (~20,000 names fit)
 
 
 def entries(root: str, attempt: str) -> dict[str, dict]:
