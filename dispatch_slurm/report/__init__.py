@@ -80,8 +80,8 @@ def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], p
                cessation: Optional[dict] = None) -> dict:
     ex = {**_token(attempt), "nodes": set(), "publications": [], "signals": [], "ended": None, "rule": None}
     mine = [e for e in evs if e.get("attempt") == attempt]
-    ex["nodes"] |= {e["host"] for e in mine if e.get("type") != "cessation" and e.get("source") not in HOOKS
-                    and e.get("host")}
+    ex["nodes"] |= {e["host"] for e in mine if e.get("type") not in ("cessation", "hold", "release")
+                    and e.get("source") not in HOOKS and e.get("host")}  # the admin side's hosts ran none of it
     ex["nodes"] |= {e["node"] for e in mine if e.get("source") in HOOKS and isinstance(e.get("node"), str)}
     facts_starts = []
     for f in facts:

@@ -19,7 +19,7 @@ from testbed.cluster import CONTROLLER, Cluster
 pytestmark = pytest.mark.cluster
 WORKLOAD = "/src/dispatch-slurm/tests/testbed/workload.py"
 TWO_NODES = """#!/bin/bash
-#SBATCH -N 2 --ntasks=1 -o {cdir}/job-%j.out --requeue
+#SBATCH -N 2 --ntasks-per-node=1 -o {cdir}/job-%j.out --requeue
 srun -N1 -n1 python3 {workload} --mode dispatch --log-dir {cdir}/logs --interval 1 --keep 0 --max-saves 300
 """
 
@@ -77,7 +77,7 @@ def test_report_and_gc_of_a_plugin_job_nobody_supervised(slurm_cluster: Cluster,
     if c.slurm_release >= "24.11":  # Slurm gives the Prolog the start time (SLURM_JOB_START_TIME) from 24.11
         assert all(isinstance(ev.get("start_time"), int) for ev in prolog), prolog
     (i,) = r["interruptions"]
-    (res,) = [x for x in resumes(hdir) if x["lineage"] == f"{job}.1"]  # the trainer's word on R=1's resume
+    (res,) = [x for x in resumes(hdir) if x["lineage"] == a1]  # the trainer's word on R=1's resume
     assert i["resumed_from"]["step"] == res["step"], (i, res)
     assert "ceased on" in text and "running, or unknown" not in text
 
