@@ -1,6 +1,7 @@
 """The hooks' logic on this machine (the cluster tests run them under Slurm)."""
 
 import io
+import json
 import os
 import pathlib
 import shutil
@@ -154,3 +155,116 @@ def test_the_task_prolog_reads_the_admins_site_conf_not_the_jobs(root, tmp_path)
     allocate(root, 3)
     assert hooks.task_prolog(env, out, io.StringIO(), site_conf=str(admins)) == 0
     assert "export DISPATCH_GRACE_S=45" in out.getvalue().splitlines()
+
+
+# ---- issue 28: the Epilog's evidence names the execution's nodes; a rejoined node's Epilog --
+
+def test_hostlists_expand_as_slurm_does_and_bad_ones_are_refused():
+    assert hooks.expand_hostlist("c[1-3,07-08],gpu[1-2]x,login") == \
+        ["c1", "c2", "c3", "c07", "c08", "gpu1x", "gpu2x", "login"]
+    assert hooks.expand_hostlist("r[1-2]n[01-02]") == ["r1n01", "r1n02", "r2n01", "r2n02"]
+    for bad in ("c[1-3", "c1-3]", "c[3-1]", "c[a-b]", "c[[1]]"):
+        with pytest.raises(ValueError):
+            hooks.expand_hostlist(bad)
+    assert hooks.hostnames("c7") == ["c7"]  # no brackets, no comma: no scontrol started
+
+
+def test_job_facts_keep_a_node_list_only_when_it_is_whole(monkeypatch, tmp_path):
+    """A node list that misses a node would let the root claim cessation while that node
+    still runs the job: kept only if it names this node and SLURM_JOB_NUM_NODES nodes."""
+    monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))
+    monkeypatch.setattr(hooks, "hostnames", getattr(hooks, "expand_hostlist", None), raising=False)  # no scontrol here
+    base = {**NOBODY, "SLURMD_NODENAME": "n2"}
+    assert hooks.job_facts({**base, "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+                            "SLURM_JOB_START_TIME": "1800000000"})["nodes"] == ["n1", "n2"]
+    f = hooks.job_facts({**base, "SLURM_NODELIST": "n[1-2]"})  # 22.05 names it SLURM_NODELIST only
+    assert f["nodes"] == ["n1", "n2"] and "start_time" not in f and f["uid"] == 65534
+    assert "nodes" not in hooks.job_facts({**base, "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "3"})
+    assert "nodes" not in hooks.job_facts({**base, "SLURM_JOB_NODELIST": "n[3-4]"})
+    assert "nodes" not in hooks.job_facts({**base, "SLURM_JOB_NODELIST": "n[1-"})
+    assert "not recorded" in (tmp_path / "hooks.log").read_text()
+
+
+@pytest.fixture
+def plugin_root(tmp_path, shared, monkeypatch):
+    """A root of the job user (nobody) with N=1 allocated, and the hooks' files in tmp."""
+    monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))
+    monkeypatch.setattr(hooks, "hostnames", getattr(hooks, "expand_hostlist", None), raising=False)
+    root = shared / "ck"
+    root.mkdir()
+    os.chown(root, 65534, 65534)
+    assert hooks.as_job_user(NOBODY, store.allocate_submission, str(root)) == {"ok": 1}
+    return root
+
+
+def on_node(monkeypatch, tmp_path, node: str) -> None:
+    """Each node has its own /run/dispatch-slurm."""
+    monkeypatch.setattr(hooks, "RUN_DIR", str(tmp_path / f"run-{node}"))
+
+
+def spank_env(root, node, r=0, **extra):
+    return {**NOBODY, "SLURM_JOB_ID": "79", "SLURM_CLUSTER_NAME": "linux", "SLURMD_NODENAME": node,
+            "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2", OPT + "checkpoint": str(root),
+            OPT + "submission": "1", **({"SLURM_RESTART_COUNT": str(r)} if r else {}), **extra}
+
+
+@needs_root
+def test_the_epilog_names_every_node_and_the_root_alone_shows_cessation(plugin_root, tmp_path, monkeypatch):
+    from dispatch_slurm.store import ceased, events
+    root, attempt = plugin_root, "linux.79.1000000"
+    for node in ("n1", "n2"):
+        on_node(monkeypatch, tmp_path, node)
+        assert hooks.prolog(spank_env(root, node, SLURM_JOB_START_TIME="1800000000")) == 0
+    started = [e for e in events.read(str(root)) if e["type"] == "execution_started"]
+    assert {(e["node"], e["source"], tuple(e["nodes"]), e["start_time"]) for e in started} == \
+        {(n, "prolog", ("n1", "n2"), 1800000000) for n in ("n1", "n2")}
+    on_node(monkeypatch, tmp_path, "n1")
+    assert hooks.epilog(spank_env(root, "n1")) == 0
+    entry = json.loads((root / "ceased" / f"{attempt}.n1").read_text())
+    assert entry == {"by": "process scan", "nodes": ["n1", "n2"]}
+    ev = ceased.execution(str(root), attempt)
+    assert (ev["ceased"], ev["nodes"], ev["missing"]) == (False, ["n1", "n2"], ["n2"])
+    on_node(monkeypatch, tmp_path, "n2")
+    assert hooks.epilog(spank_env(root, "n2")) == 0
+    ev = ceased.execution(str(root), attempt)
+    assert ev["ceased"] is True and ev["at"] is not None, ev
+
+
+@needs_root
+def test_a_rejoined_nodes_epilog_without_job_options_records_from_the_prologs_record(
+        plugin_root, tmp_path, monkeypatch):
+    """A node cut off past MinJobAge rejoins: slurmd kills the orphan and runs the Epilog
+    with the job id alone (uid 0, no options, this node as the node list). The Prolog's
+    root-owned record names the root, the attempt, the user and the nodes: the entry is
+    written as the job user, never as root."""
+    from dispatch_slurm.store import ceased, events
+    root, attempt = plugin_root, "linux.79.1000000"
+    on_node(monkeypatch, tmp_path, "n1")
+    assert hooks.prolog(spank_env(root, "n1")) == 0
+    bare = {"SLURM_JOB_ID": "79", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "root",
+            "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n1", "SLURM_CLUSTER_NAME": "linux"}
+    assert hooks.epilog(bare) == 0
+    entry = root / "ceased" / f"{attempt}.n1"
+    assert entry.stat().st_uid == 65534, "written as the job user"
+    assert json.loads(entry.read_text())["nodes"] == ["n1", "n2"], "the Prolog's list, not the abort's"
+    (ev,) = [e for e in events.read(str(root)) if e["type"] == "cessation"]
+    assert ev["source"] == "epilog (rejoined)" and ev["node"] == "n1"
+    assert hooks.recorded_execution("79") is None  # cleaned up
+    assert ceased.execution(str(root), attempt)["missing"] == ["n2"]
+    assert hooks.epilog(bare) == 0  # no record left: nothing, silently
+
+
+@needs_root
+def test_a_rejoined_epilog_refuses_a_record_without_a_user_or_another_users(plugin_root, tmp_path, monkeypatch):
+    root = plugin_root
+    on_node(monkeypatch, tmp_path, "n1")
+    os.makedirs(hooks.RUN_DIR)
+    old = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_ATTEMPT": "linux.79.1000000"}  # an older Prolog's
+    hooks._write_root_file(hooks.record_file("79"), json.dumps(old).encode())
+    bare = {"SLURM_JOB_ID": "79", "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURMD_NODENAME": "n1"}
+    assert hooks.epilog(bare) == 0
+    assert "names no job user" in (tmp_path / "hooks.log").read_text()
+    assert hooks.prolog(spank_env(root, "n1")) == 0
+    assert hooks.epilog({**bare, "SLURM_JOB_UID": "2002"}) == 0  # Slurm names someone else
+    assert "the Prolog recorded uid 65534" in (tmp_path / "hooks.log").read_text()
+    assert not (root / "ceased").exists(), "nothing recorded, and nothing as root"

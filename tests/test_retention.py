@@ -571,3 +571,35 @@ def test_the_report_shows_kept_and_retired_saves_with_sizes(root, three):
     text = cli("report", root, check=True).stdout
     assert "retention (no gc policy" in text and "retired 3 saves 0 B" in text
     assert f"{rel(three[(LIVE, 90)], root)} (latest)" in text
+
+
+def test_ceased_takes_the_executions_nodes_from_the_root_when_nothing_else_names_them(root):
+    """Issue 28: a plugin job nobody supervised, purged by slurmctld: `ceased` (and so a
+    hold's cessation command, and gc) had "which nodes ran execution R=0 is unknown".
+    The Epilog's entries name the execution's nodes: ceased once all of them recorded."""
+    from test_supervisor_rules import FakeSlurm
+    from dispatch_slurm.slurm import cessation
+    from dispatch_slurm.slurm.client import Slurm
+    from dispatch_slurm.store import ceased as ceased_store
+    a = "testc.100.1000000"
+    ceased_store.record(str(root), a, "c1", {"by": "process scan"}, nodes=["c1", "c2"])
+    ask = lambda: cessation.check(Slurm(FakeSlurm()), 100, 0, root=str(root), generation=0,  # noqa: E731
+                                  submission=1)
+    ans = ask()  # purged: Slurm says it ended; c2 (idle, responding) recorded nothing
+    assert ans["answer"] == cessation.NOT_CEASED and "no evidence from c2" in ans["why"], ans
+    assert sup_gc.from_root(str(root), [a]) == {}
+    ceased_store.record(str(root), a, "c2", {"by": "cgroup v2", "state": "gone", "cgroup": "x"}, nodes=["c1", "c2"])
+    ans = ask()
+    assert ans["answer"] == cessation.CEASED and set(ans["nodes"]) == {"c1", "c2"}, ans
+    (ok, why), = sup_gc.from_root(str(root), [a]).values()
+    assert ok and "c1: process scan, c2: cgroup v2" in why
+
+
+def test_a_big_jobs_node_list_is_read_back_whole(root):
+    """A 5,000-node execution: each entry names every node (the bound is well above it)."""
+    from dispatch_slurm.store import ceased as ceased_store
+    nodes = [f"node{i:05d}" for i in range(5000)]
+    for n in nodes[:2]:
+        ceased_store.record(str(root), A, n, {"by": "cgroup v2"}, nodes=nodes)
+    ev = ceased_store.execution(str(root), A)
+    assert ev["nodes"] == nodes and len(ev["missing"]) == 4998 and ev["ceased"] is False

@@ -63,8 +63,9 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     """Remove the saves of ROOT the policy does not keep: published saves past
     --keep-last/--keep-every (their publications are retired first, under ROOT/retired/),
     and saves an execution never published. Only saves of executions shown to have
-    ceased (Epilog records or a reboot, as `dispatch-slurm ceased` says) and quiet for
-    --min-age; never the latest publication's save, a pinned save or through a symlink.
+    ceased (every node that ran it recorded its Epilog, which the root alone shows for
+    plugin jobs, or as `dispatch-slurm ceased` says) and quiet for --min-age; never the
+    latest publication's save, a pinned save or through a symlink.
 
         dispatch-slurm gc /scratch/me/run1 --keep-last 2 --keep-every 1000 --dry-run"""
     if keep_last is None and not (pin or unpin):

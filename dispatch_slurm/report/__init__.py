@@ -12,10 +12,18 @@ record's `run --keep-last`, retired/ and pinned/; Slurm is not asked, so a save 
 for its execution's cessation until gc has seen it).
 
 Definitions:
-  started      the execution's first sign of life: the supervisor's `started` fact,
-               its `execution_started` event, or its oldest file, whichever is first
+  started      when Slurm or the hooks say it started: the supervisor's `started` fact
+               (Slurm's start time), the Prolog's `execution_started` event (Slurm's
+               start time from 24.11, else when the Prolog ran), whichever is first;
+               without either, the trainer's own `execution_started` event, else its
+               oldest file (`started_by` in --json says which)
   last write   the newest mtime in its exec folder, or its last event or publication
+               (the hooks' own events are not its writes)
+  ended        how it ended: the supervisor's record (Slurm's word), else its events;
+               `cessation`: the root's own evidence that its processes are gone (every
+               node that ran it, as the Prolog listed them, recorded its Epilog)
   overlap      how long an execution kept writing after its replacement started
+               (`gap_s`: how long before the replacement started it stopped, if it did)
   steps lost   the highest step the execution saved minus the step its replacement
                resumed from (the latest publication when the replacement started)
 """
@@ -27,6 +35,8 @@ from typing import Any, Optional
 
 from ..contract import layout, names
 from ..contract.epoch import decompose
+from ..errors import DispatchError
+from ..store import ceased
 from ..store import events as eventsmod
 from ..store import protocol, roots
 from ..store import retention as store_gc
@@ -49,17 +59,36 @@ def _token(attempt: str) -> dict:
             "generation": g, "submission": n, "restart": r}
 
 
-def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], pubs: list) -> dict:
+HOOKS = ("prolog", "epilog", "epilog (rejoined)")  # the `source` of the hooks' own events
+
+
+def _started(folder: dict, mine: list[dict], facts_starts: list[float]) -> tuple[Optional[float], Optional[str]]:
+    """(when the execution started, by whose word): Slurm's or the hooks' evidence first
+    (a save published by the old execution just after the new one started must not count
+    as the new one's resume point), then the trainer's event, then its oldest file."""
+    prolog = [e.get("start_time") if isinstance(e.get("start_time"), (int, float)) else e["t"]
+              for e in mine if e["type"] == "execution_started" and e.get("source") == "prolog"]
+    trainer = [e["t"] for e in mine if e["type"] == "execution_started" and e.get("source") not in HOOKS]
+    for by, ts in (("slurm" if facts_starts else "prolog", facts_starts + prolog),
+                   ("execution_started event", trainer), ("oldest file", [folder["first"]] if folder["first"] else [])):
+        if ts:
+            return min(ts), by
+    return None, None
+
+
+def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], pubs: list,
+               cessation: Optional[dict] = None) -> dict:
     ex = {**_token(attempt), "nodes": set(), "publications": [], "signals": [], "ended": None, "rule": None}
     mine = [e for e in evs if e.get("attempt") == attempt]
-    ex["nodes"] |= {e["host"] for e in mine if e.get("type") != "cessation" and e.get("host")}
-    starts = [folder["first"]] if folder["first"] else []
-    starts += [e["t"] for e in mine if e["type"] == "execution_started"]
+    ex["nodes"] |= {e["host"] for e in mine if e.get("type") not in ("cessation", "hold", "release")
+                    and e.get("source") not in HOOKS and e.get("host")}  # the admin side's hosts ran none of it
+    ex["nodes"] |= {e["node"] for e in mine if e.get("source") in HOOKS and isinstance(e.get("node"), str)}
+    facts_starts = []
     for f in facts:
         if f.get("attempt") == attempt and f["type"] in ("started", "ended"):
             ex["nodes"] |= set(f.get("nodes") or [])
             if f["type"] == "started" and f.get("start_time"):
-                starts.append(f["start_time"])
+                facts_starts.append(f["start_time"])
             if f["type"] == "ended":
                 ex["ended"] = {"state": f["state"], "reason": f.get("reason"), "at": f["t"],
                                "cancelled_by": f.get("cancelled_by"), "source": "supervisor record"}
@@ -76,10 +105,17 @@ def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], p
         ex["ended"] = {"state": "PREEMPTED (grace save)", "at": max(e["t"] for e in mine
                                                                      if e["type"] == "checkpoint_complete"),
                        "source": "events"}
-    lasts = [folder["last"]] + [e["t"] for e in mine if e["type"] not in ("cessation", "hold", "release")]
+    lasts = [folder["last"]] + [e["t"] for e in mine if e["type"] not in ("cessation", "hold", "release")
+                                and e.get("source") not in HOOKS]
     lasts += [p["t"] for p in ex["publications"]]
-    ex["started_at"] = min(starts, default=None)
+    ex["started_at"], ex["started_by"] = _started(folder, mine, facts_starts)
     ex["last_write_at"] = max((t for t in lasts if t), default=None)
+    ex["cessation"] = None
+    if cessation is not None:
+        ex["cessation"] = {k: cessation[k] for k in ("ceased", "nodes", "missing", "at", "why")}
+        ex["nodes"] |= set(cessation["nodes"])
+        if ex["ended"] is None and cessation["ceased"]:
+            ex["ended"] = {"state": "ceased", "at": cessation["at"], "source": "epilog"}
     ex["saves"] = folder["saves"]
     ex["max_step"] = max([s["step"] for s in folder["saves"]] + [p["step"] for p in ex["publications"]],
                          default=None)
@@ -119,18 +155,19 @@ def build(root: str) -> dict[str, Any]:
     pubs = _pub_times(root, roots.publications(root), evs := eventsmod.read(root))
     facts = [f for f in Record(root).read() if f["type"] in RECORD_TYPES]
     folders = exec_folders(root)
-    execs = sorted((_execution(a, folders[a], evs, facts, pubs) for a in folders),
+    execs = sorted((_execution(a, folders[a], evs, facts, pubs, _cessation(root, a, evs)) for a in folders),
                    key=lambda e: (e["epoch"] is None, e["epoch"] or 0, e["attempt"]))
     interruptions = []
     withdrawn = {e.get("name"): e["t"] for e in evs if e["type"] == "retired"}
     for old, new in zip(execs, execs[1:]):
         resumed = _resume_point(pubs, new["started_at"], new["epoch"] or 0, withdrawn)
-        overlap = None
+        overlap = gap = None
         if old["last_write_at"] is not None and new["started_at"] is not None:
             overlap = max(0.0, old["last_write_at"] - new["started_at"])
+            gap = max(0.0, new["started_at"] - old["last_write_at"])
         lost = None if old["max_step"] is None else old["max_step"] - (resumed["step"] if resumed else 0)
         interruptions.append({"old": old["attempt"], "new": new["attempt"], "old_ended": old["ended"],
-                              "overlap_s": overlap, "resumed_from": resumed, "steps_lost": lost})
+                              "overlap_s": overlap, "gap_s": gap, "resumed_from": resumed, "steps_lost": lost})
     holds = _holds(facts)
     retired, by_person = store_gc.retired_state(root)
     latest = protocol.latest_of([p for p, _ in pubs], retired, by_person)  # what `latest` names
@@ -140,6 +177,17 @@ def build(root: str) -> dict[str, Any]:
             "latest": None if latest is None else {"step": latest.step, "path": latest.path},
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
             "retention": retention.status(root, ask=False)}
+
+
+def _cessation(root: str, attempt: str, evs: list[dict]) -> Optional[dict]:
+    """The root's own cessation evidence for the execution (store/ceased.py); None on an
+    S3 root (its entries' bodies, which name the nodes, are not read) or one unreadable."""
+    if roots.is_s3(root):
+        return None
+    try:
+        return ceased.execution(root, attempt, evs)
+    except (OSError, DispatchError):
+        return None
 
 
 def _holds(facts: list[dict]) -> list[dict]:

@@ -16,16 +16,24 @@ def _dash(value) -> str:
 
 
 def _ended(e: dict) -> str:
-    end = e["ended"]
+    end, ces = e["ended"], e.get("cessation") or {}
+    if ces.get("ceased"):
+        gone = f"ceased on {','.join(ces['nodes'])} (Epilog)"
+    elif ces.get("ceased") is False:
+        gone = f"not shown to have ceased: no Epilog record from {','.join(ces['missing'])}"
+    else:
+        gone = ""
     if end is None:
-        return "running, or unknown (no record)"
+        return gone or "running, or unknown (no record)"
     by = f" by uid {end['cancelled_by']}" if end.get("cancelled_by") is not None else ""
     rule = e.get("rule")
     then = ""
     if rule:
         why = f" ({rule['cause'].replace('_', ' ')})" if rule.get("cause") else ""
         then = f" -> {rule['rule']}{why}"
-    return f"{end['state']}{by}{then}"
+    if end.get("source") == "epilog":
+        return gone
+    return f"{end['state']}{by}{then}" + (f"; {gone}" if gone else "")
 
 
 def size(n: float) -> str:
@@ -83,8 +91,13 @@ def text(r: dict) -> str:
         out += ["", "interruptions:"]
     for i in r["interruptions"]:
         resumed = i["resumed_from"]
-        overlap = "-" if i["overlap_s"] is None else f"{i['overlap_s']:.1f}s"
-        out.append(f"  {i['old']} -> {i['new']}: old kept writing {overlap} after the new one started; "
+        if i["overlap_s"] is None:
+            wrote = "old kept writing - after the new one started"
+        elif i["overlap_s"] == 0 and i.get("gap_s"):
+            wrote = f"old stopped writing {i['gap_s']:.1f}s before the new one started"
+        else:
+            wrote = f"old kept writing {i['overlap_s']:.1f}s after the new one started"
+        out.append(f"  {i['old']} -> {i['new']}: {wrote}; "
                    f"resumed from " + (f"step {resumed['step']} ({resumed['path']})" if resumed else "scratch")
                    + f"; steps lost: {i['steps_lost'] if i['steps_lost'] is not None else '-'}")
     if r["holds"]:

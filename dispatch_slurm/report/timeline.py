@@ -35,7 +35,7 @@ def plot(r: dict, path: str) -> None:
                 ax.annotate(str(p["step"]), (p["t"] - t0, row + 0.28), fontsize=6, ha="center")
         for s in e["signals"]:
             ax.plot(s["t"] - t0, row, "x", color="red", markersize=9)
-        if e["ended"] is not None:
+        if e["ended"] is not None and e["ended"].get("at") is not None:
             ax.vlines(e["ended"]["at"] - t0, row - 0.35, row + 0.35, colors="darkred", linestyles="dashed")
             ax.annotate(e["ended"]["state"], (e["ended"]["at"] - t0, row - 0.42), fontsize=7, color="darkred")
     for h in r["holds"]:

@@ -14,6 +14,10 @@
    * booted after execution R started (BootTime > start): a rebooted node runs none of
      its old processes.
 
+Which nodes ran execution R: ``--nodes``, the supervisor's record, Slurm while it shows
+the job at restart R, else the root (the Prolog gives every Epilog entry and its
+``execution_started`` event the execution's node list).
+
 Why not "the node is up, responding and not running the job": right after a partitioned
 node rejoins, slurmctld shows it IDLE and responding while slurmd has not yet killed
 the orphaned processes, which keep writing. Only the node itself can say they are
@@ -79,10 +83,6 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
     if ended is None:
         out["why"] = why
         return out
-    if ran_on is None or (not ran_on and not same):
-        out["why"] = (f"{why}; which nodes ran execution R={restart} is unknown: pass --nodes, or --root "
-                      "with the supervisor's record")
-        return out
     attempt = rec.get("attempt")
     if attempt is None and g is not None and n is not None:
         try:
@@ -91,6 +91,17 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
         except (SlurmError, DispatchError) as e:
             out["why"] = f"cannot name the execution's attempt: {e}"
             return out
+    if (ran_on is None or (not ran_on and not same)) and root and attempt:
+        try:  # the nodes the Prolog gave its Epilogs and events (ceased.execution)
+            ran_on = ceased.execution(root, attempt)["nodes"] or None
+        except OSError:
+            ran_on = None
+        if ran_on:
+            out["nodes_from"] = "the root (the Prolog's list of the execution's nodes)"
+    if ran_on is None or (not ran_on and not same):
+        out["why"] = (f"{why}; which nodes ran execution R={restart} is unknown: pass --nodes, or --root "
+                      "with the supervisor's record or the Epilog's records (those of a plugin job name them)")
+        return out
     out["attempt"] = attempt
     recorded: dict[str, dict] = {}
     if root and attempt:

@@ -33,6 +33,7 @@ import pwd
 import select
 import signal
 import stat
+import subprocess
 import sys
 import syslog
 import time
@@ -52,6 +53,7 @@ CHILD_TIMEOUT = 60  # a hung filesystem must not hang the hook forever
 CESSATION_WAIT = 30  # how long the Epilog waits for the execution's processes to go
 ANSWER_MAX = 1 << 20  # the child's answer: more is cut (it is one JSON object)
 TAIL = 64 << 10  # how much of the job's stdout the Epilog reads for the sentinel
+HOSTNAMES_TIMEOUT = 10  # `scontrol show hostnames` is local; bounded all the same
 
 
 def printable(text: str) -> str:
@@ -155,10 +157,110 @@ def _read_answer(rfd: int, pid: int, deadline: float) -> bytes | None:
     return b"".join(chunks)
 
 
-def _prepare(values: dict, mode: int, pattern: str) -> str:
+def _prepare(values: dict, mode: int, pattern: str, job: dict | None = None) -> str:
     """As the job user: N checked against sub/, the epoch claimed, the exec folder made
-    (store/epochs.py). The Prolog never sees a %a root (see prolog())."""
-    return epochs.prepare(values, mode, pattern, label="--dispatch-submission")
+    (store/epochs.py), then the execution's start recorded under the root (an
+    ``execution_started`` event with source "prolog": this node, the nodes Slurm gave the
+    execution, Slurm's start time), so `report` and gc know it from the root alone. The
+    Prolog never sees a %a root (see prolog())."""
+    out = epochs.prepare(values, mode, pattern, label="--dispatch-submission")
+    if job is not None:
+        os.environ.update(values)  # the event's epoch and attempt (this child only)
+        try:  # observability: never the Prolog's failure (events.record warns on I/O errors itself)
+            events.record("execution_started", root=values["DISPATCH_CHECKPOINT"],
+                          attempt=values["DISPATCH_ATTEMPT"], source="prolog", node=job["node"],
+                          **{k: job[k] for k in ("nodes", "nodelist", "start_time", "sluid") if job.get(k) is not None})
+        except Exception as e:  # noqa: BLE001
+            os.write(2, f"dispatch-slurm: warning: no execution_started event: {type(e).__name__}: {e}\n".encode())
+    return out
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's hostlist grammar in the standard library: ``c[1-3,07-08],gpu[1-2]x`` ->
+    c1 c2 c3 c07 c08 gpu1x gpu2x (zero padding kept; several bracket groups in one name
+    multiply). ValueError on anything else (unbalanced brackets, a bad range)."""
+    names_, depth, item = [], 0, ""
+    for ch in hostlist + ",":
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth not in (0, 1):
+            raise ValueError(f"bad hostlist {hostlist!r}")
+        if ch == "," and depth == 0:
+            if item:
+                names_ += _expand_one(item, hostlist)
+            item = ""
+        else:
+            item += ch
+    if depth:
+        raise ValueError(f"bad hostlist {hostlist!r}")
+    return names_
+
+
+def _expand_one(item: str, hostlist: str) -> list[str]:
+    head, sep, rest = item.partition("[")
+    if not sep:
+        if "]" in item:
+            raise ValueError(f"bad hostlist {hostlist!r}")
+        return [item]
+    ranges, close, tail = rest.partition("]")
+    if not close:
+        raise ValueError(f"bad hostlist {hostlist!r}")
+    out = []
+    for part in ranges.split(","):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(hi) < int(lo)):
+            raise ValueError(f"bad range {part!r} in hostlist {hostlist!r}")
+        out += [f"{head}{i:0{len(lo)}d}" for i in range(int(lo), int(hi if dash else lo) + 1)]
+    return [a + b for a in out for b in _expand_one(tail, hostlist)] if tail else out
+
+
+def hostnames(hostlist: str) -> list[str]:
+    """The node names of a hostlist: `scontrol show hostnames` (Slurm's own expander, local:
+    it asks no daemon), bounded; the standard library's expansion when scontrol is missing,
+    fails or hangs."""
+    if not any(c in hostlist for c in "[,"):
+        return [hostlist]
+    try:
+        p = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
+                           timeout=HOSTNAMES_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+        if p.returncode == 0 and p.stdout.split():
+            return p.stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return expand_hostlist(hostlist)
+
+
+def job_facts(environ) -> dict:
+    """What Slurm told the Prolog of this execution, for its Epilog and the root: the job
+    user, this node, the execution's nodes (SLURM_JOB_NODELIST from 24.11, SLURM_NODELIST
+    on 22.05, expanded; left out unless it names this node and as many nodes as
+    SLURM_JOB_NUM_NODES says: a short list would let the root claim cessation while a node
+    missing from it still runs the job), Slurm's start time (24.11 on), the SLUID (25.11
+    on) and the job's stdout, when Slurm gives them."""
+    node = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    facts = {"uid": int(environ["SLURM_JOB_UID"]), "gid": int(environ["SLURM_JOB_GID"]),
+             "user": environ.get("SLURM_JOB_USER") or None, "node": node, "prolog_t": time.time()}
+    hostlist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if hostlist:
+        try:
+            nodes = hostnames(hostlist)
+        except ValueError as e:
+            nodes = None
+            log(f"the execution's nodes are not recorded: {e}")
+        count = environ.get("SLURM_JOB_NUM_NODES", "")
+        if nodes is not None and (node not in nodes or (count.isdigit() and int(count) != len(nodes))):
+            log(f"the execution's nodes are not recorded: {hostlist!r} expands to {len(nodes)} nodes "
+                f"({', '.join(nodes[:5])}), Slurm says {count or '?'}, this node is {node}")
+            nodes = None
+        if nodes is not None:
+            facts.update(nodes=nodes, nodelist=hostlist)
+    for key, var in (("start_time", "SLURM_JOB_START_TIME"), ("sluid", "SLURM_JOB_SLUID"),
+                     ("stdout", "SLURM_JOB_STDOUT")):
+        value = environ.get(var)
+        if value:
+            facts[key] = int(value) if key == "start_time" and value.isdigit() else value
+    if not isinstance(facts.get("start_time", 0), int):
+        del facts["start_time"]
+    return facts
 
 
 def env_file(job_id: str) -> str:
@@ -167,7 +269,9 @@ def env_file(job_id: str) -> str:
 
 
 def record_file(job_id: str) -> str:
-    """The Epilog's record of the execution the Prolog started: one JSON object."""
+    """The Epilog's record of the execution the Prolog started: one JSON object,
+    ``{"v": 2, "values": {DISPATCH_*}, "job": job_facts()}`` (an older Prolog's: the
+    values alone)."""
     return f"{RUN_DIR}/{job_id}.json"
 
 
@@ -194,7 +298,8 @@ def prolog(environ, site_conf: str | None = None) -> int:
         log(f"user error, job will fail in its tasks: {e}")
         return 0
     pattern = names.normalize_root(inputs["DISPATCH_CHECKPOINT"])
-    result = as_job_user(environ, _prepare, values, site.exec_mode, pattern)
+    job = job_facts(environ)
+    result = as_job_user(environ, _prepare, values, site.exec_mode, pattern, job)
     if "ok" not in result:
         # no .env/.json files: the plugin's user_init, which runs the same checks as the job
         # user, fails the job's tasks with this message in its stderr (remote.c)
@@ -204,7 +309,8 @@ def prolog(environ, site_conf: str | None = None) -> int:
     try:  # root's own files, in root's own folder; bytes as the filesystem has them
         os.makedirs(RUN_DIR, mode=0o755, exist_ok=True)
         _write_root_file(env_file(environ["SLURM_JOB_ID"]), os.fsencode(envmod.render(values, "sh")))
-        _write_root_file(record_file(environ["SLURM_JOB_ID"]), json.dumps(values).encode())
+        _write_root_file(record_file(environ["SLURM_JOB_ID"]),
+                         json.dumps({"v": 2, "values": values, "job": job}).encode())
     except OSError as e:
         log(f"broken node: cannot write {RUN_DIR}: {e}")
         return 1
@@ -256,7 +362,8 @@ def _processes_with(attempt: str) -> list[int]:
 
 
 def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: str | None = None,
-                      evidence: dict | None = None) -> dict:
+                      evidence: dict | None = None, nodes: list[str] | None = None,
+                      source: str = "epilog") -> dict:
     """As the job user: the cessation entry (O_EXCL, durable) and its events, once.
 
     Slurm may run the Epilog twice for one execution (TERMINATE_JOB retries, before
@@ -264,13 +371,17 @@ def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: s
     id of this run (SLURM_JOB_SLUID, 25.11 on), recorded as evidence beside
     DISPATCH_ATTEMPT (which stays the same derived token on every release). ``evidence``:
     how the Epilog knows (the job's cgroup v2 gone or empty, or a process scan), written
-    into the entry and the event."""
+    into the entry and the event. ``nodes``: every node of the execution, as the Prolog
+    recorded them, so that the root alone shows when all of them have recorded theirs.
+    ``source``: "epilog", or "epilog (rejoined)" when Slurm gave no job options (a node
+    that rejoins after slurmctld forgot the job) and the Prolog's record said it all."""
     os.environ.update(values)
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
-    if not ceased.record(root, attempt, node, evidence):
+    if not ceased.record(root, attempt, node, evidence, nodes=nodes):
         return {"recorded": False}
-    events.record("cessation", root=root, attempt=attempt, node=node, source="epilog",
-                  **({"sluid": sluid} if sluid else {}), **({"evidence": evidence} if evidence else {}))
+    events.record("cessation", root=root, attempt=attempt, node=node, source=source,
+                  **({"sluid": sluid} if sluid else {}), **({"evidence": evidence} if evidence else {}),
+                  **({"nodes": nodes} if nodes else {}))
     sentinel = bool(stdout_path) and SENTINEL.encode() in stdout_tail(stdout_path)
     if sentinel:
         events.record("checkpoint_complete", root=root, attempt=attempt, source="epilog")
@@ -294,28 +405,64 @@ def stdout_tail(path: str, size: int = TAIL) -> bytes:
         os.close(fd)
 
 
-def recorded_execution(job_id: str) -> dict | None:
-    """The execution the Prolog started on this node: its own file, root-owned.
+def recorded(job_id: str) -> tuple[dict, dict] | None:
+    """The execution the Prolog started on this node, from its own file, root-owned:
+    (the DISPATCH_* values, what Slurm told the Prolog: job_facts(); {} from an older
+    Prolog's record).
 
     The Epilog cannot recompute it: after a requeue, Slurm hands the old execution's
     Epilog the job's *new* restart count (seen on 22.05 and 24.11), which names the
     next execution; cessation evidence for that one would be a lie."""
     try:
-        fd = os.open(record_file(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(record_file(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        if st.st_uid != 0 or st.st_mode & 0o022:
+        if st.st_uid != 0 or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
             return None  # not ours: never trust it
         try:
-            values = json.loads(f.read(ANSWER_MAX))
+            rec = json.loads(f.read(ANSWER_MAX))
         except ValueError:
             return None
-    if not isinstance(values, dict) or not all(isinstance(values.get(k), str)
-                                               for k in ("DISPATCH_CHECKPOINT", "DISPATCH_ATTEMPT")):
+    if isinstance(rec, dict) and rec.get("v") == 2:
+        values, job = rec.get("values"), rec.get("job")
+    else:
+        values, job = rec, {}
+    if not isinstance(values, dict) or not isinstance(job, dict) or \
+            not all(isinstance(v, str) for v in values.values()) or \
+            not all(isinstance(values.get(k), str) for k in ("DISPATCH_CHECKPOINT", "DISPATCH_ATTEMPT")):
         return None
-    return values
+    return values, job
+
+
+def recorded_execution(job_id: str) -> dict | None:
+    """The DISPATCH_* values of the execution the Prolog started on this node (recorded())."""
+    rec = recorded(job_id)
+    return None if rec is None else rec[0]
+
+
+def _job_user(environ, job: dict, rejoined: bool) -> dict | None:
+    """The environment as_job_user() drops to: Slurm's job user, or, when Slurm gave the
+    Epilog no job (``rejoined``: SLURM_JOB_UID is then 0, root), the user the Prolog
+    recorded. None (logged) when there is no user to be, or Slurm and the record disagree
+    (a stale record of another job with this id): root never writes under the root."""
+    uid, gid = job.get("uid"), job.get("gid")
+    said = environ.get("SLURM_JOB_UID", "")
+    if not rejoined:
+        if isinstance(uid, int) and said.isdigit() and int(said) != uid:
+            log(f"Slurm says job user uid {said}, the Prolog recorded uid {uid}: no cessation recorded")
+            return None
+        return environ
+    if not isinstance(uid, int) or not isinstance(gid, int) or uid == 0:
+        log("Slurm gave no job options and the Prolog's record names no job user: no cessation recorded")
+        return None
+    if said.isdigit() and int(said) not in (0, uid):
+        log(f"Slurm says job user uid {said}, the Prolog recorded uid {uid}: no cessation recorded")
+        return None
+    user = job.get("user") if isinstance(job.get("user"), str) else None
+    env = {k: v for k, v in environ.items() if k != "SLURM_JOB_USER"}  # Slurm's is root's name here
+    return {**env, "SLURM_JOB_UID": str(uid), "SLURM_JOB_GID": str(gid), **({"SLURM_JOB_USER": user} if user else {})}
 
 
 def _wait_ceased(attempt: str, job: str, sluid: str | None) -> dict | None:
@@ -346,31 +493,65 @@ def _wait_ceased(attempt: str, job: str, sluid: str | None) -> dict | None:
 
 def epilog(environ) -> int:
     """After the execution's processes on this node are gone, record it as cessation
-    evidence under the root: one entry per execution and node, as the job user."""
+    evidence under the root: one entry per execution and node, as the job user, naming
+    every node of the execution.
+
+    Without the job's options (a node cut off from slurmctld that rejoins after it
+    forgot the job: slurmd kills the orphan and runs the Epilog with the job id alone,
+    SLURM_JOB_UID 0 and this node as the node list, on 22.05 to 26.05) the Prolog's
+    root-owned record on this node says it all: the root, the attempt, the job user
+    and the nodes. The wrapper runs this for such a job only when that record exists."""
     inputs = spank_inputs(environ)
-    if inputs is None or "%a" in inputs["DISPATCH_CHECKPOINT"]:
+    if inputs is not None and "%a" in inputs["DISPATCH_CHECKPOINT"]:
         return 0
     job = environ["SLURM_JOB_ID"]
-    values = recorded_execution(job)
-    if values is None:
-        log("no record of the execution the Prolog started here; no cessation recorded")
+    rec = recorded(job)
+    if rec is None:
+        if inputs is not None:
+            log("no record of the execution the Prolog started here; no cessation recorded")
+        return 0
+    values, facts = rec
+    rejoined = inputs is None
+    if rejoined:
+        log(f"Slurm gave no job options (a node that rejoined after slurmctld forgot the job?): recording "
+            f"the cessation of {values['DISPATCH_ATTEMPT']} from the Prolog's record")
+    user_env = _job_user(environ, facts, rejoined)
+    if user_env is None:
         return 0
     attempt = values["DISPATCH_ATTEMPT"]
-    evidence = _wait_ceased(attempt, job, environ.get("SLURM_JOB_SLUID"))
+    sluid = environ.get("SLURM_JOB_SLUID") or facts.get("sluid")
+    evidence = _wait_ceased(attempt, job, sluid)
     if evidence is None:
         return 0
     node = environ.get("SLURMD_NODENAME") or os.uname().nodename
-    result = as_job_user(environ, _record_cessation, values, node, environ.get("SLURM_JOB_STDOUT"),
-                         environ.get("SLURM_JOB_SLUID"), evidence)
+    nodes = facts.get("nodes") if isinstance(facts.get("nodes"), list) else None
+    if nodes is None and not rejoined:  # an older Prolog's record: Slurm's list (the whole job's here)
+        nodes = _env_nodes(environ, node)
+    result = as_job_user(user_env, _record_cessation, values, node,
+                         environ.get("SLURM_JOB_STDOUT") or facts.get("stdout"), sluid, evidence, nodes,
+                         "epilog (rejoined)" if rejoined else "epilog")
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
-    if recorded_execution(job) == values:  # a later execution's own files (requeued here) stay
+    if recorded(job) == rec:  # a later execution's own files (requeued here) stay
         for path in (env_file(job), record_file(job)):
             try:
                 os.unlink(path)
             except OSError:
                 pass
     return 0
+
+
+def _env_nodes(environ, node: str) -> list[str] | None:
+    """The execution's nodes from the Epilog's own environment (job_facts' checks)."""
+    hostlist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not hostlist:
+        return None
+    try:
+        nodes = hostnames(hostlist)
+    except ValueError:
+        return None
+    count = environ.get("SLURM_JOB_NUM_NODES", "")
+    return nodes if node in nodes and (not count.isdigit() or int(count) == len(nodes)) else None
 
 
 def main(argv=None) -> int:

@@ -4,32 +4,38 @@ cessation signal (slurm/cessation.py). O_EXCL and durable like a publication, an
 idempotent: Slurm may run an Epilog twice for one execution (TERMINATE_JOB retries).
 
 The entry holds how the Epilog knows, as one JSON object (``{"by": "cgroup v2",
-"cgroup": ..., "state": "gone"}`` or ``{"by": "process scan"}``); an entry of an older
-Epilog is empty, and says only that it was recorded."""
+"cgroup": ..., "state": "gone"}`` or ``{"by": "process scan"}``), and which nodes ran the
+execution (``"nodes"``: what Slurm gave the Prolog); an entry of an older Epilog is
+empty, and says only that it was recorded.
+
+``execution`` reads an execution's cessation from the root alone: its nodes are those
+its entries (and the Prolog's ``execution_started`` events) name, and it has ceased once
+every one of them has its entry. No node of an execution runs its processes after its
+Epilog ran there (slurmd revokes the job's credential first), so nothing else is needed."""
 
 import json
 import os
 
 from ..contract import layout
 from ..errors import BadPath
-from . import s3
+from . import events, s3
 from .durable import DirFds, create_new
 from .posix import open_entry, open_root
 from .roots import is_s3
 
 
-def record(root: str, attempt: str, node: str, evidence: dict | None = None) -> bool:
+def record(root: str, attempt: str, node: str, evidence: dict | None = None, nodes: list[str] | None = None) -> bool:
     """Record that ``attempt``'s processes on ``node`` are gone (``evidence``: how that is
-    known); True if recorded now, False if it already was (a second Epilog run changes
-    nothing)."""
+    known; ``nodes``: every node of the execution); True if recorded now, False if it
+    already was (a second Epilog run changes nothing)."""
     if not attempt or "/" in attempt or not node or "/" in node:
         raise BadPath(f"bad attempt {attempt!r} or node {node!r}")
+    body = {**(evidence or {}), **({"nodes": sorted(nodes)} if nodes else {})}
     with DirFds() as fds:
         root_fd = fds.add(open_root(root))
         ceased_fd = fds.add(open_entry(root, root_fd, layout.CEASED, create=True))
         try:
-            create_new(f"{attempt}.{node}", ceased_fd, json.dumps(evidence, sort_keys=True).encode()
-                       if evidence else b"")
+            create_new(f"{attempt}.{node}", ceased_fd, json.dumps(body, sort_keys=True).encode() if body else b"")
         except FileExistsError:
             return False
         os.fsync(root_fd)
@@ -52,7 +58,7 @@ def nodes(root: str, attempt: str) -> set[str]:
     return {e[len(prefix):] for e in entries if e.startswith(prefix)}
 
 
-MAX_EVIDENCE = 4096  # an entry is one small JSON object: more is not the Epilog's
+MAX_EVIDENCE = 256 << 10  # one JSON object: how, and the execution's node list (~20,000 names fit)
 
 
 def entries(root: str, attempt: str) -> dict[str, dict]:
@@ -86,4 +92,49 @@ def entries(root: str, attempt: str) -> dict[str, dict]:
             except ValueError:
                 ev = {}
             out[n] = ev if isinstance(ev, dict) else {}
+    return out
+
+
+def _names(value) -> set[str]:
+    """A recorded node list, or nothing if it is not a list of names."""
+    if isinstance(value, list) and all(isinstance(n, str) and n and "/" not in n for n in value):
+        return set(value)
+    return set()
+
+
+def execution(root: str, attempt: str, evs: list[dict] | None = None) -> dict:
+    """The execution's cessation from the root alone: ``nodes`` (every node the Epilogs'
+    entries and the Prolog's ``execution_started`` events name; [] when none names them),
+    ``recorded`` (node -> its Epilog's evidence), ``missing`` (nodes without an entry),
+    ``ceased`` (True once every node has its entry; False while some has not; None when
+    the nodes are unknown), ``at`` (the last Epilog's ``cessation`` event, when every node
+    recorded one) and ``why`` in words. ``evs``: the root's events, if already read (else
+    this attempt's are read; a root without events/ has none)."""
+    recorded = entries(root, attempt)
+    if evs is None:
+        try:
+            evs = events.read(root, attempt, strict=False)
+        except OSError:
+            evs = []
+    mine = [e for e in evs if e.get("attempt") == attempt]
+    nodes = set().union(*(_names(ev.get("nodes")) for ev in recorded.values()))
+    nodes |= set().union(*(_names(e.get("nodes")) for e in mine
+                           if e.get("type") == "execution_started" and e.get("source") == "prolog"))
+    out = {"nodes": sorted(nodes), "recorded": recorded, "missing": sorted(nodes - set(recorded)), "at": None}
+    if not nodes:
+        out["ceased"] = None
+        out["why"] = ("no Epilog or Prolog record under the root names the nodes that ran it" if not recorded else
+                      f"the Epilogs of {', '.join(sorted(recorded))} recorded it but not which nodes ran it "
+                      "(an older Epilog)")
+        return out
+    out["ceased"] = not out["missing"]
+    if out["missing"]:
+        out["why"] = (f"no Epilog record from {', '.join(out['missing'])} (of {', '.join(sorted(nodes))})"
+                      + (f"; recorded by {', '.join(sorted(recorded))}" if recorded else ""))
+        return out
+    ts = {e.get("node"): e["t"] for e in mine if e.get("type") == "cessation"
+          and str(e.get("source", "")).startswith("epilog")}
+    if nodes <= set(ts):
+        out["at"] = max(ts[n] for n in nodes)
+    out["why"] = f"every node that ran it recorded its Epilog ({', '.join(sorted(nodes))})"
     return out

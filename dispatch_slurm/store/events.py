@@ -17,7 +17,9 @@ Schema version 1, one JSON object per line. Common fields:
     attempt  $DISPATCH_ATTEMPT          epoch   $DISPATCH_EPOCH (int) or null
     host     hostname                   pid     process id
 Type-specific fields:
-    execution_started    argv (list)
+    execution_started    argv (list), from the trainer; or source "prolog" from the Prolog on
+                         each node: node, nodes (the execution's), nodelist, start_time
+                         (Slurm's, 24.11 on), sluid
     preempt_signal       signal (name, e.g. "SIGTERM"), grace (s), deadline (Unix time)
     checkpoint_complete  elapsed (s since the signal), time_remaining (s) from the handler;
                          or source "epilog" when the Epilog saw the sentinel in stdout
@@ -26,7 +28,8 @@ Type-specific fields:
                          (a retry that re-confirmed durability); adopted, adopted_from
                          when the save was not this execution's own
     execution_ended      exit (exit code)
-    cessation, hold, release   for the admin side (Epilog, recovery); fields theirs; a
+    cessation, hold, release   for the admin side (Epilog: source "epilog", or "epilog
+                         (rejoined)" without the job's options; node, nodes, evidence; recovery); a
                          person's word to gc (gc --ceased) is a cessation with source "person"
     gc                   removed (paths: removed, or retired when already gone), freed (bytes on
                          disk), keep_last, keep_every

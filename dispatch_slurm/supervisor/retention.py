@@ -7,7 +7,10 @@ of it is completing, and every node that ran it recorded its Epilog
 from the supervisor's record, else from Slurm while it still shows the job at that
 restart count. When neither knows (a user-level job Slurm has since purged or
 requeued, an execution of another cluster, Slurm not answering), cessation cannot be
-shown and gc keeps the execution's saves and says why; a person who knows better says
+shown and gc keeps the execution's saves and says why. Before any of that, the root
+alone: an execution every node of which recorded its Epilog (the entries name the
+execution's nodes) has ceased, Slurm unasked (``from_root``), so gc collects plugin jobs
+nobody supervised. A person who knows better says
 so with ``gc --ceased ATTEMPT`` (recorded as a ``cessation`` event; it counts for
 that gc, and once gc has retired a save of the execution, for every later one)."""
 
@@ -25,6 +28,7 @@ from ..contract.retention import REMOVE, SHOWN, Policy, Verdict, needs
 from ..errors import DispatchError
 from ..slurm import cessation
 from ..slurm.client import Slurm, SlurmError
+from ..store import ceased as ceased_store
 from ..store import events
 from ..store import retention as store_gc
 from .record import Record, executions
@@ -41,7 +45,8 @@ def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, sa
     about the attempts not in ``said`` (a person's word)."""
     said = set(said)
     out = {a: (True, "a person said so (gc --ceased)") for a in attempts if a in said}
-    ask = sorted(set(attempts) - said)
+    out.update(from_root(root, set(attempts) - said))
+    ask = sorted(set(attempts) - set(out))
     if not ask:
         return out
     slurm = slurm or Slurm()
@@ -66,6 +71,22 @@ def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, sa
         ans = cessation.check(slurm, job, r, root=root, known={**recs.get(a, {}), "attempt": a, "g": g, "n": n})
         ok = ans["answer"] == cessation.CEASED
         out[a] = (ok, ans.get("why", ans["answer"]) + ("" if ok else f"; if you know it has: gc --ceased {a}"))
+    return out
+
+
+def from_root(root: str, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]:
+    """The attempts the root alone shows to have ceased: every node that ran the
+    execution recorded its Epilog (store/ceased.py ``execution``); Slurm need not be
+    asked about these, whoever submitted them (``run``, sbatch, submitit)."""
+    out = {}
+    for a in attempts:
+        try:
+            ev = ceased_store.execution(root, a)
+        except (OSError, DispatchError):
+            continue
+        if ev["ceased"]:
+            how = ", ".join(f"{n}: {ev['recorded'][n].get('by') or 'epilog'}" for n in ev["nodes"])
+            out[a] = (True, f"every node that ran it recorded its Epilog ({how})")
     return out
 
 
@@ -142,12 +163,13 @@ def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = 
     reclaimable (a gc with ``policy`` would remove it now) or retired, with its size
     and why, and the totals. ``policy`` defaults to the record's ``run --keep-last``,
     else none (every published save kept). Slurm is asked which executions ceased,
-    unless ``ask`` is false (from the root alone: only what gc retired before counts)."""
+    unless ``ask`` is false (from the root alone: what gc retired before, and the
+    executions every node of which recorded its Epilog)."""
     if policy is None:
         keep = next((f.get("keep_last") for f in reversed(Record(root).read()) if f["type"] == "job"), None)
         policy = Policy(keep_last=keep)
     want = needs(store_gc.scan(root, policy.pattern), policy, time.time())
-    rows = store_gc.state(root, policy, ceased(root, want, slurm) if want and ask else {})
+    rows = store_gc.state(root, policy, (ceased(root, want, slurm) if ask else from_root(root, want)) if want else {})
     totals = {state: {"saves": sum(r["state"] == state for r in rows),
                       "bytes": sum(r["size"] for r in rows if r["state"] == state)} for state in SHOWN}
     return {"root": root, "policy": {"keep_last": policy.keep_last, "keep_every": policy.keep_every,

@@ -148,8 +148,10 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     assert ceased["attempt"] == attempt and ceased["node"] == "c1"
     assert ceased.get("sluid") == (sluid[0] if sluid else None), "SLURM_JOB_SLUID: the Epilog's equals the job's"
     # how the Epilog knows, in the entry and the event: on cgroup v2 (the VM bed) the job's
-    # cgroup, gone or empty; elsewhere (cgroup v1, linuxproc) the process scan
+    # cgroup, gone or empty; elsewhere (cgroup v1, linuxproc) the process scan; and which
+    # nodes ran the execution (the Prolog's SLURM_JOB_NODELIST, or SLURM_NODELIST on 22.05)
     evidence = json.loads(entry.read_text())
+    assert evidence.pop("nodes") == ["c1"] and ceased["nodes"] == ["c1"]
     assert ceased["evidence"] == evidence
     if getattr(c, "cgroup", None) == "v2":
         assert evidence["by"] == "cgroup v2" and evidence["state"] in ("gone", "empty"), evidence
