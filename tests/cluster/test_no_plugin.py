@@ -11,19 +11,22 @@ a client that calls sbatch itself, as submitit does: it exports only DISPATCH_CH
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dispatch_slurm import store
 from testbed.cluster import CONTROLLER, Cluster
 from test_epoch_claims import cluster_name
 from test_package_on_slurm import DROPIN, enable, hosts
+from test_readme_snippets import block
 from test_spank_site import make_root, no_node_drained
 
 pytestmark = pytest.mark.cluster
 
 # resume, say which execution this is and where it resumed from, publish step 10*(R+1), wait
 REQUEUED = """#!/bin/bash
-#SBATCH -w c1 -o {cdir}/%j.out -e {cdir}/%j.err --open-mode=append --requeue
+#SBATCH -w c1 -o {cdir}/%j.out -e {cdir}/%j.err --open-mode=append
 set -euo pipefail
 eval "$(dispatch-slurm env)"   # the TaskProlog exported the same values: this checks them
 resume=$(dispatch-slurm latest --resume)
@@ -61,9 +64,12 @@ def test_a_plain_sbatch_job_keeps_one_n_across_requeues(no_plugin: Cluster, work
     c = no_plugin
     cdir, hdir = workdir
     name = cluster_name(c)
-    root = make_root(c, f"{cdir}/root")
-    job = c.submit("alice", REQUEUED.format(cdir=cdir), args=["--export=ALL,DISPATCH_CHECKPOINT"],
-                   env={"DISPATCH_CHECKPOINT": root})
+    root = f"{cdir}/root"
+    (hdir / "train.sbatch").write_text(REQUEUED.format(cdir=cdir))
+    # the user guide's snippet as written, with this test's root (the snippet's mkdir makes it)
+    snippet = block("plain-sbatch").replace("/scratch/$USER/run1", root)
+    out = c.exec(CONTROLLER, ["bash", "-euo", "pipefail", "-c", snippet], user="alice", workdir=cdir).stdout
+    job = int(re.fullmatch(r"Submitted batch job (\d+)\n", out)[1])
     for r in (0, 1, 2):
         c.wait_until(lambda: (hdir / f"published.{r}").exists(), timeout=180, what=f"execution R={r} published")
         if r < 2:
