@@ -73,8 +73,10 @@ def test_env_refuses_a_submission_number_never_allocated(root):
     assert f"`dispatch-slurm submit {root} -- ...`" in proc.stderr and "never set it by hand" in proc.stderr
     assert proc.stdout.endswith("exit 2\n"), "the eval stops the job script"
     assert tree(root) == [], "a refused job wrote something"
+    # unset (a plain sbatch job): the job's first process allocates its own N (tests/test_nosubmit.py)
     unset = cli("env", env={k: v for k, v in job(root, 101).items() if k != "DISPATCH_SUBMISSION"})
-    assert unset.returncode == 2 and "never set it by hand" in unset.stderr and "dispatch-slurm submit" in unset.stderr
+    assert unset.returncode == 0 and "DISPATCH_SUBMISSION=1" in unset.stdout, unset.stderr
+    assert (root / "jobs" / "linux.101").read_bytes() == b"000001\n"
 
 
 def test_two_hand_made_jobs_of_one_root_never_share_an_epoch(root):

@@ -265,8 +265,8 @@ def test_the_job_script_resumes_from_the_latest_publication_whatever_its_bytes(j
 @pytest.mark.parametrize("fault", ["env fails", "latest errors", "the latest save vanished"])
 def test_the_job_script_stops_before_training_on_an_error(job, fault):
     tmp, root, env = job
-    if fault == "env fails":
-        del env["DISPATCH_SUBMISSION"]
+    if fault == "env fails":  # a hand-set number no submission allocated (unset, the job would allocate one)
+        env["DISPATCH_SUBMISSION"] = "999"
     elif fault == "latest errors":
         (root / "pub").mkdir()
         (root / "pub" / "README.txt").write_text("a stray file: an entry that does not parse")

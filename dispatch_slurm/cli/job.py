@@ -13,7 +13,7 @@ from ..contract import env as envmod
 from ..contract import epoch as epochmod
 from ..contract import names, siteconf
 from ..errors import DispatchError
-from ..store import epochs
+from ..store import epochs, jobs
 from . import common
 
 
@@ -25,7 +25,9 @@ from . import common
 def env_(fmt, no_mkdir, local):
     """Print this execution's DISPATCH_* variables, claim its epoch and create its exec
     folder. Refused: a DISPATCH_SUBMISSION never allocated under ROOT/sub/, and an epoch
-    another job already claimed (ROOT/epochs/).
+    another job already claimed (ROOT/epochs/). A job submitted with a plain sbatch
+    (DISPATCH_SUBMISSION unset) gets its number from its first execution, recorded under
+    ROOT/jobs/<cluster>.<job id>, where its requeues find the same one.
 
     Use inside the sbatch script:  eval "$(dispatch-slurm env)"
 
@@ -39,7 +41,7 @@ def env_(fmt, no_mkdir, local):
     the preemption handler and the integrations then work as in a job."""
     try:
         site = siteconf.load()
-        environ = _local_inputs() if local else os.environ
+        environ = _local_inputs() if local else jobs.fill(os.environ, site, create=not no_mkdir)
         values = envmod.compute(environ, site)
         epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]),
                        mkdir=not no_mkdir)

@@ -4,7 +4,8 @@ Inputs (set at submission by `dispatch-slurm submit`, or from the SPANK options)
     DISPATCH_CHECKPOINT     the job's checkpoint root (absolute; must exist)
     DISPATCH_GENERATION     G, default 0
     DISPATCH_SUBMISSION     N, required (allocated once per submission, under <root>/sub/;
-                            the store refuses one never allocated, store/epochs.py)
+                            the store refuses one never allocated, store/epochs.py; for a
+                            plain sbatch job the store fills it in first, store/jobs.py)
     DISPATCH_GRACE          per-job grace seconds, optional
     DISPATCH_SHARED_CHECKPOINT  "1" if the job cannot isolate its writes
 and from Slurm: SLURM_JOB_ID, SLURM_CLUSTER_NAME, SLURM_JOB_RESTART_COUNT (Prolog,
@@ -72,7 +73,8 @@ def check_inputs(environ: Mapping[str, str], site: Site, need_submission: bool =
     if need_submission and not environ.get("DISPATCH_SUBMISSION"):
         raise EnvError("DISPATCH_SUBMISSION is not set: submit the job with `dispatch-slurm submit ROOT -- ...` "
                        "(or `sbatch --dispatch-checkpoint=ROOT` where the site has the plugin), which allocates "
-                       "N under ROOT/sub/ and passes it to the job; never set it by hand")
+                       "N under ROOT/sub/ and passes it to the job, or leave it unset inside a Slurm job "
+                       "(`dispatch-slurm env`, the TaskProlog allocate it under ROOT/jobs/); never set it by hand")
     return {
         "root": names.normalize_root(raw_root),
         "g": _part(environ, "DISPATCH_GENERATION", "generation G", 0, G_MAX, default=0),

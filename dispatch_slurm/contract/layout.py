@@ -15,6 +15,7 @@ REQUESTS = "requests"  # requests/release.<k>, requests/supersede.<G>, requests/
 RETIRED = "retired"    # retired/<publication name>: gc (empty) or a person (who and why) retired it
 PINNED = "pinned"      # pinned/<b32 path>: a save gc never removes
 EPOCHS = "epochs"      # epochs/<epoch, 20 digits>: the one execution (attempt) that runs at that epoch
+JOBS = "jobs"          # jobs/<cluster>.<job id>: the N a plain sbatch job's first process allocated
 
 #: (entry, who writes it, what it is): the on-disk contract, in the order docs/design.md shows.
 ENTRIES = (
@@ -24,6 +25,9 @@ ENTRIES = (
     ("epochs/<epoch, 20 digits>", "the first process of an execution (env, the hooks, the plugin), or its "
                                   "first publish", "the epoch's claim: `<attempt>` and a newline, O_EXCL, "
                                                    "fsynced; another job at that epoch is refused"),
+    ("jobs/<cluster>.<job id>", "the first process of a job submitted without `submit` or the plugin (env, "
+                                "the TaskProlog)", "the job's submission number: six digits and a newline, "
+                                                   "O_EXCL, fsynced; its requeues find the same N there"),
     ("events/<attempt>.<host>.<pid>.jsonl", "every process", "events (JSON lines), one file per process"),
     ("ceased/<attempt>.<node>", "the Epilog, as the job user", "cessation evidence: the execution's processes "
                                                                "on that node are gone"),
@@ -39,7 +43,7 @@ ENTRIES = (
 )
 
 #: entries a save may never be: publishing or adopting one of them is refused
-PROTOCOL = frozenset({PUB, SUB, EPOCHS, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED})
+PROTOCOL = frozenset({PUB, SUB, EPOCHS, JOBS, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED})
 
 
 def exec_relpath(attempt: str) -> str:

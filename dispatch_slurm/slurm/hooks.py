@@ -43,7 +43,7 @@ from ..contract import env as envmod
 from ..contract import names, siteconf
 from ..contract.signals import SENTINEL
 from ..errors import DispatchError
-from ..store import ceased, durable, epochs, events
+from ..store import ceased, durable, epochs, events, jobs
 from . import cgroup
 
 RUN_DIR = "/run/dispatch-slurm"
@@ -319,14 +319,17 @@ def prolog(environ, site_conf: str | None = None) -> int:
 
 def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None = None) -> int:
     """Runs as the job user for every task: print `export K=V` lines (Slurm takes the
-    value verbatim, so no shell quoting). An error fails the task (exit 1); Slurm drops a
-    TaskProlog's stderr and puts "TaskProlog failed status=1" in the job's, so the message
-    goes out as a `print` line too, which Slurm writes to the task's output."""
+    value verbatim, so no shell quoting). An error fails the task (exit 1). slurmstepd
+    reads a TaskProlog's stdout and stderr through one pipe and keeps only its `print`
+    lines, which it writes to the task's *stdout* (task.c, 22.05 to 26.05); the job's
+    stderr gets only "TaskProlog failed status=1". So the message goes out as a `print`
+    line, and is appended to the batch job's stderr file when that is another file
+    (`sbatch -e`, submitit's `.err`): see reason_to_stderr."""
     if not environ.get("DISPATCH_CHECKPOINT"):
         return 0
     try:
         site = siteconf.load(site_conf, env=False)
-        values = envmod.compute(environ, site)
+        values = envmod.compute(jobs.fill(environ, site), site)
         if any("\n" in v for v in values.values()):
             raise DispatchError("a DISPATCH_* value contains a newline")
         epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]))
@@ -335,6 +338,7 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
         err.write(line + "\n")
         out.write(f"print {line}\n")
         out.flush()
+        reason_to_stderr(environ, line)
         return 1
     lines = "".join(f"export {k}={v}\n" for k, v in values.items())
     if hasattr(out, "buffer"):  # the bytes of a path as the filesystem has them
@@ -344,6 +348,66 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
     else:
         out.write(lines)
     return 0
+
+
+SCONTROL_TIMEOUT = 10  # the TaskProlog's one question to slurmctld, on a refusal only
+
+
+def job_stdio(job_id: str, run=None) -> tuple[str | None, str | None]:
+    """(StdErr, StdOut) of a batch job as ``scontrol show job`` prints them (its own
+    expansion of %j, %u, %x...; one field a line, so a path with spaces is whole);
+    (None, None) when it cannot say (no scontrol, no answer in time, not a batch job)."""
+    import subprocess
+    try:
+        proc = (run or subprocess.run)(["scontrol", "show", "job", str(int(job_id))], capture_output=True,
+                                       timeout=SCONTROL_TIMEOUT, check=False)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None, None
+    if proc.returncode != 0:
+        return None, None
+    found = {}
+    for raw in os.fsdecode(proc.stdout).splitlines():
+        key, sep, value = raw.strip().partition("=")
+        if sep and key in ("StdErr", "StdOut") and key not in found:
+            found[key] = value
+    return found.get("StdErr"), found.get("StdOut")
+
+
+def reason_to_stderr(environ, line: str, run=None) -> bool:
+    """Append the TaskProlog's refusal to the batch job's stderr file, when that is not
+    its stdout (where Slurm already writes the `print` line): True if written. Only a
+    step's task 0 asks, so a refusal costs one RPC per step, not one per task (an srun
+    step inside the batch script writes its stderr to the batch job's too, through srun;
+    an interactive srun has no such file and is left alone). The file is never created and
+    never followed through a symlink: only a regular file of the job's user, opened for
+    append (slurmstepd opens it O_APPEND too, so neither write overwrites the other)."""
+    if environ.get("SLURM_PROCID", "0") != "0" or not environ.get("SLURM_JOB_ID"):
+        return False
+    stderr_path, stdout_path = job_stdio(environ["SLURM_JOB_ID"], run)
+    if not stderr_path or not stderr_path.startswith("/"):
+        return False
+    try:
+        fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        if stdout_path:
+            try:
+                out = os.stat(stdout_path)
+                if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino):
+                    return False  # one file: the `print` line is in it already
+            except OSError:
+                pass
+        os.write(fd, os.fsencode(line + "\n"))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _processes_with(attempt: str) -> list[int]:

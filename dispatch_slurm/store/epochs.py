@@ -64,7 +64,7 @@ def _job(attempt: str) -> str:
     return attempt.rpartition(".")[0]
 
 
-def _fix(root: str) -> str:
+def _fix(root: str) -> str:  # the C plugin says the same (spank_env/claim.c, FIX): change both or neither
     return (f"fix: submit with `dispatch-slurm submit {root} -- ...` or `sbatch --dispatch-checkpoint={root}` "
             "(each allocates a new submission number); never set DISPATCH_SUBMISSION by hand")
 
@@ -216,8 +216,8 @@ def check_submission(root: str, n: int, label: str = "DISPATCH_SUBMISSION") -> N
     if not found:
         raise EnvError(f"{label}={n} was never allocated under {root} (no {where}): a submission number comes "
                        f"from `dispatch-slurm submit {root} -- ...`, `dispatch-slurm run` or `sbatch "
-                       f"--dispatch-checkpoint={root}`, which create {layout.SUB}/<N> and pass N to the job; "
-                       "never set it by hand")
+                       f"--dispatch-checkpoint={root}`, which create {layout.SUB}/<N> and pass N to the job, or "
+                       "leave it unset in a plain sbatch job, which then allocates its own; never set it by hand")
 
 
 def _exists(name: str, dir_fd: int) -> bool:

@@ -116,8 +116,11 @@ def test_hand_set_submission_numbers_never_share_an_epoch(slurm_cluster: Cluster
     third = c.submit("alice", args=["--export=ALL,DISPATCH_CHECKPOINT,DISPATCH_SUBMISSION", "-w", "c2",
                                     "-o", f"{cdir}/%j.out", "-e", f"{cdir}/%j.err", "--wrap", f"touch {cdir}/ran"],
                      env=env)
-    check_refused(c, hdir, host_root, first, third, name, where="out")  # Slurm drops a TaskProlog's stderr
-    assert "TaskProlog failed" in (hdir / f"{third}.err").read_text() and not (hdir / "ran").exists()
+    # Slurm drops a TaskProlog's stderr and prints its `print` line to the job's stdout; the
+    # TaskProlog appends the reason to the stderr file itself (tests/cluster/test_no_plugin.py)
+    err = check_refused(c, hdir, host_root, first, third, name)
+    assert "TaskProlog failed" in err and not (hdir / "ran").exists()
+    assert "is already claimed by job" in (hdir / f"{third}.out").read_text()
     finish_first(c, hdir, host_root, first, name)
     assert c.exec(CONTROLLER, ["sinfo", "-R", "-h"]).stdout.strip() == "", "a node was drained"
 
