@@ -11,7 +11,7 @@ import tempfile
 import pytest
 
 from dispatch_slurm import store
-from dispatch_slurm.slurm import hooks
+from dispatch_slurm.slurm import hooks, hostlist
 from support import allocate
 
 OPT = hooks.SPANK_OPT
@@ -160,13 +160,13 @@ def test_the_task_prolog_reads_the_admins_site_conf_not_the_jobs(root, tmp_path)
 # ---- issue 28: the Epilog's evidence names the execution's nodes; a rejoined node's Epilog --
 
 def test_hostlists_expand_as_slurm_does_and_bad_ones_are_refused():
-    assert hooks.expand_hostlist("c[1-3,07-08],gpu[1-2]x,login") == \
+    assert hostlist.expand_hostlist("c[1-3,07-08],gpu[1-2]x,login") == \
         ["c1", "c2", "c3", "c07", "c08", "gpu1x", "gpu2x", "login"]
-    assert hooks.expand_hostlist("r[1-2]n[01-02]") == ["r1n01", "r1n02", "r2n01", "r2n02"]
+    assert hostlist.expand_hostlist("r[1-2]n[01-02]") == ["r1n01", "r1n02", "r2n01", "r2n02"]
     for bad in ("c[1-3", "c1-3]", "c[3-1]", "c[a-b]", "c[[1]]"):
         with pytest.raises(ValueError):
-            hooks.expand_hostlist(bad)
-    assert hooks.hostnames("c7") == ["c7"]  # no brackets, no comma: no scontrol started
+            hostlist.expand_hostlist(bad)
+    assert hostlist.hostnames("c7") == ["c7"]  # no brackets, no comma: no scontrol started
 
 
 def test_job_facts_keep_a_node_list_only_when_it_is_whole(monkeypatch, tmp_path):

@@ -15,19 +15,19 @@ import pytest
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
 from dispatch_slurm.errors import StoreError
-from dispatch_slurm.slurm import hooks
+from dispatch_slurm.slurm import hooks, stdio
 from dispatch_slurm.store import epochs, s3
 from support import cli
 
 
-REAL_JOB_STDIO = getattr(hooks, "job_stdio", None)  # the autouse fixture stands it in (no slurmctld here)
+REAL_JOB_STDIO = getattr(stdio, "job_stdio", None)  # the autouse fixture stands it in (no slurmctld here)
 
 
 @pytest.fixture(autouse=True)
 def _outside_a_job(monkeypatch):
     for key in [k for k in os.environ if k.startswith(("DISPATCH_", "SLURM_"))]:
         monkeypatch.delenv(key)
-    monkeypatch.setattr(hooks, "job_stdio", lambda job_id, run=None: (None, None), raising=False)  # no slurmctld
+    monkeypatch.setattr(stdio, "job_stdio", lambda job_id, run=None: (None, None), raising=False)  # no slurmctld
 
 
 def plain(root, job_id: int, restarts: int = 0, **extra) -> dict:
@@ -199,33 +199,33 @@ def _scontrol(stderr, stdout):
 
 
 def test_the_reason_is_appended_to_a_separate_stderr_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(hooks, "job_stdio", REAL_JOB_STDIO)
+    monkeypatch.setattr(stdio, "job_stdio", REAL_JOB_STDIO)
     err, out = tmp_path / "job 1.err", tmp_path / "job 1.out"
     err.write_text("earlier\n")
     out.write_text("")
     env = {"SLURM_JOB_ID": "1"}
-    assert hooks.reason_to_stderr(env, "dispatch-slurm: error: why", _scontrol(err, out))
+    assert stdio.reason_to_stderr(env, "dispatch-slurm: error: why", _scontrol(err, out))
     assert err.read_text() == "earlier\ndispatch-slurm: error: why\n"
-    assert not hooks.reason_to_stderr(env, "twice", _scontrol(out, out)), "one file: the print line is there"
-    assert not hooks.reason_to_stderr(env, "x", _scontrol(tmp_path / "none.err", out))
+    assert not stdio.reason_to_stderr(env, "twice", _scontrol(out, out)), "one file: the print line is there"
+    assert not stdio.reason_to_stderr(env, "x", _scontrol(tmp_path / "none.err", out))
     assert not (tmp_path / "none.err").exists(), "the stderr file was created"
     (tmp_path / "link.err").symlink_to(err)
-    assert not hooks.reason_to_stderr(env, "x", _scontrol(tmp_path / "link.err", out))
-    assert not hooks.reason_to_stderr(env, "x", _scontrol("/dev/null", out))
+    assert not stdio.reason_to_stderr(env, "x", _scontrol(tmp_path / "link.err", out))
+    assert not stdio.reason_to_stderr(env, "x", _scontrol("/dev/null", out))
     asked = []
-    assert not hooks.reason_to_stderr({"SLURM_JOB_ID": "1", "SLURM_PROCID": "3"}, "x",
+    assert not stdio.reason_to_stderr({"SLURM_JOB_ID": "1", "SLURM_PROCID": "3"}, "x",
                                       lambda *a, **k: asked.append(a))
     assert asked == [], "task 3 asked slurmctld: one RPC per task"
     assert err.read_text() == "earlier\ndispatch-slurm: error: why\n"
 
 
 def test_job_stdio_survives_no_scontrol_and_a_failing_one(monkeypatch):
-    monkeypatch.setattr(hooks, "job_stdio", REAL_JOB_STDIO)
+    monkeypatch.setattr(stdio, "job_stdio", REAL_JOB_STDIO)
 
     def missing(argv, **kw):
         raise FileNotFoundError("scontrol")
-    assert hooks.job_stdio("1", missing) == (None, None)
-    assert hooks.job_stdio("1", lambda argv, **kw: type("P", (), {"returncode": 1, "stdout": b""})()) == (None, None)
+    assert stdio.job_stdio("1", missing) == (None, None)
+    assert stdio.job_stdio("1", lambda argv, **kw: type("P", (), {"returncode": 1, "stdout": b""})()) == (None, None)
 
 
 def test_a_refusing_task_prolog_writes_its_reason_to_the_jobs_stderr(root, tmp_path, monkeypatch):
@@ -234,7 +234,7 @@ def test_a_refusing_task_prolog_writes_its_reason_to_the_jobs_stderr(root, tmp_p
     err, out = tmp_path / "1.err", tmp_path / "1.out"
     err.write_text("")
     out.write_text("")
-    monkeypatch.setattr(hooks, "job_stdio", lambda job_id, run=None: (str(err), str(out)), raising=False)
+    monkeypatch.setattr(stdio, "job_stdio", lambda job_id, run=None: (str(err), str(out)), raising=False)
     printed = io.StringIO()
     assert hooks.task_prolog(plain(root, 1, DISPATCH_SUBMISSION="4"), printed, io.StringIO()) == 1
     assert printed.getvalue().startswith("print dispatch-slurm: error: DISPATCH_SUBMISSION=4 was never allocated")

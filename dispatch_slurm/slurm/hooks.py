@@ -33,7 +33,6 @@ import pwd
 import select
 import signal
 import stat
-import subprocess
 import sys
 import syslog
 import time
@@ -44,7 +43,8 @@ from ..contract import names, siteconf
 from ..contract.signals import SENTINEL
 from ..errors import DispatchError
 from ..store import ceased, durable, epochs, events, jobs
-from . import cgroup
+from . import cgroup, stdio
+from . import hostlist as hostlist_
 
 RUN_DIR = "/run/dispatch-slurm"
 LOG = "/var/log/dispatch-slurm.log"
@@ -53,7 +53,6 @@ CHILD_TIMEOUT = 60  # a hung filesystem must not hang the hook forever
 CESSATION_WAIT = 30  # how long the Epilog waits for the execution's processes to go
 ANSWER_MAX = 1 << 20  # the child's answer: more is cut (it is one JSON object)
 TAIL = 64 << 10  # how much of the job's stdout the Epilog reads for the sentinel
-HOSTNAMES_TIMEOUT = 10  # `scontrol show hostnames` is local; bounded all the same
 
 
 def printable(text: str) -> str:
@@ -175,60 +174,6 @@ def _prepare(values: dict, mode: int, pattern: str, job: dict | None = None) -> 
     return out
 
 
-def expand_hostlist(hostlist: str) -> list[str]:
-    """Slurm's hostlist grammar in the standard library: ``c[1-3,07-08],gpu[1-2]x`` ->
-    c1 c2 c3 c07 c08 gpu1x gpu2x (zero padding kept; several bracket groups in one name
-    multiply). ValueError on anything else (unbalanced brackets, a bad range)."""
-    names_, depth, item = [], 0, ""
-    for ch in hostlist + ",":
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if depth not in (0, 1):
-            raise ValueError(f"bad hostlist {hostlist!r}")
-        if ch == "," and depth == 0:
-            if item:
-                names_ += _expand_one(item, hostlist)
-            item = ""
-        else:
-            item += ch
-    if depth:
-        raise ValueError(f"bad hostlist {hostlist!r}")
-    return names_
-
-
-def _expand_one(item: str, hostlist: str) -> list[str]:
-    head, sep, rest = item.partition("[")
-    if not sep:
-        if "]" in item:
-            raise ValueError(f"bad hostlist {hostlist!r}")
-        return [item]
-    ranges, close, tail = rest.partition("]")
-    if not close:
-        raise ValueError(f"bad hostlist {hostlist!r}")
-    out = []
-    for part in ranges.split(","):
-        lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(hi) < int(lo)):
-            raise ValueError(f"bad range {part!r} in hostlist {hostlist!r}")
-        out += [f"{head}{i:0{len(lo)}d}" for i in range(int(lo), int(hi if dash else lo) + 1)]
-    return [a + b for a in out for b in _expand_one(tail, hostlist)] if tail else out
-
-
-def hostnames(hostlist: str) -> list[str]:
-    """The node names of a hostlist: `scontrol show hostnames` (Slurm's own expander, local:
-    it asks no daemon), bounded; the standard library's expansion when scontrol is missing,
-    fails or hangs."""
-    if not any(c in hostlist for c in "[,"):
-        return [hostlist]
-    try:
-        p = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
-                           timeout=HOSTNAMES_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
-        if p.returncode == 0 and p.stdout.split():
-            return p.stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return expand_hostlist(hostlist)
-
-
 def job_facts(environ) -> dict:
     """What Slurm told the Prolog of this execution, for its Epilog and the root: the job
     user, this node, the execution's nodes (SLURM_JOB_NODELIST from 24.11, SLURM_NODELIST
@@ -242,7 +187,7 @@ def job_facts(environ) -> dict:
     hostlist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if hostlist:
         try:
-            nodes = hostnames(hostlist)
+            nodes = hostlist_.hostnames(hostlist)
         except ValueError as e:
             nodes = None
             log(f"the execution's nodes are not recorded: {e}")
@@ -324,7 +269,7 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
     lines, which it writes to the task's *stdout* (task.c, 22.05 to 26.05); the job's
     stderr gets only "TaskProlog failed status=1". So the message goes out as a `print`
     line, and is appended to the batch job's stderr file when that is another file
-    (`sbatch -e`, submitit's `.err`): see reason_to_stderr."""
+    (`sbatch -e`, submitit's `.err`): see stdio.reason_to_stderr."""
     if not environ.get("DISPATCH_CHECKPOINT"):
         return 0
     try:
@@ -338,7 +283,7 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
         err.write(line + "\n")
         out.write(f"print {line}\n")
         out.flush()
-        reason_to_stderr(environ, line)
+        stdio.reason_to_stderr(environ, line)
         return 1
     lines = "".join(f"export {k}={v}\n" for k, v in values.items())
     if hasattr(out, "buffer"):  # the bytes of a path as the filesystem has them
@@ -348,66 +293,6 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
     else:
         out.write(lines)
     return 0
-
-
-SCONTROL_TIMEOUT = 10  # the TaskProlog's one question to slurmctld, on a refusal only
-
-
-def job_stdio(job_id: str, run=None) -> tuple[str | None, str | None]:
-    """(StdErr, StdOut) of a batch job as ``scontrol show job`` prints them (its own
-    expansion of %j, %u, %x...; one field a line, so a path with spaces is whole);
-    (None, None) when it cannot say (no scontrol, no answer in time, not a batch job)."""
-    import subprocess
-    try:
-        proc = (run or subprocess.run)(["scontrol", "show", "job", str(int(job_id))], capture_output=True,
-                                       timeout=SCONTROL_TIMEOUT, check=False)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None, None
-    if proc.returncode != 0:
-        return None, None
-    found = {}
-    for raw in os.fsdecode(proc.stdout).splitlines():
-        key, sep, value = raw.strip().partition("=")
-        if sep and key in ("StdErr", "StdOut") and key not in found:
-            found[key] = value
-    return found.get("StdErr"), found.get("StdOut")
-
-
-def reason_to_stderr(environ, line: str, run=None) -> bool:
-    """Append the TaskProlog's refusal to the batch job's stderr file, when that is not
-    its stdout (where Slurm already writes the `print` line): True if written. Only a
-    step's task 0 asks, so a refusal costs one RPC per step, not one per task (an srun
-    step inside the batch script writes its stderr to the batch job's too, through srun;
-    an interactive srun has no such file and is left alone). The file is never created and
-    never followed through a symlink: only a regular file of the job's user, opened for
-    append (slurmstepd opens it O_APPEND too, so neither write overwrites the other)."""
-    if environ.get("SLURM_PROCID", "0") != "0" or not environ.get("SLURM_JOB_ID"):
-        return False
-    stderr_path, stdout_path = job_stdio(environ["SLURM_JOB_ID"], run)
-    if not stderr_path or not stderr_path.startswith("/"):
-        return False
-    try:
-        fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                     | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            return False
-        if stdout_path:
-            try:
-                out = os.stat(stdout_path)
-                if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino):
-                    return False  # one file: the `print` line is in it already
-            except OSError:
-                pass
-        os.write(fd, os.fsencode(line + "\n"))
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def _processes_with(attempt: str) -> list[int]:
@@ -611,7 +496,7 @@ def _env_nodes(environ, node: str) -> list[str] | None:
     if not hostlist:
         return None
     try:
-        nodes = hostnames(hostlist)
+        nodes = hostlist_.hostnames(hostlist)
     except ValueError:
         return None
     count = environ.get("SLURM_JOB_NUM_NODES", "")
