@@ -186,3 +186,16 @@ def test_the_mapping_check_fails_on_a_renamed_function_or_an_unmapped_step():
     method = {"steps": {**mapping["steps"], "gc_retire": {
         "implements": ["dispatch_slurm/store/retention.py::_Posix.retire_gone"]}}}
     assert any("defines no _Posix.retire_gone" in p for p in mapping_problems(steps(), method))
+
+
+def test_the_by_hand_commands_of_docs_model_run(spin):
+    """docs/model.md's by-hand block, as written, from the checkout: the protocol's pan ends
+    with no error, the pointer variant's with one, and its replay names the guarantee."""
+    page = (REPO / "docs" / "model.md").read_text()
+    block = re.search(r"<!-- snippet: model-by-hand;[^\n]*-->\n```sh\n(.*?)```", page, re.S)
+    assert block, "docs/model.md has no model-by-hand block"
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block[1]], cwd=REPO, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"errors: 0\b", res.stdout) and re.search(r"errors: 1\b", res.stdout), res.stdout
+    assert "INVARIANT BROKEN: an old execution's publication never outranks the replacement's" in res.stdout
