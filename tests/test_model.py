@@ -1,8 +1,8 @@
 """Issue 27: the protocol as a model checked by SPIN (tests/model/protocol.pml).
 
 Every interleaving of two executions (their submissions, envs, resumes, trainers and
-watches), a gc run, an adoption and a crash at any step is explored exhaustively, in two
-configurations (see CONFIGS): the protocol must break none of the README's guarantees,
+watches), a gc run, an adoption and a crash at any step is explored exhaustively, in three
+configurations (CONFIGS: with a crash, with an adoption, with a third execution): the protocol must break none of the README's guarantees,
 over more states than a floor (a model that stopped exploring would pass vacuously),
 and each broken design must break the one it is known to break, with a counterexample
 whose replay (`spin -t`) names the guarantee. The model's steps are mapped to the
@@ -38,6 +38,9 @@ CONFIGS = {
     "crash": (["-DNE=2", "-DNS=2", "-DADOPT=0", "-DCRASH=1", "-DNGC=1"], 5_000_000),
     # two executions of 1 save each, watch, gc and an adoption racing it
     "adopt": (["-DNE=2", "-DNS=1", "-DADOPT=1", "-DCRASH=0", "-DNGC=1"], 1_000_000),
+    # three executions of 1 save each publishing it themselves (the preemption handler, the
+    # integrations: no watch process), gc and a crash at any step
+    "three": (["-DNE=3", "-DNS=1", "-DINLINE_PUBLISH=1", "-DADOPT=0", "-DCRASH=1", "-DNGC=1"], 10_000_000),
 }
 
 # the broken designs: the variant, the configuration it runs in, the guarantee it breaks
@@ -48,6 +51,7 @@ VARIANTS = {
     "VARIANT_PUBLISH_BEFORE_FSYNC": ("crash", "latest names a complete, durable save"),
     "VARIANT_GC_NO_PUB_FSYNC": ("crash", "latest names a complete, durable save"),
     "VARIANT_ADOPT_CHECK_BEFORE_PIN": ("adopt", "the latest is never removed"),
+    "VARIANT_SUBMIT_NO_EXCL": ("adopt", "two executions never share an epoch"),
 }
 
 

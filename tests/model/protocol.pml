@@ -24,6 +24,7 @@
      -DVARIANT_GC_NO_CESSATION   gc removes what Slurm says ended (no cessation evidence)
      -DVARIANT_PUBLISH_BEFORE_FSYNC  the publication made before the save is fsynced
      -DVARIANT_ADOPT_CHECK_BEFORE_PIN  the adopter looks at retired/ before it pins
+     -DVARIANT_SUBMIT_NO_EXCL    N taken as max+1 of sub/ without O_EXCL, and no epoch claims
      -DVARIANT_GC_NO_PUB_FSYNC   gc removes without fsyncing pub/ first (what gc did before
                                  this model found it: a crash could lose the latest gc kept
                                  while its removals stayed, bringing back an older latest
@@ -47,6 +48,10 @@
 #endif
 #ifndef CRASH
 #define CRASH 1         /* one crash */
+#endif
+#ifndef INLINE_PUBLISH
+#define INLINE_PUBLISH 0  /* 1: the trainer publishes each save itself (the preemption handler,
+                             the integrations), no watch: fewer processes, room for a third execution */
 #endif
 
 #define NSTEP (NE*NS+1)             /* steps 0 .. NE*NS */
@@ -241,16 +246,25 @@ proctype trainer(byte k) {
     d_step {   /* @step(submit_list) */
       n = 0; gi = 1;
       do :: gi <= NE + 1 -> if :: sub[gi] != 0 -> n = gi :: else fi; gi++ :: else -> break od;
-      gi = 0; n++
+      gi = 0; n++;
+      printf("MODEL: E%d submit: lists sub/, takes N=%d\n", k, n)
     };
+#ifdef VARIANT_SUBMIT_NO_EXCL
+    atomic { sub[n] = 2; printf("MODEL: E%d submit: sub/%d written (no O_EXCL)\n", k, n) };   /* @step(submit_create) */
+#else
     do   /* @step(submit_create): O_EXCL sub/<N>, fsynced with sub/ before N is used */
     :: atomic { sub[n] == 0 -> sub[n] = 2; printf("MODEL: E%d submit: sub/%d created\n", k, n); break }
     :: atomic { sub[n] != 0 -> n++; assert(n <= NE + 1) }
     od;
+#endif
     /* env: N must be allocated; claim epochs/<N> (O_EXCL), or find it another's: refused */
     atomic {   /* @step(env_claim) */
       if
+#ifdef VARIANT_SUBMIT_NO_EXCL
+      :: sub[n] != 0 ->   /* and no claim under epochs/ */
+#else
       :: sub[n] != 0 && (claim[n] == 0 || claim[n] == k + 1) ->
+#endif
          claim[n] = k + 1; ep[k] = n; printf("MODEL: E%d env: epochs/%d claimed\n", k, n);
          gi = 0;
          do
@@ -299,6 +313,9 @@ proctype trainer(byte k) {
 #endif
          check()
        };
+#if INLINE_PUBLISH && !defined(VARIANT_SHARED_FOLDER)
+       publish(k, ep[k], x);
+#endif
 #ifdef VARIANT_SHARED_FOLDER
        publish(k, ep[k], x);   /* the trainer fsyncs it; `latest` is the greatest complete step */
        d_step {   /* @step(rotate_by_name): keep the newest (save_total_limit=1) */
@@ -321,6 +338,9 @@ proctype trainer(byte k) {
     od;
 #ifdef VARIANT_SHARED_FOLDER
     trained[k] = 1;
+#endif
+#if INLINE_PUBLISH
+    atomic { gone[k] = 1; ceased[k] = 1; printf("MODEL: E%d has ceased (the Epilog's ceased/ entry)\n", k) };
 #endif
   } unless { boot + 1 != tboot[k] };
 refused:
@@ -533,7 +553,12 @@ init {
   atomic {
     do
     :: k == NE -> break
-    :: else -> run trainer(k); run watch(k); k++
+    :: else ->
+       run trainer(k);
+#if !INLINE_PUBLISH
+       run watch(k);
+#endif
+       k++
     od;
 #if NGC
     run gc();
