@@ -135,6 +135,28 @@ def test_the_latest_publication_is_never_removed_nor_retired(root, three):
     assert three[(LIVE, 80)].exists(), "the newest save still on disk is the one --keep-last 1 keeps"
 
 
+def test_gc_fsyncs_pub_before_it_removes_anything(root, three, monkeypatch):
+    """The model's find (tests/model/protocol.pml, VARIANT_GC_NO_PUB_FSYNC): the latest gc
+    keeps may be a publication its publisher has not fsynced pub/ for yet; gc fsyncs pub/
+    itself before its first removal, so a crash cannot take the latest away while gc's
+    removals stay (an older latest whose save gc removed)."""
+    log = []
+    real_fsync, real_remove = os.fsync, gc._remove
+
+    def fsync(fd):
+        log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def remove(path, root_fd):
+        log.append(("remove", path))
+        return real_remove(path, root_fd)
+    monkeypatch.setattr(gc.os, "fsync", fsync)
+    monkeypatch.setattr(gc, "_remove", remove)
+    run_gc(root, ceased(A, B), keep_last=1)
+    first = next(i for i, (what, _) in enumerate(log) if what == "remove")
+    assert ("fsync", str(root / "pub")) in log[:first], log[:first + 1]
+
+
 def test_latest_refuses_a_retired_latest_publication(root, three):
     latest = store.latest(str(root))
     (root / "retired").mkdir()

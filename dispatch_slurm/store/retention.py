@@ -10,7 +10,9 @@ order below is this module's, the same on both.
 How a removal goes, so that a gc killed at any moment leaves every publication either
 intact or clearly retired:
 
-1. for every save to remove, ``retired/<publication name>`` is created if absent
+1. ``pub/`` is fsynced (every publication the inventory saw, the latest it keeps among
+   them, is then durable: a crash cannot bring back an older latest whose save is removed);
+   for every save to remove, ``retired/<publication name>`` is created if absent
    (O_EXCL, fsynced with retired/ and the root; on S3 a PUT with If-None-Match: *) for
    each of its publications (for an unpublished leftover: the name it would have had
    at its execution's epoch and step): the publication is retired before a byte of
@@ -247,7 +249,14 @@ class _Posix:
         check_owner(root, self.fd)  # removing under a root someone else controls is never ours to do
 
     def retire(self, marks: list[str]) -> None:
-        """Create every retired/ entry (one an earlier, killed gc made is fine), durably."""
+        """Create every retired/ entry (one an earlier, killed gc made is fine), durably;
+        and fsync pub/ first: the latest gc kept may be a publication whose publisher has
+        not fsynced pub/ yet, and a crash that lost it while gc's removals stayed would
+        bring back as the latest an older publication whose save gc removed (found by the
+        model, tests/model/protocol.pml)."""
+        pub = open_entry(self.root, self.fd, layout.PUB)
+        if pub is not None:
+            os.fsync(self.fds.add(pub))
         fd = self.fds.add(open_entry(self.root, self.fd, layout.RETIRED, create=True))
         for name in marks:
             try:
