@@ -287,11 +287,10 @@ def newest_of_job(root: str, attempt: str) -> str:
             entries = os.listdir(os.path.join(root, layout.EPOCHS))
         except FileNotFoundError:
             entries = []
-    newest = attempt
     for name in sorted(entries, reverse=True):
         if not name.isdigit() or int(name) <= mine:
             continue
         owner = _claimant(root, int(name), None)
         if owner is not None and _job(owner) == _job(attempt):
             return owner  # the greatest such epoch: the listing is walked from the top
-    return newest
+    return attempt

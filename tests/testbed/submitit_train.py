@@ -28,13 +28,14 @@ class Count(ds.Checkpointable):
 
     def run(self):
         pickled = getattr(self, "step", None)  # a fresh instance has none: the pickle holds no state
+        t_resume = time.time()
         path = self.resume_path()
         self.step = 0
         if path is not None:
             with open(os.path.join(path, "state.json")) as f:
                 self.step = json.load(f)["step"]
         resumed = self.step
-        say(event="start", resumed=resumed, latest=path, pickled_step=pickled, host=os.uname().nodename)
+        say(event="start", resumed=resumed, latest=path, t_resume=t_resume, pickled_step=pickled, host=os.uname().nodename)
         while self.step < self.steps:
             time.sleep(self.pace)  # the work of one step
             self.step += 1
