@@ -48,12 +48,18 @@ def bed(tmp_path, root, monkeypatch):
     (standin / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{standin}:{os.environ['PATH']}")
     monkeypatch.setenv("STANDIN", str(standin))
-    return Bed(folder, standin, root)
+    b = Bed(folder, standin, root)
+    yield b
+    for proc in b.procs:  # a failed test's executions must not outlive it
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class Bed:
     def __init__(self, folder, standin, root):
         self.folder, self.standin, self.root = folder, standin, root
+        self.procs = []
 
     def submit(self, fn, signal_spec=None):
         delayed = DelayedSubmission(fn)
@@ -68,12 +74,15 @@ class Bed:
         """Execution R of job 101: claims its epoch (as the plugin's hooks do), then runs."""
         attempt, epoch = f"c.{JOB}.{1_000_000 + r}", 1_000_000 + r
         claim(self.root, attempt)
-        base = dispatch_env(str(self.root), attempt, epoch, PYTHONPATH=f"{REPO}:{REPO}/tests", SUBMITIT_EXECUTOR="slurm",
-                            SLURM_JOB_ID=JOB, SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1",
+        env = {"PYTHONPATH": f"{REPO}:{REPO}/tests", **env}
+        base = dispatch_env(str(self.root), attempt, epoch, SUBMITIT_EXECUTOR="slurm", SLURM_JOB_ID=JOB,
+                            SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1",
                             PATH=os.environ["PATH"], STANDIN=str(self.standin), **env)
         log = open(self.folder / f"{JOB}_0_log.out", "a")  # srun --output, open-mode append
-        return subprocess.Popen([sys.executable, "-u", "-m", "submitit.core._submit", str(self.folder)], env=base,
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "submitit.core._submit", str(self.folder)], env=base,
                                 stdout=log, stderr=log, start_new_session=True)
+        self.procs.append(proc)
+        return proc
 
     def restarts(self, r: int | None) -> None:
         """What the stand-in scontrol says the job's restart count is (None: it fails)."""
@@ -234,3 +243,50 @@ def test_without_submitit_the_usr2_handler_is_still_allowed(monkeypatch):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.strip() == "ok", proc.stderr
 
+
+
+def snippet(name: str) -> str:
+    """The code block under ``<!-- snippet: NAME ... -->`` in docs/submitit.md."""
+    import re
+    text = (REPO / "docs" / "submitit.md").read_text()
+    m = re.search(rf"<!-- snippet: {name}[;\s].*?-->\n```\w*\n(.*?)^```", text, re.S | re.M)
+    assert m, f"docs/submitit.md has no snippet {name}"
+    return m[1]
+
+
+def test_the_docs_trainer_goes_through_a_time_limit(bed, tmp_path, monkeypatch):
+    """The page's trainer as written (its train_one_step() a 10 ms step), through submitit's
+    time limit and the next execution, which resumes from the latest publication."""
+    (tmp_path / "doc_train.py").write_text("import time\n\ndef train_one_step():\n    time.sleep(0.01)\n\n\n"
+                                           + snippet("submitit-trainer"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import doc_train
+    bed.submit(doc_train.Train(1000))
+    extra = {"PYTHONPATH": f"{REPO}:{REPO}/tests:{tmp_path}"}
+    old = bed.start(0, **extra)
+    saved = published_step(bed.root, 100)
+    os.kill(old.pid, signal.SIGUSR2)
+    assert ended(old) == 255 and f"requeue {JOB}" in (bed.standin / "scontrol.log").read_text()
+    at_signal = store.latest(str(bed.root)).step
+    assert saved <= at_signal < 1000  # saved where the signal found it, between two steps
+    assert ended(bed.start(1, **extra)) == 0
+    assert bed.job().result() == 1000
+    firsts = sorted(p.step for p in store.publications(str(bed.root)) if p.path.startswith(f"exec/c.{JOB}.1000001/"))
+    assert firsts[0] == (at_signal // 100 + 1) * 100  # R=1 went on from the signal's step, not from 0
+
+
+def test_the_docs_submission_is_the_cluster_tests():
+    text = snippet("submitit-submit")
+    compile(text, "docs/submitit.md", "exec")
+    client = (REPO / "tests" / "testbed" / "submitit_client.py").read_text()
+    for part in ('cluster="slurm", slurm_max_num_timeout=10', 'slurm_additional_parameters={"dispatch-checkpoint": root}',
+                 "slurm_partition=\"normal\""):
+        assert part in text and part in client, part
+
+
+def test_the_submitit_extra_names_submitit():
+    import tomllib
+    from importlib.metadata import version
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["submitit"]
+    assert extra == ["submitit>=1.5,<2"]
+    assert version("submitit").split(".")[0] == "1" and int(version("submitit").split(".")[1]) >= 5
