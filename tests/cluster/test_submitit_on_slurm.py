@@ -109,12 +109,20 @@ def test_submitit_job_through_time_limits_preemption_and_a_cut(slurm_cluster: Cl
         assert p["restarts"] is None or r >= p["restarts"], p
     assert not [p for p in polls if p["outcome"] == "error"], [p for p in polls if p["outcome"] == "error"][:3]
     old_err = _text(hfolder / f"{job}_0_log.{1_000_003}.err")
+    r4_start, r3_end = recs[4][0]["t"], recs[3][-1]["t"]
+    overlap = [p for p in polls if r4_start <= p["t"] <= r3_end]
+    late = [e for e in pubs if e["epoch"] % 10**6 == 3 and e["t"] > r4_start]
     seen = {
-        "executions": {r: {"host": h, "resumed_from": s} for r, (h, s) in resumed.items()},
+        "executions": {r: {"host": h, "resumed_from": s, "last_step": _step_of(recs[r]),
+                           "last_event": recs[r][-1]["event"]} for r, (h, s) in resumed.items()},
         "cut_node": node,
         "old_R3_ended": "exited writing nothing (a newer execution existed)" if "a newer execution" in old_err
                         else "answered before R=4 claimed its epoch",
+        "overlap_s": round(r3_end - r4_start, 1),
+        "old_R3_publications_during_overlap": [e["step"] for e in late],
+        "latest_at_end": max(((e["epoch"], e["step"]) for e in pubs)),
         "polls": {k: sum(p["outcome"] == k for p in polls) for k in ("absent", "stale", "answer")},
+        "polls_during_overlap": {k: sum(p["outcome"] == k for p in overlap) for k in ("absent", "stale", "answer")},
         "answers_by_attempt": sorted({p["value"]["attempt"] for p in answers}),
         "stale_reasons": sorted({p["why"][:90] for p in polls if p["outcome"] == "stale"}),
         "publications": len(pubs), "final": answer, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
