@@ -211,7 +211,7 @@ class _Execution:
         """Exit writing nothing if a newer execution of this job exists (module doc)."""
         newest = epochs.newest_of_job(self.root, self.attempt)
         if newest != self.attempt:
-            preempt._write(2, f"\ndispatch-slurm: execution {self.attempt} {what} but {newest}, a newer execution of "
+            _say(2, f"\ndispatch-slurm: execution {self.attempt} {what} but {newest}, a newer execution of "
                               "the same job, exists: exiting without writing submitit's result, pickle or requeue\n")
             os._exit(OUTRANKED_EXIT)
 
@@ -224,16 +224,24 @@ class _Execution:
         return _Answer(self.root, self.attempt, str(self.paths.result_pickle), raw_job, payload)
 
     def own_logs(self) -> None:
-        for fd, shared, stream in ((1, self.paths.stdout, sys.stdout), (2, self.paths.stderr, sys.stderr)):
+        for fd, shared in ((1, self.paths.stdout), (2, self.paths.stderr)):
             mine = shared.with_name(f"{shared.name.rsplit('.', 1)[0]}.{self.epoch}.{shared.suffix[1:]}")
-            try:
-                stream.flush()
-            except (AttributeError, ValueError):
-                pass
-            preempt._write(fd, f"dispatch-slurm: execution {self.attempt} writes this stream to {mine}\n")
+            _say(fd, f"dispatch-slurm: execution {self.attempt} writes this stream to {mine}\n")
             new = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
             os.dup2(new, fd)
             os.close(new)
+
+
+def _say(fd: int, text: str) -> None:
+    """Straight to the descriptor: from a signal handler too, and before os._exit."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def own_result(result_pickle, epoch: int) -> Path:
