@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..contract import layout, names
-from ..contract.epoch import decompose
+from ..contract.epoch import R_MAX, decompose
 from ..errors import BadName, BadPath, DispatchError, EnvError, StoreError
 from . import s3
 from .durable import DirFds, create_new
@@ -280,6 +280,7 @@ def newest_of_job(root: str, attempt: str) -> str:
     requeues keep its job id and raise R, so a greater claimed epoch of the same job id
     is a later execution of that very job (the submitit integration's answer check)."""
     mine = epoch_of(attempt)
+    top = mine - decompose(mine).restart + R_MAX  # a requeue changes R only: the job's epochs end here
     if is_s3(root):
         entries = s3.list_names(root, layout.EPOCHS)
     else:
@@ -288,7 +289,7 @@ def newest_of_job(root: str, attempt: str) -> str:
         except FileNotFoundError:
             entries = []
     for name in sorted(entries, reverse=True):
-        if not name.isdigit() or int(name) <= mine:
+        if not name.isdigit() or not mine < int(name) <= top:
             continue
         owner = _claimant(root, int(name), None)
         if owner is not None and _job(owner) == _job(attempt):
