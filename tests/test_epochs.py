@@ -489,3 +489,15 @@ def test_s3_env_claims_and_refuses_the_second_job(s3_env, s3_root):
         store.publish(b, root=s3_root, epoch=E)
     assert store.publications(s3_root) == []
 
+
+
+def test_newest_of_job_is_the_greatest_claimed_epoch_of_the_same_job_id(root):
+    """The submitit integration's question: is there a later execution of this very job?
+    Another job's greater epoch (a resubmission: another job id) is not one."""
+    assert epochs.newest_of_job(str(root), "c.101.1000000") == "c.101.1000000"  # no epochs/ yet
+    for attempt in ("c.101.1000000", "c.101.1000002", "c.102.2000000", "c.101.1000001"):
+        epochs.claim(str(root), attempt)
+    assert epochs.newest_of_job(str(root), "c.101.1000000") == "c.101.1000002"
+    assert epochs.newest_of_job(str(root), "c.101.1000002") == "c.101.1000002"
+    assert epochs.newest_of_job(str(root), "c.102.2000000") == "c.102.2000000"
+    assert epochs.newest_of_job(str(root), "d.101.1000000") == "d.101.1000000"  # another cluster's job 101

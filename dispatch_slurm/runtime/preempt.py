@@ -61,6 +61,12 @@ COMPLETED when it exits 0, and never requeues it: the job is over. ``linger=True
 the scheduler ends it at the end of the grace, so 22.05 too sees a preempted job and
 requeues it. The save is done and published either way; lingering only holds the
 allocation for the rest of the grace.
+
+submitit. Inside a submitit job (``$SUBMITIT_EXECUTOR`` set) submitit's own handler owns
+its preemption signal (``$SUBMITIT_PREEMPT_SIGNAL``, default USR2, sent at the time limit):
+it checkpoints and requeues the job. This handler on that signal would replace it, exit 0
+and end the job COMPLETED, never requeued, so installing it there is refused, naming the
+way that cooperates (``dispatch_slurm.integrations.submitit``) and SIGTERM.
 """
 
 import os
@@ -144,6 +150,7 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     sigs = tuple(signal.Signals(s) for s in ([signals] if isinstance(signals, int) else signals))
     if not sigs or signal.SIGKILL in sigs or signal.SIGSTOP in sigs:
         raise DispatchError(f"signals must be catchable and non-empty, got {signals!r}")
+    _refuse_submitits_signal(sigs)
     if linger is None:
         linger = os.environ.get("DISPATCH_PREEMPT_LINGER", "") not in ("", "0")
     _s.fn, _s.grace, _s.publish, _s.linger = fn, resolve_grace(grace), publish, linger
@@ -159,6 +166,21 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
     probe.record("installed", signals=[s.name for s in sigs], grace=_s.grace, defer=_s.defer,
                  launcher=os.environ.get("DISPATCH_LAUNCHER"))
+
+
+def _refuse_submitits_signal(sigs) -> None:
+    """See the module doc, "submitit": its requeue is not ours to replace."""
+    executor = os.environ.get("SUBMITIT_EXECUTOR")
+    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"
+    theirs = getattr(signal, "SIG" + name.upper().removeprefix("SIG"), None)
+    if not executor or theirs not in sigs:
+        return
+    raise DispatchError(
+        f"refusing to install the preemption handler on {theirs.name}: it is submitit's preemption signal in this "
+        f"job (SUBMITIT_EXECUTOR={executor}), on which submitit checkpoints and requeues the job; this handler would "
+        "replace submitit's, save, exit 0 and end the job COMPLETED, never requeued (job.result() then raises "
+        "UncompletedJobError). Use dispatch_slurm.integrations.submitit.Checkpointable (its checkpoint() publishes, "
+        "submitit requeues), or install this handler on SIGTERM only (signals=[signal.SIGTERM])")
 
 
 def stop_requested() -> bool:

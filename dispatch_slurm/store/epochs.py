@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..contract import layout, names
-from ..contract.epoch import decompose
+from ..contract.epoch import R_MAX, decompose
 from ..errors import BadName, BadPath, DispatchError, EnvError, StoreError
 from . import s3
 from .durable import DirFds, create_new
@@ -272,3 +272,26 @@ def for_publication(root: str, epoch: int, publisher: str | None, save, root_fd:
                            f"{_job(owner)} ({where}), not by this execution ({publisher}): two jobs at one epoch "
                            f"would mix their lineages; {_fix(root)}", owner)
     return owner
+
+
+def newest_of_job(root: str, attempt: str) -> str:
+    """The newest execution of ``attempt``'s job (same ``<cluster>.<job id>``) that has
+    claimed an epoch in ``root``: ``attempt`` itself if none outranks it. A job's
+    requeues keep its job id and raise R, so a greater claimed epoch of the same job id
+    is a later execution of that very job (the submitit integration's answer check)."""
+    mine = epoch_of(attempt)
+    top = mine - decompose(mine).restart + R_MAX  # a requeue changes R only: the job's epochs end here
+    if is_s3(root):
+        entries = s3.list_names(root, layout.EPOCHS)
+    else:
+        try:
+            entries = os.listdir(os.path.join(root, layout.EPOCHS))
+        except FileNotFoundError:
+            entries = []
+    for name in sorted(entries, reverse=True):
+        if not name.isdigit() or not mine < int(name) <= top:
+            continue
+        owner = _claimant(root, int(name), None)
+        if owner is not None and _job(owner) == _job(attempt):
+            return owner  # the greatest such epoch: the listing is walked from the top
+    return attempt
