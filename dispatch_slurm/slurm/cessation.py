@@ -57,6 +57,10 @@ def _slurm_says(j: Optional[JobInfo], restart: int) -> tuple[Optional[bool], str
     return False, f"Slurm says the job is still {states}"
 
 
+class _Unknown(Exception):
+    """Cannot tell: the answer stays UNKNOWN, for this reason."""
+
+
 def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = None,
           generation: Optional[int] = None, submission: Optional[int] = None,
           cluster: Optional[str] = None, nodes: Optional[list[str]] = None,
@@ -69,53 +73,89 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
     g = generation if generation is not None else rec.get("g")
     n = submission if submission is not None else rec.get("n")
     try:
-        j = slurm.find_job(job_id)
-    except SlurmError as e:
-        out["why"] = f"Slurm did not answer: {e}"
-        return out
-    ended, why = _slurm_says(j, restart)
-    out["slurm"] = {"ended": ended, "says": why}
-    if j is not None:
-        out["slurm"].update(state=j.state, flags=sorted(j.flags), restart_count=j.restart_count)
-    same = j is not None and j.restart_count == restart
-    ran_on = nodes if nodes else rec.get("nodes") or (j.nodes if same else None)
-    start = started if started is not None else rec.get("start_time") or (j.start_time if same else None)
-    if ended is None:
-        out["why"] = why
-        return out
-    attempt = rec.get("attempt")
-    if attempt is None and g is not None and n is not None:
-        try:
-            cl = cluster or rec.get("cluster") or (j.cluster if j else "") or slurm.cluster_name()
-            attempt = names.attempt_token(cl, str(job_id), epochmod.compose(g, n, restart))
-        except (SlurmError, DispatchError) as e:
-            out["why"] = f"cannot name the execution's attempt: {e}"
-            return out
-    if (ran_on is None or (not ran_on and not same)) and root and attempt:
-        try:  # the nodes the Prolog gave its Epilogs and events (ceased.execution)
-            ran_on = ceased.execution(root, attempt)["nodes"] or None
-        except OSError:
-            ran_on = None
-        if ran_on:
-            out["nodes_from"] = "the root (the Prolog's list of the execution's nodes)"
-    if ran_on is None or (not ran_on and not same):
-        out["why"] = (f"{why}; which nodes ran execution R={restart} is unknown: pass --nodes, or --root "
-                      "with the supervisor's record or the Epilog's records (those of a plugin job name them)")
-        return out
-    out["attempt"] = attempt
-    recorded: dict[str, dict] = {}
-    if root and attempt:
-        try:
-            recorded = ceased.entries(root, attempt)
-        except OSError as e:
-            out["ceased_dir_error"] = f"{root}/{layout.CEASED}: {e.strerror or e}"
-    try:
-        known = {nd.name: nd for nd in slurm.nodes()} if set(ran_on) - set(recorded) else {}
-    except SlurmError as e:
-        out["why"] = f"Slurm did not list the nodes: {e}"
+        j = _find(slurm, job_id)
+        ended, why = _slurm_says(j, restart)
+        out["slurm"] = {"ended": ended, "says": why}
+        if j is not None:
+            out["slurm"].update(state=j.state, flags=sorted(j.flags), restart_count=j.restart_count)
+        if ended is None:
+            raise _Unknown(why)
+        same = j is not None and j.restart_count == restart
+        start = started if started is not None else rec.get("start_time") or (j.start_time if same else None)
+        attempt = rec.get("attempt") or _attempt(slurm, job_id, restart, g, n, cluster or rec.get("cluster"), j)
+        ran_on = _ran_on(out, nodes or rec.get("nodes") or (j.nodes if same else None), same, root, attempt)
+        if ran_on is None:
+            raise _Unknown(f"{why}; which nodes ran execution R={restart} is unknown: pass --nodes, or --root "
+                           "with the supervisor's record or the Epilog's records (those of a plugin job name them)")
+        out["attempt"] = attempt
+        recorded = _recorded(out, root, attempt)
+        known_nodes = _known_nodes(slurm, set(ran_on) - set(recorded))
+    except _Unknown as e:
+        out["why"] = str(e)
         return out
     for name in ran_on:
-        out["nodes"][name] = _node_evidence(name, recorded, known.get(name), start, root, attempt)
+        out["nodes"][name] = _node_evidence(name, recorded, known_nodes.get(name), start, root, attempt)
+    _conclude(out, ended, why, ran_on)
+    return out
+
+
+def _find(slurm: Slurm, job_id: int) -> Optional[JobInfo]:
+    try:
+        return slurm.find_job(job_id)
+    except SlurmError as e:
+        raise _Unknown(f"Slurm did not answer: {e}") from None
+
+
+def _attempt(slurm: Slurm, job_id: int, restart: int, g, n, cluster, j) -> Optional[str]:
+    """The execution's attempt token from G, N and R (None when G or N is not known)."""
+    if g is None or n is None:
+        return None
+    try:
+        cl = cluster or (j.cluster if j else "") or slurm.cluster_name()
+        return names.attempt_token(cl, str(job_id), epochmod.compose(g, n, restart))
+    except (SlurmError, DispatchError) as e:
+        raise _Unknown(f"cannot name the execution's attempt: {e}") from None
+
+
+def _ran_on(out: dict, given: Optional[list[str]], same: bool, root: Optional[str],
+            attempt: Optional[str]) -> Optional[list[str]]:
+    """The execution's nodes: given (--nodes, the record, Slurm at restart R), else the
+    root's (the nodes the Prolog gave its Epilogs and events: ceased.execution); None
+    when nobody says (an empty list counts only from Slurm at restart R)."""
+    if given is not None and (given or same):
+        return given
+    if root and attempt:
+        try:
+            from_root = ceased.execution(root, attempt)["nodes"] or None
+        except OSError:
+            from_root = None
+        if from_root:
+            out["nodes_from"] = "the root (the Prolog's list of the execution's nodes)"
+            return from_root
+    return None
+
+
+def _recorded(out: dict, root: Optional[str], attempt: Optional[str]) -> dict[str, dict]:
+    if not (root and attempt):
+        return {}
+    try:
+        return ceased.entries(root, attempt)
+    except OSError as e:
+        out["ceased_dir_error"] = f"{root}/{layout.CEASED}: {e.strerror or e}"
+        return {}
+
+
+def _known_nodes(slurm: Slurm, unrecorded: set[str]) -> dict:
+    """Slurm's view of the nodes that recorded no Epilog (asked only if there is one)."""
+    if not unrecorded:
+        return {}
+    try:
+        return {nd.name: nd for nd in slurm.nodes()}
+    except SlurmError as e:
+        raise _Unknown(f"Slurm did not list the nodes: {e}") from None
+
+
+def _conclude(out: dict, ended: bool, why: str, ran_on: list[str]) -> None:
     gone = all(v["ceased"] for v in out["nodes"].values())
     if not ended:
         out["answer"], out["why"] = NOT_CEASED, why
@@ -126,7 +166,6 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
     else:
         missing = [k for k, v in out["nodes"].items() if not v["ceased"]]
         out["answer"], out["why"] = NOT_CEASED, f"{why}; no evidence from {', '.join(missing)}"
-    return out
 
 
 def describe(ev: dict) -> str:
