@@ -100,13 +100,6 @@ def test_every_module_is_maintainable():
     assert min(ranks.values()) >= 20, {n: round(v, 1) for n, v in ranks.items() if v < 20}  # radon's A
 
 
-# Functions still above radon's C (cyclomatic complexity > 20), each to be split when its
-# module is next changed (issue 21). The test fails for any other, and for one of these
-# that is now within C (so the list only shrinks).
-COMPLEX = {"dispatch_slurm.report._execution",
-           "dispatch_slurm.report.render.text"}
-
-
 def _over_c(source: str, name: str) -> set[str]:
     from radon.complexity import cc_visit
     out = set()
@@ -119,8 +112,7 @@ def _over_c(source: str, name: str) -> set[str]:
 def test_no_function_is_more_complex_than_radon_c():
     pytest.importorskip("radon.complexity")
     over = set().union(*(_over_c(p.read_text(), n.removesuffix(".__init__")) for n, p in _modules()))
-    assert over - COMPLEX == set(), f"split these (radon cc above C, 20): {sorted(over - COMPLEX)}"
-    assert COMPLEX - over == set(), f"now within C, take them off COMPLEX: {sorted(COMPLEX - over)}"
+    assert not over, f"split these (radon cc above C, 20): {sorted(over)}"
 
 
 def test_the_complexity_check_can_fail():

@@ -78,50 +78,77 @@ def _started(folder: dict, mine: list[dict], facts_starts: list[float]) -> tuple
 
 def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], pubs: list,
                cessation: Optional[dict] = None) -> dict:
+    """One execution as the report shows it: its nodes, publications, signals, start, last
+    write and end, from its folder, the events, the supervisor's record and the Epilogs'."""
     ex = {**_token(attempt), "nodes": set(), "publications": [], "signals": [], "ended": None, "rule": None}
     mine = [e for e in evs if e.get("attempt") == attempt]
-    ex["nodes"] |= {e["host"] for e in mine if e.get("type") not in ("cessation", "hold", "release")
-                    and e.get("source") not in HOOKS and e.get("host")}  # the admin side's hosts ran none of it
-    ex["nodes"] |= {e["node"] for e in mine if e.get("source") in HOOKS and isinstance(e.get("node"), str)}
-    facts_starts = []
-    for f in facts:
-        if f.get("attempt") == attempt and f["type"] in ("started", "ended"):
-            ex["nodes"] |= set(f.get("nodes") or [])
-            if f["type"] == "started" and f.get("start_time"):
-                facts_starts.append(f["start_time"])
-            if f["type"] == "ended":
-                ex["ended"] = {"state": f["state"], "reason": f.get("reason"), "at": f["t"],
-                               "cancelled_by": f.get("cancelled_by"), "source": "supervisor record"}
-                ref = (f["job"], f["r"])
-                # the supervisor's decision for it: the last rule about (job, R) (a held one is applied later)
-                ex["rule"] = next(({"rule": g["rule"], "cause": g.get("cause"), "held": bool(g.get("held"))}
-                                   for g in reversed(facts) if g["type"] == "rule" and (g.get("job"), g.get("r")) == ref),
-                                  None)
+    ex["nodes"] |= _event_nodes(mine)
+    facts_starts = _from_record(ex, attempt, facts)
     ex["publications"] = [{"step": p.step, "path": p.path, "name": p.name, "t": t} for p, t in pubs
                           if p.path.split("/")[:2] == [layout.EXEC, attempt]]
     ex["signals"] = [{"t": e["t"], "signal": e.get("signal"), "grace": e.get("grace")}
                      for e in mine if e["type"] == "preempt_signal"]
-    if ex["ended"] is None and any(e["type"] == "checkpoint_complete" for e in mine):
-        ex["ended"] = {"state": "PREEMPTED (grace save)", "at": max(e["t"] for e in mine
-                                                                     if e["type"] == "checkpoint_complete"),
-                       "source": "events"}
-    lasts = [folder["last"]] + [e["t"] for e in mine if e["type"] not in ("cessation", "hold", "release")
-                                and e.get("source") not in HOOKS]
-    lasts += [p["t"] for p in ex["publications"]]
+    saved = [e["t"] for e in mine if e["type"] == "checkpoint_complete"]
+    if ex["ended"] is None and saved:
+        ex["ended"] = {"state": "PREEMPTED (grace save)", "at": max(saved), "source": "events"}
     ex["started_at"], ex["started_by"] = _started(folder, mine, facts_starts)
-    ex["last_write_at"] = max((t for t in lasts if t), default=None)
-    ex["cessation"] = None
-    if cessation is not None:
-        ex["cessation"] = {k: cessation[k] for k in ("ceased", "nodes", "missing", "at", "why")}
-        ex["nodes"] |= set(cessation["nodes"])
-        if ex["ended"] is None and cessation["ceased"]:
-            ex["ended"] = {"state": "ceased", "at": cessation["at"], "source": "epilog"}
+    ex["last_write_at"] = _last_write(folder, mine, ex["publications"])
+    _apply_cessation(ex, cessation)
     ex["saves"] = folder["saves"]
     ex["max_step"] = max([s["step"] for s in folder["saves"]] + [p["step"] for p in ex["publications"]],
                          default=None)
     ex["ceased_on"] = sorted(folder["ceased"])
     ex["nodes"] = sorted(ex["nodes"] | set(folder["ceased"]))
     return ex
+
+
+def _own_write(e: dict) -> bool:
+    """An event the execution wrote itself (not the hooks', not the supervisor's holds)."""
+    return e.get("type") not in ("cessation", "hold", "release") and e.get("source") not in HOOKS
+
+
+def _event_nodes(mine: list[dict]) -> set:
+    """The hosts of the execution's own events (the admin side's hosts ran none of it),
+    and the nodes the hooks name."""
+    return ({e["host"] for e in mine if _own_write(e) and e.get("host")}
+            | {e["node"] for e in mine if e.get("source") in HOOKS and isinstance(e.get("node"), str)})
+
+
+def _from_record(ex: dict, attempt: str, facts: list[dict]) -> list[float]:
+    """What the supervisor's record says of the execution: its nodes, its end and the rule
+    decided for it (the last rule about (job, R): a held one is applied later). Returns
+    the start times it recorded."""
+    starts = []
+    for f in facts:
+        if f.get("attempt") != attempt or f["type"] not in ("started", "ended"):
+            continue
+        ex["nodes"] |= set(f.get("nodes") or [])
+        if f["type"] == "started":
+            starts += [f["start_time"]] if f.get("start_time") else []
+            continue
+        ex["ended"] = {"state": f["state"], "reason": f.get("reason"), "at": f["t"],
+                       "cancelled_by": f.get("cancelled_by"), "source": "supervisor record"}
+        ref = (f["job"], f["r"])
+        ex["rule"] = next(({"rule": g["rule"], "cause": g.get("cause"), "held": bool(g.get("held"))}
+                           for g in reversed(facts) if g["type"] == "rule" and (g.get("job"), g.get("r")) == ref),
+                          None)
+    return starts
+
+
+def _last_write(folder: dict, mine: list[dict], publications: list[dict]) -> Optional[float]:
+    lasts = [folder["last"]] + [e["t"] for e in mine if _own_write(e)] + [p["t"] for p in publications]
+    return max((t for t in lasts if t), default=None)
+
+
+def _apply_cessation(ex: dict, cessation: Optional[dict]) -> None:
+    """The Epilogs' evidence: shown, its nodes added, and the end when nothing else says it."""
+    ex["cessation"] = None
+    if cessation is None:
+        return
+    ex["cessation"] = {k: cessation[k] for k in ("ceased", "nodes", "missing", "at", "why")}
+    ex["nodes"] |= set(cessation["nodes"])
+    if ex["ended"] is None and cessation["ceased"]:
+        ex["ended"] = {"state": "ceased", "at": cessation["at"], "source": "epilog"}
 
 
 def _pub_times(root: str, pubs: list, evs: list[dict]) -> list:

@@ -69,50 +69,61 @@ def _retention(ret: Optional[dict]) -> list[str]:
 def text(r: dict) -> str:
     execs = r["executions"]
     t0 = min((e["started_at"] for e in execs if e["started_at"] is not None), default=None)
-    latest = r["latest"]
-    out = [f"{r['root']}: {plural(len(execs), 'execution')}, {plural(len(r['publications']), 'publication')}; "
-           "latest: " + (f"step {latest['step']} ({latest['path']})" if latest else
-                         "none left to resume from (every publication retired)" if r["publications"] else
-                         "nothing published")]
+    out = [_headline(r)]
     if t0 is not None:
         out.append(f"times are seconds after {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}")
     out.append("")
+    out += _table(execs, t0) if execs else ["no execution has written under this root yet"]
+    out += _section("interruptions", [_interruption(i) for i in r["interruptions"]])
+    out += _section("holds", [_hold(h, t0) for h in r["holds"]])
+    out += _section("publications", [f"  {_t(p['t'], t0):>10}  step {p['step']:<8} epoch {p['epoch']:<14} {p['path']}"
+                                     for p in r["publications"]])
+    out += _retention(r.get("retention"))
+    if r["finished"]:
+        out += ["", f"supervisor: finished, {r['finished']['outcome']}: {r['finished'].get('message', '')}"]
+    return "\n".join(out) + "\n"
+
+
+def _headline(r: dict) -> str:
+    latest = r["latest"]
+    if latest:
+        says = f"step {latest['step']} ({latest['path']})"
+    else:
+        says = "none left to resume from (every publication retired)" if r["publications"] else "nothing published"
+    return (f"{r['root']}: {plural(len(r['executions']), 'execution')}, "
+            f"{plural(len(r['publications']), 'publication')}; latest: {says}")
+
+
+def _table(execs: list[dict], t0) -> list[str]:
     rows = [("EXECUTION", "JOB", "G", "N", "R", "NODES", "STARTED", "LAST WRITE", "PUBS", "MAX STEP", "ENDED")]
     for e in execs:
         rows.append((e["attempt"], _dash(e["job"]), _dash(e["generation"]), _dash(e["submission"]),
                      _dash(e["restart"]), ",".join(e["nodes"]) or "-", _t(e["started_at"], t0),
                      _t(e["last_write_at"], t0), str(len(e["publications"])), _dash(e["max_step"]), _ended(e)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    if execs:
-        out += ["  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in rows]
+    return ["  ".join([c.ljust(w) for c, w in zip(row, widths)] + [row[-1]]) for row in rows]
+
+
+def _section(title: str, lines: list[str]) -> list[str]:
+    return ["", f"{title}:", *lines] if lines else []
+
+
+def _interruption(i: dict) -> str:
+    resumed = i["resumed_from"]
+    if i["overlap_s"] is None:
+        wrote = "old kept writing - after the new one started"
+    elif i["overlap_s"] == 0 and i.get("gap_s"):
+        wrote = f"old stopped writing {i['gap_s']:.1f}s before the new one started"
     else:
-        out.append("no execution has written under this root yet")
-    if r["interruptions"]:
-        out += ["", "interruptions:"]
-    for i in r["interruptions"]:
-        resumed = i["resumed_from"]
-        if i["overlap_s"] is None:
-            wrote = "old kept writing - after the new one started"
-        elif i["overlap_s"] == 0 and i.get("gap_s"):
-            wrote = f"old stopped writing {i['gap_s']:.1f}s before the new one started"
-        else:
-            wrote = f"old kept writing {i['overlap_s']:.1f}s after the new one started"
-        out.append(f"  {i['old']} -> {i['new']}: {wrote}; "
-                   f"resumed from " + (f"step {resumed['step']} ({resumed['path']})" if resumed else "scratch")
-                   + f"; steps lost: {i['steps_lost'] if i['steps_lost'] is not None else '-'}")
-    if r["holds"]:
-        out += ["", "holds:"]
-    for h in r["holds"]:
-        answers = ", ".join(f"{a['answer']} {_t(a['t'], t0)}" for a in h["answers"]) or "none"
-        rel = h["released"]
-        out.append(f"  #{h['hold']} job {h['job']} R={h['r']} instead of {h['replaces']}, from {_t(h['from'], t0)}; "
-                   f"cessation answers: {answers}; "
-                   + (f"released {_t(rel['t'], t0)} by {rel['by']}" if rel else "not released"))
-    if r["publications"]:
-        out += ["", "publications:"]
-    out += [f"  {_t(p['t'], t0):>10}  step {p['step']:<8} epoch {p['epoch']:<14} {p['path']}"
-            for p in r["publications"]]
-    out += _retention(r.get("retention"))
-    if r["finished"]:
-        out += ["", f"supervisor: finished, {r['finished']['outcome']}: {r['finished'].get('message', '')}"]
-    return "\n".join(out) + "\n"
+        wrote = f"old kept writing {i['overlap_s']:.1f}s after the new one started"
+    return (f"  {i['old']} -> {i['new']}: {wrote}; "
+            f"resumed from " + (f"step {resumed['step']} ({resumed['path']})" if resumed else "scratch")
+            + f"; steps lost: {i['steps_lost'] if i['steps_lost'] is not None else '-'}")
+
+
+def _hold(h: dict, t0) -> str:
+    answers = ", ".join(f"{a['answer']} {_t(a['t'], t0)}" for a in h["answers"]) or "none"
+    rel = h["released"]
+    return (f"  #{h['hold']} job {h['job']} R={h['r']} instead of {h['replaces']}, from {_t(h['from'], t0)}; "
+            f"cessation answers: {answers}; "
+            + (f"released {_t(rel['t'], t0)} by {rel['by']}" if rel else "not released"))
