@@ -21,7 +21,7 @@ host:
 # `torch` requirement would resolve to the newest CUDA build (GBs).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test,cluster,plot,s3]'
+	$(PY) -m pip install -q -e '.[test,cluster,plot,s3,submitit]'
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[hf,lightning]'
 	touch $@

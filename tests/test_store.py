@@ -202,10 +202,22 @@ def test_race_exactly_one_wins(root, rep):
     assert len(os.listdir(root / "pub")) == 1
 
 
+def _allocate(root, n, results):
+    results.put([store.allocate_submission(root) for _ in range(n)])
+
+
 def test_race_submission_numbers_are_distinct(root):
+    """16 racers, 4 numbers each. Plain processes, not a Pool: a Pool whose worker dies
+    hangs in its exit (CI saw one hang 22 min); here a dead racer is a failed join."""
     ctx = mp.get_context("fork")
-    with ctx.Pool(16) as pool:
-        got = pool.map(store.allocate_submission, [str(root)] * 64)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_allocate, args=(str(root), 4, results)) for _ in range(16)]
+    for p in procs:
+        p.start()
+    got = [n for _ in procs for n in results.get(timeout=60)]
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0] * 16
     assert sorted(got) == list(range(1, 65))
 
 
