@@ -207,8 +207,10 @@ def _allocate(root, n, results):
 
 
 def test_race_submission_numbers_are_distinct(root):
-    """16 racers, 4 numbers each. Plain processes, not a Pool: a Pool whose worker dies
-    hangs in its exit (CI saw one hang 22 min); here a dead racer is a failed join."""
+    """16 racers, 4 numbers each. Plain processes that end by themselves, not a Pool: a
+    Pool ends its workers with SIGTERM and waits for them without a bound, and in CI two
+    workers forked from the xdist worker never ended (22 min); here each racer exits on
+    its own and a stuck one is a failed, bounded join."""
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     procs = [ctx.Process(target=_allocate, args=(str(root), 4, results)) for _ in range(16)]
