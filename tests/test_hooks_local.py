@@ -268,3 +268,71 @@ def test_a_rejoined_epilog_refuses_a_record_without_a_user_or_another_users(plug
     assert hooks.epilog({**bare, "SLURM_JOB_UID": "2002"}) == 0  # Slurm names someone else
     assert "the Prolog recorded uid 65534" in (tmp_path / "hooks.log").read_text()
     assert not (root / "ceased").exists(), "nothing recorded, and nothing as root"
+
+
+class _SlurmSays:
+    """Stands in for slurmctld in the sweep: the job as Slurm shows it (None: forgotten),
+    or an unreachable controller."""
+
+    def __init__(self, job=None, error=None):
+        self.asked, self._job, self._error = [], job, error
+
+    def __call__(self):
+        return self
+
+    def find_job(self, job_id):
+        self.asked.append(job_id)
+        if self._error:
+            raise hooks.SlurmError(["scontrol"], 1, self._error)
+        return self._job
+
+
+def _job_info(restart, state, *flags):
+    from dispatch_slurm.slurm.client import JobInfo
+    return JobInfo(job_id=79, state=state, flags=frozenset(flags), reason="", restart_count=restart, nodes=["n1"],
+                   batch_host="n1", exit_code=None, exit_signal=None, partition="normal", user="nobody", name="j",
+                   raw={})
+
+
+@needs_root
+def test_a_record_no_epilog_took_is_recorded_by_the_nodes_next_hook(plugin_root, tmp_path, monkeypatch):
+    """An execution whose batch script ended while its node was cut off gets no Epilog
+    (tests/cluster/test_submitit_on_slurm.py shows it): the node's next hook, any job's,
+    records its cessation from the Prolog's record once Slurm says it is over, and only then."""
+    from dispatch_slurm.store import events
+    root, attempt = plugin_root, "linux.79.1000000"
+    on_node(monkeypatch, tmp_path, "n1")
+    assert hooks.prolog(spank_env(root, "n1")) == 0
+    other = {"SLURM_JOB_ID": "80", "SLURM_JOB_UID": "2002", "SLURM_JOB_GID": "2002", "SLURMD_NODENAME": "n1"}
+
+    # Slurm cannot be asked, or says execution R=0 still runs (an allocation before its first step)
+    for says in (_SlurmSays(error="Unable to contact slurm controller"), _SlurmSays(_job_info(0, "RUNNING")),
+                 _SlurmSays(_job_info(0, "COMPLETED", "COMPLETING"))):
+        monkeypatch.setattr(hooks, "Slurm", says)
+        assert hooks.epilog(other) == 0 and hooks.prolog(other) == 0
+        assert says.asked == [79, 79] and not (root / "ceased").exists()
+    assert "left for a later hook" in (tmp_path / "hooks.log").read_text()
+
+    # a process of the execution is still here: Slurm is not even asked
+    says = _SlurmSays(None)
+    monkeypatch.setattr(hooks, "Slurm", says)
+    monkeypatch.setattr(hooks, "_processes_with", lambda attempt, job=None: [4242])
+    assert hooks.epilog(other) == 0 and says.asked == [] and not (root / "ceased").exists()
+    monkeypatch.undo()
+    on_node(monkeypatch, tmp_path, "n1")
+    monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))
+
+    # the job's own Epilog does not sweep its own record; another's does, once Slurm says requeued
+    says = _SlurmSays(_job_info(1, "RUNNING"))
+    monkeypatch.setattr(hooks, "Slurm", says)
+    hooks.sweep({"SLURMD_NODENAME": "n1"}, skip="79")
+    assert says.asked == [] and hooks.recorded_execution("79")
+    assert hooks.epilog(other) == 0
+    entry = root / "ceased" / f"{attempt}.n1"
+    assert entry.stat().st_uid == 65534, "written as the job user the record names"
+    assert json.loads(entry.read_text()) == {"by": "process scan", "nodes": ["n1", "n2"],
+                                             "slurm": "Slurm requeued the job (now restart 1, RUNNING): R=0 ended"}
+    (ev,) = [e for e in events.read(str(root)) if e["type"] == "cessation"]
+    assert (ev["source"], ev["node"], ev["attempt"]) == ("sweep", "n1", attempt)
+    assert hooks.recorded_execution("79") is None, "the record is gone: no hook asks Slurm again"
+    assert hooks.epilog(other) == 0 and says.asked == [79]

@@ -282,6 +282,10 @@ def test_the_docs_submission_is_the_cluster_tests():
     for part in ('cluster="slurm", slurm_max_num_timeout=10', 'slurm_additional_parameters={"dispatch-checkpoint": root}',
                  "slurm_partition=\"normal\""):
         assert part in text and part in client, part
+    no_plugin = snippet("submitit-no-plugin")
+    compile(no_plugin, "docs/submitit.md", "exec")
+    for part in ('f"export DISPATCH_CHECKPOINT={root}"', 'slurm_partition="normal"'):
+        assert part in no_plugin and part in client, part
 
 
 def test_the_submitit_extra_names_submitit():

@@ -39,7 +39,7 @@ CEASED, NOT_CEASED, UNKNOWN = "ceased", "not_ceased", "unknown"
 EXIT = {CEASED: 0, NOT_CEASED: 1, UNKNOWN: 2}
 
 
-def _slurm_says(j: Optional[JobInfo], restart: int) -> tuple[Optional[bool], str]:
+def slurm_says(j: Optional[JobInfo], restart: int) -> tuple[Optional[bool], str]:
     """(True: execution R ended and nothing is completing | False: not yet | None: cannot tell, why)."""
     if j is None:
         return True, "the job is no longer known to slurmctld (purged after it finished completing)"
@@ -74,7 +74,7 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
     n = submission if submission is not None else rec.get("n")
     try:
         j = _find(slurm, job_id)
-        ended, why = _slurm_says(j, restart)
+        ended, why = slurm_says(j, restart)
         out["slurm"] = {"ended": ended, "says": why}
         if j is not None:
             out["slurm"].update(state=j.state, flags=sorted(j.flags), restart_count=j.restart_count)

@@ -39,11 +39,13 @@ import time
 import traceback
 
 from ..contract import env as envmod
+from ..contract import epoch as epochmod
 from ..contract import names, siteconf
 from ..contract.signals import SENTINEL
 from ..errors import DispatchError
 from ..store import ceased, durable, epochs, events, jobs
-from . import cgroup, stdio
+from . import cessation, cgroup, stdio
+from .client import Slurm, SlurmError
 from . import hostlist as hostlist_
 
 RUN_DIR = "/run/dispatch-slurm"
@@ -229,6 +231,7 @@ def _write_root_file(path: str, data: bytes) -> None:
 
 
 def prolog(environ, site_conf: str | None = None) -> int:
+    sweep(environ)  # a record of this job id here too is an earlier execution's: ours comes below
     inputs = spank_inputs(environ)
     if inputs is None:
         return 0
@@ -295,13 +298,21 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
     return 0
 
 
-def _processes_with(attempt: str) -> list[int]:
-    """Pids on this node whose environment carries this execution's token."""
+def _processes_with(attempt: str, job: str | None = None) -> list[int]:
+    """Pids on this node whose environment carries this execution's token or, given the
+    ``job`` id, that are one of its slurmstepds (``slurmstepd: [<job>.<step>]``: one that
+    outlives its tasks, retrying the completion towards slurmctld, still holds the job)."""
     needle = f"DISPATCH_ATTEMPT={attempt}".encode()
+    stepd = f"slurmstepd: [{job}.".encode() if job else None
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
+                if stepd is not None:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read(len(stepd)) == stepd:
+                            found.append(int(pid))
+                            continue
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     if needle in f.read().split(b"\0"):
                         found.append(int(pid))
@@ -414,13 +425,13 @@ def _job_user(environ, job: dict, rejoined: bool) -> dict | None:
     return {**env, "SLURM_JOB_UID": str(uid), "SLURM_JOB_GID": str(gid), **({"SLURM_JOB_USER": user} if user else {})}
 
 
-def _wait_ceased(attempt: str, job: str, sluid: str | None) -> dict | None:
+def _wait_ceased(attempt: str, job: str, sluid: str | None, wait: float | None = None) -> dict | None:
     """Wait (CESSATION_WAIT at most) until no process carries the execution's token and,
     where Slurm tracks the job by cgroup v2 on this node, its job cgroup is empty or gone
     (a process that dropped its environment stays in the cgroup); the evidence, or None
     (logged) if something is still there."""
     paths = cgroup.job_cgroups(job, sluid)
-    deadline = time.monotonic() + CESSATION_WAIT
+    deadline = time.monotonic() + (CESSATION_WAIT if wait is None else wait)
     while True:
         left = _processes_with(attempt)
         cg, there = cgroup.state(paths) if paths is not None else (None, [])
@@ -450,10 +461,11 @@ def epilog(environ) -> int:
     SLURM_JOB_UID 0 and this node as the node list, on 22.05 to 26.05) the Prolog's
     root-owned record on this node says it all: the root, the attempt, the job user
     and the nodes. The wrapper runs this for such a job only when that record exists."""
+    job = environ["SLURM_JOB_ID"]
+    sweep(environ, skip=job)
     inputs = spank_inputs(environ)
     if inputs is not None and "%a" in inputs["DISPATCH_CHECKPOINT"]:
         return 0
-    job = environ["SLURM_JOB_ID"]
     rec = recorded(job)
     if rec is None:
         if inputs is not None:
@@ -482,12 +494,71 @@ def epilog(environ) -> int:
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
     if recorded(job) == rec:  # a later execution's own files (requeued here) stay
-        for path in (env_file(job), record_file(job)):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        _forget(job)
     return 0
+
+
+def sweep(environ, skip: str | None = None) -> None:
+    """Record the cessation of executions on this node that Slurm ran no Epilog for.
+
+    A batch script that ends while its node is cut off from slurmctld gets none: its
+    slurmstepd retries the completion until the node rejoins, slurmctld answers that the
+    job moved on ("Batch completion ... sent from wrong node") and asks nothing more of
+    the node, whose next registration no longer lists the job (24.11, proc_req.c). The
+    Prolog's record stays here. Every later Prolog and Epilog on the node (any job's: the
+    wrappers start Python when such a record is there) looks at each record but ``skip``'s:
+    one whose execution has no process, no slurmstepd and no populated job cgroup on this
+    node, and that Slurm says is over (the rule of ``dispatch-slurm ceased``: requeued,
+    ended and not completing, or forgotten), is recorded as its Epilog would have, source
+    "sweep", as the job user the record names. Slurm is asked only for such a record, once:
+    an allocation whose first step has not started yet has no process either."""
+    try:
+        ids = sorted(n[:-5] for n in os.listdir(RUN_DIR) if n.endswith(".json") and n[:-5].isdigit())
+    except OSError:
+        return
+    for job in ids:
+        if job != skip:
+            try:
+                _sweep_one(job, environ.get("SLURMD_NODENAME") or os.uname().nodename)
+            except (OSError, SlurmError, DispatchError, ValueError) as e:
+                log(f"sweep of job {job}'s record: {type(e).__name__}: {e}; left for a later hook")
+
+
+def _sweep_one(job: str, node: str) -> None:
+    rec = recorded(job)
+    if rec is None:
+        return
+    values, facts = rec
+    attempt = values["DISPATCH_ATTEMPT"]
+    parts = names.attempt_parts(attempt)
+    if parts is None or str(parts[1]) != job or _processes_with(attempt, job):
+        return
+    restart = epochmod.decompose(parts[2]).restart
+    over, why = cessation.slurm_says(Slurm().find_job(int(job)), restart)
+    if not over:
+        return
+    user_env = _job_user({}, facts, rejoined=True)
+    sluid = facts.get("sluid")
+    evidence = _wait_ceased(attempt, job, sluid, wait=0) if user_env is not None else None
+    if evidence is None:
+        return
+    log(f"{attempt}: no Epilog ran for it on this node ({why}): recording its cessation from the Prolog's record")
+    nodes = facts.get("nodes") if isinstance(facts.get("nodes"), list) else None
+    result = as_job_user(user_env, _record_cessation, values, node, facts.get("stdout"), sluid,
+                         {**evidence, "slurm": why}, nodes, "sweep")
+    if "ok" not in result:
+        log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
+    elif recorded(job) == rec:
+        _forget(job)
+
+
+def _forget(job: str) -> None:
+    """Remove the Prolog's files of ``job`` on this node."""
+    for path in (env_file(job), record_file(job)):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _env_nodes(environ, node: str) -> list[str] | None:

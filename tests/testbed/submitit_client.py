@@ -1,7 +1,10 @@
 """A submitit user's side of tests/cluster/test_submitit_on_slurm.py, run in the controller as
 the job's user (``python3 -m testbed.submitit_client ...`` with tests/ on PYTHONPATH):
 
-    submit FOLDER ROOT STEPS EVERY PACE    submit Count(STEPS, EVERY, PACE); prints the job id
+    submit FOLDER ROOT STEPS EVERY PACE [SITE]
+                                           submit Count(STEPS, EVERY, PACE); prints the job id.
+                                           SITE ``plugin`` (default): the root in the extra
+                                           parameters; ``no-plugin``: exported in slurm_setup
     poll FOLDER JOB OUT STOP               until STOP exists: one JSON line per look at the answer
     result FOLDER JOB                      job.result(), as JSON
 
@@ -24,11 +27,21 @@ from testbed.submitit_train import Count
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def submit(folder: str, root: str, steps: str, every: str, pace: str) -> None:
+# docs/submitit.md's parameters with a 2-minute limit. Slurm sends --signal when the time left
+# is at most the delay plus its 30 s check interval: with a 1-minute limit that is true from the
+# start, and the USR2 could come before submitit's handler exists (during the Prolog).
+TIMEOUT_MIN, SIGNAL_DELAY_S = 2, 30
+
+
+def submit(folder: str, root: str, steps: str, every: str, pace: str, site: str = "plugin") -> None:
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=10)
-    executor.update_parameters(timeout_min=1, slurm_signal_delay_s=30, slurm_partition="normal",
-                               slurm_additional_parameters={"dispatch-checkpoint": root},
-                               slurm_setup=[f"export PYTHONPATH={TESTS}"])
+    setup = [f"export PYTHONPATH={TESTS}"]
+    if site == "plugin":  # docs/submitit.md's submitit-submit
+        executor.update_parameters(slurm_additional_parameters={"dispatch-checkpoint": root})
+    else:  # its submitit-no-plugin
+        setup.append(f"export DISPATCH_CHECKPOINT={root}")
+    executor.update_parameters(timeout_min=TIMEOUT_MIN, slurm_signal_delay_s=SIGNAL_DELAY_S,
+                               slurm_partition="normal", slurm_setup=setup)
     job = executor.submit(Count(int(steps), int(every), float(pace)))
     print(job.job_id)
 
