@@ -520,8 +520,10 @@ def sweep(environ, skip: str | None = None) -> None:
         if job != skip:
             try:
                 _sweep_one(job, environ.get("SLURMD_NODENAME") or os.uname().nodename)
-            except (OSError, SlurmError, DispatchError, ValueError) as e:
+            except (OSError, SlurmError, DispatchError) as e:
                 log(f"sweep of job {job}'s record: {type(e).__name__}: {e}; left for a later hook")
+            except Exception as e:  # noqa: BLE001 -- another job's leftover never fails this job's hook
+                log(f"BUG in the sweep of job {job}'s record: {type(e).__name__}: {e}: {traceback.format_exc(limit=5)}")
 
 
 def _sweep_one(job: str, node: str) -> None:
