@@ -74,8 +74,14 @@ def _open_existing_dir(name: str, parent_fd: int) -> int:
         raise _not_a_dir(e, name) from None
 
 
+def in_the_way(e: OSError) -> bool:
+    """A symlink (O_NOFOLLOW refuses it: ELOOP) or a file (ENOTDIR) where a folder was
+    asked for: the one test every caller makes before saying the protocol follows none."""
+    return e.errno in (errno.ELOOP, errno.ENOTDIR)
+
+
 def _not_a_dir(e: OSError, name: str) -> OSError:
-    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+    if in_the_way(e):
         return NotADirectoryError(e.errno, f"{name} is a symlink or not a directory")
     return e
 

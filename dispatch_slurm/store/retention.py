@@ -46,7 +46,7 @@ from ..contract.retention import (KEEP, REMOVE, Inventory, Policy, Save, Verdict
                                   retirement_record)
 from ..errors import BadPath
 from . import events, protocol, s3_retention
-from .durable import DirFds, create_new, open_dir, remove_tree
+from .durable import DirFds, create_new, in_the_way, open_dir, remove_tree
 from .posix import check_owner, open_entry, open_root, publications, save_relpath
 from .roots import is_s3
 from .roots import latest as any_latest
@@ -97,7 +97,7 @@ def _measure(save: Save, root_fd: int) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        if in_the_way(e):
             save.problem = "a component of its path is a symlink or not a folder: never followed"
             return
         raise
