@@ -7,7 +7,9 @@
 * Every module keeps radon's maintainability index at A, no function above radon's
   complexity rank C, and pyflakes finds nothing.
 * The modules of slurm/ reach one another through public names only (issue 21: the
-  client imported facts' privates), so each module's private names are its own to change."""
+  client imported facts' privates), so each module's private names are its own to change.
+* contract/ does no I/O (issue 21: siteconf read its file and the environment): no open(),
+  os.environ / os.getenv, subprocess or pathlib there; the callers read and pass values in."""
 
 import ast
 import os
@@ -202,3 +204,43 @@ def test_no_two_test_files_share_a_name():
     for p in (PKG.parent / "tests").rglob("test_*.py"):
         names.setdefault(p.name, []).append(str(p.relative_to(PKG.parent)))
     assert not {n: ps for n, ps in names.items() if len(ps) > 1}
+
+
+# os/io names that read or write the world (files, the environment, processes)
+_OS_IO = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv", "open", "fdopen", "system", "popen"}
+# the one contract module that may read the environment (os.environ / os.getenv, nothing
+# else): contract/env.py, being made the one reader of DISPATCH_* variables (issue 21)
+ENV_READER = "dispatch_slurm.contract.env"
+
+
+def _io_uses(source: str) -> set[str]:
+    """The I/O a module's source does: open(), os.environ / os.getenv and kin (attribute or
+    ``from os import``), io.open, any import of subprocess, and pathlib beyond its pure paths."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            found.add("open()")
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and (node.value.id, node.attr) in {*(("os", a) for a in _OS_IO), ("io", "open")}):
+            found.add(f"{node.value.id}.{node.attr}")
+        elif isinstance(node, ast.Import):
+            found |= {f"import {a.name}" for a in node.names if a.name.split(".")[0] in ("subprocess", "pathlib")}
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "io", "subprocess", "pathlib"):
+            found |= {f"from {node.module} import {a.name}" for a in node.names
+                      if node.module == "subprocess" or (node.module == "pathlib" and not a.name.startswith("Pure"))
+                      or (node.module == "os" and a.name in _OS_IO) or (node.module, a.name) == ("io", "open")}
+    return found
+
+
+def test_contract_does_no_io():
+    io = {name: _io_uses(path.read_text()) for name, path in _modules() if name.startswith("dispatch_slurm.contract")}
+    io[ENV_READER] = io.get(ENV_READER, set()) - {"os.environ", "os.getenv", "from os import environ",
+                                                   "from os import getenv"}
+    assert io and not {n: u for n, u in io.items() if u}, {n: sorted(u) for n, u in io.items() if u}
+
+
+def test_the_io_check_can_fail():
+    src = ("import os, subprocess\nfrom pathlib import Path, PurePosixPath\nfrom os import getenv\n"
+           "x = open('f').read() + os.environ['A']\n")
+    assert _io_uses(src) == {"open()", "os.environ", "import subprocess", "from pathlib import Path",
+                             "from os import getenv"}

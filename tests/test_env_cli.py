@@ -10,6 +10,7 @@ import pytest
 
 from dispatch_slurm.contract import env, siteconf
 from dispatch_slurm.errors import EnvError, EpochError
+from dispatch_slurm.slurm import sitefile
 from support import allocate, cli, vectors
 
 ENV = vectors("env.json")
@@ -41,7 +42,7 @@ def test_siteconf_parse_and_errors(tmp_path):
         with pytest.raises(siteconf.SiteConfError, match=":1:"):
             siteconf.parse(bad)
     with pytest.raises(siteconf.SiteConfError, match="does not exist"):
-        siteconf.load(str(tmp_path / "nope.conf"))
+        sitefile.load(str(tmp_path / "nope.conf"))
 
 
 def slurm_env(root, **extra):

@@ -11,6 +11,7 @@ import tomllib
 import pytest
 
 from dispatch_slurm.contract import siteconf
+from dispatch_slurm.slurm import sitefile
 from support import REPO, build_spank, cli, vectors
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("make") is None,
@@ -92,9 +93,9 @@ def _bytes(segments) -> bytes:
 
 
 def _python(path: str) -> dict | str:
-    """siteconf.load's answer in the vectors' terms: the parsed result or the message."""
+    """sitefile.load's answer in the vectors' terms: the parsed result or the message."""
     try:
-        site = siteconf.load(path)
+        site = sitefile.load(path)
     except siteconf.SiteConfError as e:
         return str(e)
     return {"grace": site.grace, "exec_mode": f"{site.exec_mode:04o}", "accounts": site.account_grace}
@@ -134,7 +135,7 @@ def test_siteconf_files_both_parsers(contract, tmp_path, monkeypatch):
     monkeypatch.setattr(siteconf, "DEFAULT_PATH", missing)
     defaults = {"grace": 60, "exec_mode": "0700", "accounts": {}}
     assert _c(contract, missing, must_exist=False) == defaults
-    site = siteconf.load()
+    site = sitefile.load()
     assert (site.grace, site.exec_mode, site.account_grace) == (60, 0o700, {})
     for impl in (_python, _c):
         args = (contract,) if impl is _c else ()
@@ -154,17 +155,17 @@ def test_check_site_report(tmp_path, monkeypatch):
     monkeypatch.delenv("DISPATCH_SITE_CONF", raising=False)
     conf = tmp_path / "site.conf"
     conf.write_text("grace = 1000\ngrace.ml = 90\r\nexec_mode = 750  # group\n")
-    assert siteconf.check(str(conf)).splitlines() == [
+    assert sitefile.check(str(conf)).splitlines() == [
         f"{conf}: OK", "grace = 300  (site default, seconds; values above 300 read as 300)", "grace.ml = 90",
         "exec_mode = 0750"]
     monkeypatch.setattr(siteconf, "DEFAULT_PATH", str(tmp_path / "absent.conf"))
-    assert siteconf.check().splitlines()[:2] == [f"{tmp_path / 'absent.conf'}: not present, built-in defaults",
+    assert sitefile.check().splitlines()[:2] == [f"{tmp_path / 'absent.conf'}: not present, built-in defaults",
                                                   "grace = 60  (site default, seconds; values above 300 read as 300)"]
     conf.write_text("grace = 1\ngrace = 2\n")
     with pytest.raises(siteconf.SiteConfError, match=re.escape(f"{conf}:2: grace is already set on line 1")):
-        siteconf.check(str(conf))
+        sitefile.check(str(conf))
     monkeypatch.setenv("DISPATCH_SITE_CONF", str(conf))  # a user's variable: not what the hooks read
-    assert siteconf.check().startswith(f"{tmp_path / 'absent.conf'}: not present")
+    assert sitefile.check().startswith(f"{tmp_path / 'absent.conf'}: not present")
     bad = cli("check-site", conf)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"{conf}:2: grace is already set" in bad.stderr
     assert cli("check-site", conf.with_name("absent.conf")).returncode == 2

@@ -5,7 +5,8 @@ import sys
 
 import click
 
-from ..contract import names, siteconf
+from ..contract import names
+from ..slurm import sitefile
 from . import common
 
 
@@ -45,7 +46,7 @@ def check_site(path):
     """Validate a site.conf exactly as the SPANK plugin, the hooks and `env` read it
     (default: $DISPATCH_SITE_CONF, else /etc/dispatch-slurm/site.conf), and print the
     settings it gives. Exit 0 valid, 2 invalid (the line and the reason)."""
-    click.echo(siteconf.check(path), nl=False)
+    click.echo(sitefile.check(path), nl=False)
 
 
 COMMANDS = (ceased, check_site)

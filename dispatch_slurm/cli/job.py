@@ -13,6 +13,7 @@ from ..contract import env as envmod
 from ..contract import epoch as epochmod
 from ..contract import names, siteconf
 from ..errors import DispatchError
+from ..slurm import sitefile
 from ..store import epochs, jobs
 from . import common
 
@@ -40,7 +41,7 @@ def env_(fmt, no_mkdir, local):
     `submit` does, so a later execution outranks an earlier one; latest, publish, watch,
     the preemption handler and the integrations then work as in a job."""
     try:
-        site = siteconf.load()
+        site = sitefile.load()
         environ = _local_inputs() if local else jobs.fill(os.environ, site, create=not no_mkdir)
         values = envmod.compute(environ, site)
         epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]),
@@ -79,7 +80,7 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
     if sig is not None:
         sbatch_args = (_signal(inputs["DISPATCH_CHECKPOINT"], sig, grace), *sbatch_args)
     # refuse bad input before a submission number is spent
-    envmod.check_inputs(inputs, siteconf.load(), need_submission=False)
+    envmod.check_inputs(inputs, sitefile.load(), need_submission=False)
     n = store.allocate_submission(names.submission_dir(inputs["DISPATCH_CHECKPOINT"]))
     inputs["DISPATCH_SUBMISSION"] = str(n)
     export = "--export=ALL," + ",".join(inputs)  # names only: values come from the env

@@ -203,6 +203,18 @@ def attempt_epoch(attempt: str) -> int | None:
     return int(tail)
 
 
+def step_regex(pattern: str) -> re.Pattern:
+    """A ``--pattern`` (watch, gc) compiled: a regular expression with exactly one group,
+    the step. Checked here once, so both commands refuse a bad one in the same words."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise DispatchError(f"--pattern {pattern!r} is not a regular expression: {e}") from None
+    if regex.groups != 1:
+        raise DispatchError(f"--pattern {pattern!r} must have exactly one group (the step)")
+    return regex
+
+
 def step_of(path, pattern: str = STEP_PATTERN) -> int:
     """The step in a save's name (``checkpoint-<step>`` by default)."""
     m = re.fullmatch(pattern, os.path.basename(os.path.normpath(os.fspath(path))))

@@ -89,12 +89,7 @@ class Policy:
             raise DispatchError(f"--keep-every must be 1 or more steps, got {self.keep_every}")
         if self.min_age < 0:
             raise DispatchError(f"--min-age must be 0 or more seconds, got {self.min_age}")
-        try:
-            groups = re.compile(self.pattern).groups
-        except re.error as e:
-            raise DispatchError(f"--pattern {self.pattern!r} is not a regular expression: {e}") from None
-        if groups != 1:
-            raise DispatchError(f"--pattern {self.pattern!r} must have exactly one group (the step)")
+        names.step_regex(self.pattern)
 
 
 @dataclass

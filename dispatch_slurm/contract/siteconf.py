@@ -23,9 +23,10 @@ tests/vectors/siteconf.json, on bytes whatever their encoding:
 
 A malformed line is an error naming the file and line: a silently ignored setting
 would make the paths disagree. The plugin does not fail on it (that would fail every
-srun on the site): it refuses only the jobs that use --dispatch-* options."""
+srun on the site): it refuses only the jobs that use --dispatch-* options.
 
-import os
+This module parses and shows; slurm/sitefile.py reads the file (contract/ does no I/O)."""
+
 import re
 from dataclasses import dataclass, field
 
@@ -53,34 +54,6 @@ class Site:
     def default_grace(self, account: str | None) -> int:
         """Per-project default > site default, capped at GRACE_CAP."""
         return min(self.account_grace.get(account or "", self.grace), GRACE_CAP)
-
-
-def _where(path: str | None, env: bool = True) -> tuple[str, bool]:
-    """The file to read and whether it must exist (named by the caller or the env)."""
-    explicit = path or (os.environ.get("DISPATCH_SITE_CONF") if env else None)
-    return explicit or DEFAULT_PATH, bool(explicit)
-
-
-def _read(path: str, must_exist: bool) -> bytes | None:
-    """The file's bytes (one more than SIZE_MAX at most), or None for a missing default file."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(SIZE_MAX + 1)
-    except FileNotFoundError:
-        if must_exist:
-            raise SiteConfError(f"site config {path} does not exist") from None
-        return None
-    except OSError as e:
-        raise SiteConfError(f"site config {path}: {e.strerror}") from None
-
-
-def load(path: str | None = None, *, env: bool = True) -> Site:
-    """The site config at `path` (default: $DISPATCH_SITE_CONF if ``env``, else DEFAULT_PATH);
-    a missing default file means built-in defaults, a missing explicit file is an error.
-    The hooks pass ``env=False``: a job's environment must not choose the site's settings."""
-    path, must_exist = _where(path, env)
-    data = _read(path, must_exist)
-    return Site() if data is None else parse(data, path)
 
 
 def _shown(b: bytes) -> str:
@@ -128,15 +101,11 @@ def parse(text: str | bytes, path: str = "<site.conf>") -> Site:
     return Site(grace, accounts, mode)
 
 
-def check(path: str | None = None) -> str:
-    """What `dispatch-slurm check-site [PATH]` prints: the settings exactly as the hooks
-    (their --site-conf, else DEFAULT_PATH) and the SPANK plugin (its conf= argument,
-    default DEFAULT_PATH) read them. A bad file raises SiteConfError naming file:line:
-    the plugin then refuses every job that uses --dispatch-* options."""
-    path, must_exist = _where(path, env=False)
-    data = _read(path, must_exist)
-    site = Site() if data is None else parse(data, path)
-    head = f"{path}: not present, built-in defaults" if data is None else f"{path}: OK"
+def show(path: str, site: Site | None) -> str:
+    """The settings as `dispatch-slurm check-site` prints them; ``site`` None: the file
+    at ``path`` is not there (built-in defaults). slurm/sitefile.py reads the file."""
+    head = f"{path}: not present, built-in defaults" if site is None else f"{path}: OK"
+    site = site or Site()
     lines = [head, f"grace = {site.grace}  (site default, seconds; values above {GRACE_CAP} read as {GRACE_CAP})"]
     lines += [f"grace.{a} = {g}" for a, g in site.account_grace.items()]
     lines.append(f"exec_mode = {site.exec_mode:04o}")

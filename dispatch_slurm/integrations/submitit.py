@@ -72,6 +72,7 @@ from ..contract.names import attempt_epoch, attempt_parts, step_of
 from ..errors import DispatchError
 from ..runtime import preempt
 from ..store import epochs
+from ..store.durable import write_all
 
 OUTRANKED_EXIT = 3  # an execution that found a newer one of its job: it exits writing nothing
 
@@ -239,9 +240,7 @@ def _say(fd: int, text: str) -> None:
             stream.flush()
         except (AttributeError, ValueError, OSError):
             pass
-    data = text.encode()
-    while data:
-        data = data[os.write(fd, data):]
+    write_all(fd, text.encode())
 
 
 def own_result(result_pickle, epoch: int) -> Path:

@@ -50,12 +50,12 @@ RECORD_TYPES = ("started", "ended", "rule", "hold", "cessation", "release", "fin
 
 
 def _token(attempt: str) -> dict:
-    """cluster, job and (G, N, R) from an attempt token."""
+    """cluster, job and (G, N, R) from an attempt token, read by the contract's parser
+    (an exec folder not named like a token has no cluster or job)."""
     epoch = names.attempt_epoch(attempt)
-    head = attempt.rsplit(".", 1)[0]
-    cluster, _, job = head.rpartition(".")
+    cluster, job, _ = names.attempt_parts(attempt) or (None, None, None)
     g, n, r = decompose(epoch) if epoch is not None else (None, None, None)
-    return {"attempt": attempt, "epoch": epoch, "cluster": cluster, "job": int(job) if job.isdigit() else None,
+    return {"attempt": attempt, "epoch": epoch, "cluster": cluster, "job": job,
             "generation": g, "submission": n, "restart": r}
 
 

@@ -81,6 +81,7 @@ from ..contract.signals import SENTINEL
 from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
 from ..errors import DispatchError
 from ..store import events, s3
+from ..store.durable import write_all
 from ..store.roots import is_s3
 from . import distributed, probe
 
@@ -305,11 +306,7 @@ def _write(fd: int, text: str) -> None:
             stream.flush()
     except Exception:  # noqa: BLE001 -- reentrant call or closed stream
         pass
-    data = text.encode()
-    while data:
-        try:
-            data = data[os.write(fd, data):]
-        except InterruptedError:
-            continue
-        except OSError:
-            return
+    try:
+        write_all(fd, text.encode())  # os.write itself retries on EINTR (PEP 475)
+    except OSError:
+        return

@@ -32,7 +32,6 @@ import ctypes
 import errno
 import json
 import os
-import re
 import select
 import signal
 import struct
@@ -61,12 +60,7 @@ class Layout:
     """Which entries of the exec folder are saves, their step, and when one is complete."""
 
     def __init__(self, marker: str | None = None, pattern: str = names.STEP_PATTERN):
-        try:
-            self.regex = re.compile(pattern)
-        except re.error as e:
-            raise DispatchError(f"--pattern {pattern!r} is not a regular expression: {e}") from None
-        if self.regex.groups != 1:
-            raise DispatchError(f"--pattern {pattern!r} must have exactly one group (the step)")
+        self.regex = names.step_regex(pattern)
         if marker is not None and (not marker or "/" in marker or marker in (".", "..")):
             raise DispatchError(f"--marker {marker!r} must be a plain file name")
         self.marker = marker

@@ -44,7 +44,7 @@ from ..contract import names, siteconf
 from ..contract.signals import SENTINEL
 from ..errors import DispatchError
 from ..store import ceased, durable, epochs, events, jobs
-from . import cessation, cgroup, stdio
+from . import cessation, cgroup, sitefile, stdio
 from .client import Slurm, SlurmError
 from . import hostlist as hostlist_
 
@@ -240,7 +240,7 @@ def prolog(environ, site_conf: str | None = None) -> int:
         # is unknown here; the plugin's user_init / the TaskProlog create it per task.
         return 0
     try:
-        site = siteconf.load(site_conf, env=False)
+        site = sitefile.load(site_conf, env=False)
         values = envmod.compute(inputs, site)
     except DispatchError as e:
         log(f"user error, job will fail in its tasks: {e}")
@@ -276,7 +276,7 @@ def task_prolog(environ, out=sys.stdout, err=sys.stderr, site_conf: str | None =
     if not environ.get("DISPATCH_CHECKPOINT"):
         return 0
     try:
-        site = siteconf.load(site_conf, env=False)
+        site = sitefile.load(site_conf, env=False)
         values = envmod.compute(jobs.fill(environ, site), site)
         if any("\n" in v for v in values.values()):
             raise DispatchError("a DISPATCH_* value contains a newline")

@@ -74,8 +74,14 @@ def _open_existing_dir(name: str, parent_fd: int) -> int:
         raise _not_a_dir(e, name) from None
 
 
+def in_the_way(e: OSError) -> bool:
+    """A symlink (O_NOFOLLOW refuses it: ELOOP) or a file (ENOTDIR) where a folder was
+    asked for: the one test every caller makes before saying the protocol follows none."""
+    return e.errno in (errno.ELOOP, errno.ENOTDIR)
+
+
 def _not_a_dir(e: OSError, name: str) -> OSError:
-    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+    if in_the_way(e):
         return NotADirectoryError(e.errno, f"{name} is a symlink or not a directory")
     return e
 
@@ -153,22 +159,29 @@ def _sync_entry(name: str, dir_fd: int) -> None:
             os.close(fd)
 
 
-def walk_to(rel: str, root_fd: int) -> int:
-    """Open the folder holding ``rel`` (a canonical path under the root) without
-    following any symlink; the caller closes the returned fd (``root_fd`` itself is
-    returned, not a copy, when ``rel`` has one component)."""
-    fd = root_fd
+def walk(rel: str, root_fd: int) -> list[int]:
+    """[root_fd, an fd of each folder on the way to ``rel``] (a canonical path under the
+    root), never through a symlink: the one walk down a root. The caller closes all but
+    ``root_fd``; gc keeps them to remove the folders that its removal empties."""
+    fds = [root_fd]
     try:
         for part in rel.split("/")[:-1]:
-            nfd = open_dir(part, dir_fd=fd)
-            if fd != root_fd:
-                os.close(fd)
-            fd = nfd
+            fds.append(open_dir(part, dir_fd=fds[-1]))
     except BaseException:
-        if fd != root_fd:
+        for fd in fds[1:]:
             os.close(fd)
         raise
-    return fd
+    return fds
+
+
+def walk_to(rel: str, root_fd: int) -> int:
+    """Open the folder holding ``rel`` (``walk``'s last fd, the others closed); the caller
+    closes the returned fd (``root_fd`` itself is returned, not a copy, when ``rel`` has
+    one component)."""
+    fds = walk(rel, root_fd)
+    for fd in fds[1:-1]:
+        os.close(fd)
+    return fds[-1]
 
 
 def remove_tree(name: str, parent_fd: int) -> int:

@@ -11,7 +11,6 @@ an error naming it, never skipped, because a skipped entry could be the latest.
 Publishing itself (with its checks, the save's fsync and the event) is
 ``store.publish``: the one publish path."""
 
-import errno
 import os
 import stat
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from ..contract import layout, names
 from ..contract.names import Publication
 from ..errors import BadPath, StoreError
 from . import protocol
-from .durable import DirFds, create_new, ensure_dir, open_dir, walk_to
+from .durable import DirFds, create_new, ensure_dir, in_the_way, open_dir, walk_to
 
 
 def open_root(root: str) -> int:
@@ -54,7 +53,7 @@ def open_entry(root: str, root_fd: int, name: str, create: bool = False) -> int 
     except PermissionError:
         raise StoreError(f"{where}: permission denied (check its owner and mode)") from None
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        if in_the_way(e):
             raise StoreError(f"{where} is a symlink or not a directory; the protocol never "
                              "follows one (remove it)") from None
         raise StoreError(f"{where}: {e.strerror}") from None
@@ -100,7 +99,7 @@ def save_relpath(root: str, root_fd: int, save: str) -> str:
     except FileNotFoundError:
         raise BadPath(f"save {save} does not exist") from None
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        if in_the_way(e):
             raise BadPath(f"save {save}: a component is a symlink or not a folder; "
                           "a save must be a real folder or file inside the root") from None
         raise

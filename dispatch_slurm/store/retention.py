@@ -46,7 +46,7 @@ from ..contract.retention import (KEEP, REMOVE, Inventory, Policy, Save, Verdict
                                   retirement_record)
 from ..errors import BadPath
 from . import events, protocol, s3_retention
-from .durable import DirFds, create_new, open_dir, remove_tree
+from .durable import DirFds, create_new, in_the_way, open_dir, remove_tree, walk
 from .posix import check_owner, open_entry, open_root, publications, save_relpath
 from .roots import is_s3
 from .roots import latest as any_latest
@@ -93,11 +93,11 @@ def pins(root: str, root_fd: int) -> set[str]:
 
 def _measure(save: Save, root_fd: int) -> None:
     try:
-        parent = _walk(save.path, root_fd)
+        parent = walk(save.path, root_fd)
     except FileNotFoundError:
         return
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        if in_the_way(e):
             save.problem = "a component of its path is a symlink or not a folder: never followed"
             return
         raise
@@ -109,19 +109,6 @@ def _measure(save: Save, root_fd: int) -> None:
     finally:
         for fd in parent[1:]:
             os.close(fd)
-
-
-def _walk(rel: str, root_fd: int) -> list[int]:
-    """[root_fd, fd of each folder on the way to ``rel``], never through a symlink."""
-    fds = [root_fd]
-    try:
-        for part in rel.split("/")[:-1]:
-            fds.append(open_dir(part, dir_fd=fds[-1]))
-    except BaseException:
-        for fd in fds[1:]:
-            os.close(fd)
-        raise
-    return fds
 
 
 def _exec_folders(root: str, root_fd: int, saves: dict[str, Save], pattern: re.Pattern,
@@ -226,7 +213,7 @@ def _remove(path: str, root_fd: int) -> int:
     """Remove the save, then its folders up to exec/<attempt> while they are empty."""
     parts = path.split("/")
     try:
-        fds = _walk(path, root_fd)
+        fds = walk(path, root_fd)
     except FileNotFoundError:
         return 0
     try:
