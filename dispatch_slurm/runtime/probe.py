@@ -25,6 +25,7 @@ import os
 import socket
 import time
 
+from .. import store
 from . import distributed  # now, not inside a signal handler
 
 DIRNAME = "dispatch-probe"
@@ -36,7 +37,7 @@ def directory(environ=os.environ) -> str | None:
     if environ.get("DISPATCH_PROBE_DIR"):
         return environ["DISPATCH_PROBE_DIR"]
     exec_dir = environ.get("DISPATCH_EXEC_DIR")
-    if exec_dir and "://" not in exec_dir:  # an s3:// exec folder is no local path: no records there
+    if exec_dir and store.backend(exec_dir).local:  # an exec folder on S3 is no local path: no records there
         return os.path.join(exec_dir, DIRNAME)
     return None
 

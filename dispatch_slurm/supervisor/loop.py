@@ -16,9 +16,10 @@ from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
+from ..retention import Collector
 from ..slurm.client import JobInfo, Slurm, SlurmError
 from ..store import events
-from . import holds, requests, retention, rules
+from . import holds, requests, rules
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
 from .render import describe
@@ -60,7 +61,7 @@ class Supervisor:
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
-        self.gc = retention.Collector(root, self.slurm, clock)  # run --keep-last K
+        self.gc = Collector(root, self.slurm, clock, self.record.read)  # run --keep-last K
         # how _follow reads the job: Slurm itself, or the fleet's one read for every root
         # (fleet.Snapshot.find_job, which may answer NOT_ASKED: look at the next poll)
         self.lookup: Callable[[int], object] = self.slurm.find_job
