@@ -6,11 +6,15 @@ long to wait before the next; ``run()`` loops. Every decision is a fact in the r
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import store
 from ..contract import epoch as epochmod
@@ -53,7 +57,7 @@ class Supervisor:
         self.slurm = slurm or Slurm()
         self.poll = poll
         self.clock, self.sleep, self.say = clock, sleep, say
-        self.ask = ask or (lambda h: holds.ask_command(h, self.root, self.state.cluster))
+        self.ask = ask or (lambda h: ask_command(h, self.root, self.state.cluster))
         self.record = Record(root, clock)
         self.state = State()
         self.claim: Optional[Claim] = None
@@ -157,48 +161,44 @@ class Supervisor:
                 "submit": self._submit, "follow": self._follow}[action]() or 0
 
     def _open_hold(self) -> None:
-        h = self.fact("hold", **holds.opened(self.state, self.state.hold_needed, self.clock()))
-        self._event("hold", h, replaces=h["replaces"], job=h["job"], until=h["until"])
+        h = self._record(None, "hold", holds.opened(self.state, self.state.hold_needed, self.clock()))
         self.say(holds.announcement(h, self.root))
 
-    def _apply_release(self) -> None:
-        h = self.state.pending_apply
-        if h["replaces"] == "requeue" and h.get("slurm_held"):
-            try:
-                self.slurm.release(h["job"])
-            except SlurmError as e:
-                self.fact("note", text=f"scontrol release {h['job']} failed: {e}")
-        self.fact("rule", **holds.applied(self.state, h))
+    def _record(self, h: Optional[dict], type_: str, fields: dict) -> dict:
+        """Record a fact of hold ``h`` (None: the hold fact itself) and write the event it
+        is also (holds.event)."""
+        f = self.fact(type_, **fields)
+        h = h or f
+        ev = holds.event(f)
+        if ev is not None:
+            events.record(type_, root=self.root, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **ev)
+        return f
 
-    def _event(self, type_: str, h: dict, **fields) -> None:
-        events.record(type_, root=self.root, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **fields)
+    def _apply_release(self) -> None:
+        fact, release = holds.applied(self.state, self.state.pending_apply)
+        if release is not None:  # the requeue Slurm was told to hold
+            try:
+                self.slurm.release(release)
+            except SlurmError as e:
+                self.fact("note", text=f"scontrol release {release} failed: {e}")
+        self.fact("rule", **fact)
 
     def _look_at_hold(self) -> float:
-        """One look at the standing hold: a person's release, the cessation signal when due,
-        or its expiry; the seconds until the next look."""
-        st = self.state
-        h = st.hold
+        """One look at the standing hold (holds.look): the inputs are a person's release
+        entry, the clock and, when the rules ask for it, the cessation signal's answer;
+        the seconds until the next look."""
+        h = self.state.hold
         req = requests.read(self.root, f"release.{h['hold']}")
-        if req is not None:
-            self.fact("release", **holds.released_by_person(h, req))
-            self._event("release", h, by="person")
-            return 0
-        now = self.clock()
-        if holds.due(st, h, now, self.asked_this_run):
-            ans = self.ask(h)
+        look = holds.look(self.state, self.clock(), self.poll, self.root, req, asked_this_run=self.asked_this_run)
+        if look.ask:
+            answer = self.ask(h)
             self.asked_this_run = True
-            self.fact("cessation", hold=h["hold"], job=h["job"], r=h["r"], **ans)
-            self._event("cessation", h, answer=ans["answer"], source="supervisor")
-            if ans["answer"] == "ceased":
-                self.fact("release", hold=h["hold"], by="cessation signal")
-                self._event("release", h, by="cessation signal")
-                return 0
-            now = self.clock()
-        if now >= h["until"]:
-            fact, finish = holds.expired(st, h, self.root)
-            self.fact("hold_expired", **fact)
-            self.finish(*finish)
-        return holds.next_look(st, h, now, self.poll)
+            look = holds.look(self.state, self.clock(), self.poll, self.root, req, answer, asked_this_run=True)
+        for type_, fields in look.facts:
+            self._record(h, type_, fields)
+        if look.finish:
+            self.finish(*look.finish)
+        return look.wait
 
     def _stop(self, req: dict) -> None:
         """A person asked to stop: record it, cancel the job if it may still run, then
@@ -317,25 +317,27 @@ class Supervisor:
     # -- rules ----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        """Record the rule for the ended execution (rules.decide), then act on it."""
-        st, defn = self.state, self.state.defn
+        """Record the rule for the ended execution (rules.cause_of, rules.decide), then act on it."""
+        st = self.state
         ended = st.pending_decision
-        if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
-            self.fact("gc", **self.gc.run(defn["keep_last"]))
+        if st.defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
+            self.fact("gc", **self.gc.run(st.defn["keep_last"]))
         cause = rules.cause_of(ended, self._signalled(ended), os.geteuid())
-        latest = self._latest_step() if rules.RULE_OF[cause] in ("continue", "resubmit") else None
-        d = rules.decide(st, ended, cause, latest, self.root)
+        d = rules.decide(st, ended, cause, self._latest_step() if rules.wants_latest(cause) else None, self.root)
         fact = d.fact
-        if fact["rule"] == "requeue" and defn["shared"]:
-            try:  # Slurm requeued a shared-checkpoint job anyway: keep it from starting
-                self.slurm.hold(ended["job"])
-                fact = {**fact, "held": True, "slurm_held": True}
-            except SlurmError as e:
-                fact = {**fact, "held": False, "warning": f"Slurm requeued this shared-checkpoint job and it "
-                        f"could not be held ({e}); its executions may overlap"}
+        if d.slurm_hold:  # keep it from starting: the hold applies
+            fact = rules.held_in_slurm(fact, self._slurm_hold(ended["job"]))
         self.fact("rule", **fact)
         if d.finish:
             self.finish(*d.finish)
+
+    def _slurm_hold(self, job: int) -> Optional[str]:
+        """`scontrol hold` the job: None when it did, else Slurm's error."""
+        try:
+            self.slurm.hold(job)
+        except SlurmError as e:
+            return str(e)
+        return None
 
     def _signalled(self, ended: dict) -> bool:
         """Whether the ended execution saw a signal and saved for it: its handler's
@@ -386,3 +388,32 @@ class Supervisor:
             self.fact("rule", rule="supersede", cause="supersession", held=True, job=old_job,
                       r=started["r"], execution={k: started.get(k) for k in
                                                  ("g", "n", "epoch", "attempt", "nodes", "start_time")})
+
+
+def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:
+    """Run the site's cessation command for the held execution: exit 0 ceased, 1 not
+    ceased, anything else (or no answer in time) cannot tell."""
+    values = {"job": h["job"], "restart": h["r"], "root": root, "generation": h.get("g"),
+              "submission": h.get("n"), "epoch": h.get("epoch"), "attempt": h.get("attempt"),
+              "cluster": cluster, "nodes": ",".join(h.get("nodes") or []),
+              "started": h.get("start_time")}
+    values = {k: "" if v is None else str(v) for k, v in values.items()}
+    argv = [part.format(**values) for part in shlex.split(h["cessation_cmd"])]
+    if argv[0] == "dispatch-slurm" and shutil.which("dispatch-slurm") is None:
+        argv[:1] = [sys.executable, "-m", "dispatch_slurm"]  # e.g. run from a venv not on PATH
+    timeout = max(30.0, h["interval"])
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError as e:
+        return {"answer": "unknown", "exit": None, "error": f"{argv[0]}: not found ({e})"}
+    except subprocess.TimeoutExpired:
+        return {"answer": "unknown", "exit": None, "error": f"no answer within {timeout:g} s"}
+    answer = {0: "ceased", 1: "not_ceased"}.get(p.returncode, "unknown")
+    out: dict[str, Any] = {"answer": answer, "exit": p.returncode}
+    try:
+        out["evidence"] = json.loads(p.stdout)
+    except ValueError:
+        out["output"] = p.stdout.strip()[-1000:]
+    if p.stderr.strip():
+        out["stderr"] = p.stderr.strip()[-500:]
+    return out

@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional
 from ..contract import epoch, names
 from ..contract.signals import signal_option
 from ..errors import DispatchError
+from . import holds
 from .render import fmt_duration
 from .state import State
 
@@ -195,6 +196,15 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def hold_table() -> str:
+    """The hold's stages as docs/supervisor.md shows them (tests/test_docs.py checks it)."""
+    rows = ["| while a hold stands | then |", "|---|---|"]
+    rows += [f"| {r['when']} | {r['then']} |" for r in holds.stages(
+        f"`--cessation-interval` (default {fmt_duration(DEFAULTS['cessation_interval'])})",
+        f"`--hold-for` (default {fmt_duration(DEFAULTS['hold_for'])})")]
+    return "\n".join(rows)
+
+
 def next_action(st: State) -> Optional[str]:
     """What the supervisor does next, from the state alone (None: nothing, a bug)."""
     if st.stopping is not None and not st.intent_open and not st.pending_decision and \
@@ -245,9 +255,26 @@ def observe(st: State, j) -> Optional[tuple[str, dict]]:
 
 
 class Decision(NamedTuple):
-    """The rule fact to record (``fact``) and, when the job is over, (outcome, message)."""
+    """The rule fact to record (``fact``) and, when the job is over, (outcome, message);
+    ``slurm_hold``: `scontrol hold` the job first, and record the fact ``held_in_slurm``
+    makes of the outcome (Slurm requeued a shared-checkpoint job anyway)."""
     fact: dict
     finish: Optional[tuple[str, str]] = None
+    slurm_hold: bool = False
+
+
+def held_in_slurm(fact: dict, error: Optional[str]) -> dict:
+    """The requeue rule fact once `scontrol hold` was tried: ``error`` None when it held
+    the job (the hold applies as to any recovery), else what Slurm said."""
+    if error is None:
+        return {**fact, "held": True, "slurm_held": True}
+    return {**fact, "held": False, "warning": f"Slurm requeued this shared-checkpoint job and it could not be "
+                                              f"held ({error}); its executions may overlap"}
+
+
+def wants_latest(cause: str) -> bool:
+    """Whether the rule for ``cause`` weighs progress: the latest published step, read for ``decide``."""
+    return RULE_OF[cause] in ("continue", "resubmit")
 
 
 def cause_of(ended: dict, signalled: bool, uid: int) -> str:
@@ -292,7 +319,7 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
                         f"job's own user means stop, so nothing is resubmitted (`dispatch-slurm supersede {root}` "
                         "starts it again)"))
     if rule == "requeue":
-        return Decision({"rule": "requeue", **ref})
+        return Decision({"rule": "requeue", **ref}, slurm_hold=bool(defn["shared"]))
     if rule == "done":
         return Decision({"rule": "done", **ref}, ("done", f"job {job} completed"))
     if rule == "fail":
@@ -344,15 +371,6 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
                        then="cannot happen: submitted with --no-requeue, so Slurm ends the job and the other "
                             "rules apply; should Slurm requeue it anyway, `scontrol hold` and HOLD")
         rows.append(row)
-    hold = None
-    if shared:
-        hold = {"hold_for": defn["hold_for"], "cessation_interval": defn["cessation_interval"],
-                "cessation_cmd": defn["cessation_cmd"],
-                "text": f"the checkpoint is shared, so a new execution must not start while the old one may "
-                        f"still write: each recovery waits up to {fmt_duration(defn['hold_for'])} for "
-                        f"`dispatch-slurm release {root}` or a 'ceased' answer of the cessation signal, asked "
-                        f"every {fmt_duration(defn['cessation_interval'])}: {defn['cessation_cmd']}; "
-                        f"unanswered, the job stays held and the supervisor exits 3"}
     argv, env = sbatch_argv(defn, root, defn["g"], 1, submission_tag(root, defn["g"], 1))
     shown = ["sbatch", "--parsable", *(a.replace("=1", "=<N>") if a.startswith("--dispatch-submission")
                                        else a.replace(":n1", ":n<N>") for a in argv)]
@@ -368,5 +386,18 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
             "resubmit_budget": defn["resubmit"], "budget_left": left,
             "continuations_budget": defn.get("continuations", DEFAULTS["continuations"]), "continuations_left": conts,
             "via": defn["via"],
-            "sbatch": shown, "env": env, "rules": rows, "hold": hold, "notes": notes,
+            "sbatch": shown, "env": env, "rules": rows, "hold": _hold_plan(defn, root) if shared else None,
+            "notes": notes,
             "state": state.summary() if state else "not started"}
+
+
+def _hold_plan(defn: dict, root: str) -> dict:
+    """The plan's hold: the job's values and the stages a hold goes through (holds.STAGES)."""
+    interval, hold_for = fmt_duration(defn["cessation_interval"]), fmt_duration(defn["hold_for"])
+    return {"hold_for": defn["hold_for"], "cessation_interval": defn["cessation_interval"],
+            "cessation_cmd": defn["cessation_cmd"],
+            "text": f"the checkpoint is shared, so a new execution must not start while the old one may "
+                    f"still write: each recovery waits up to {hold_for} for `dispatch-slurm release {root}` or a "
+                    f"'ceased' answer of the cessation signal, asked every {interval}: {defn['cessation_cmd']}; "
+                    f"unanswered, the job stays held and the supervisor exits 3",
+            "stages": holds.stages(interval, hold_for)}
