@@ -69,6 +69,7 @@ class Supervisor:
         # (fleet.Snapshot.find_job, which may answer NOT_ASKED: look at the next poll)
         self.lookup: Callable[[int], object] = self.slurm.find_job
         self.seen: Optional[JobInfo] = None  # Slurm's last answer about the job (fleet.hot)
+        self.quiet = False  # that answer said nothing new (rules.next_action: the gc's second chance)
 
     # -- record ---------------------------------------------------------------------------
 
@@ -151,14 +152,14 @@ class Supervisor:
             if req is not None:
                 self._stop(req)
                 return 0
-        action = rules.next_action(st)
+        action = rules.next_action(st, self.quiet)
         if action == "stopped":
             self.finish("stopped", stopped_message(st))
         if action is None:
             raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
-        return {"open_hold": self._open_hold, "hold": self._look_at_hold, "decide": self._decide,
+        return {"open_hold": self._open_hold, "hold": self._look_at_hold, "gc": self._gc, "decide": self._decide,
                 "apply_release": self._apply_release, "recover_intent": self._recover_intent,
-                "submit": self._submit, "follow": self._follow}[action]() or 0
+                "submit": self._submit, "gc_again": self._gc_again, "follow": self._follow}[action]() or 0
 
     def _open_hold(self) -> None:
         h = self._record(None, "hold", holds.opened(self.state, self.state.hold_needed, self.clock()))
@@ -291,8 +292,9 @@ class Supervisor:
 
     def _follow(self) -> float:
         """Ask Slurm about the job and record what changed (rules.observe); when nothing
-        did, the `run --keep-last` collection's second chance, then wait a poll."""
+        did, say so (``quiet``: rules.next_action may call for the gc's second chance)."""
         st = self.state
+        self.quiet = False
         try:
             j = self.lookup(st.job)
         except SlurmError as e:
@@ -309,7 +311,20 @@ class Supervisor:
                 fields["cancelled_by"] = self.slurm.cancelled_by(j.job_id)
             self.fact(type_, **fields)
             return 0
-        again = self.gc.again(st.defn)
+        self.quiet = True
+        return 0 if rules.next_action(st, True) == "gc_again" else self.poll
+
+    # -- `run --keep-last K` ----------------------------------------------------------------
+
+    def _gc(self) -> None:
+        """After an execution ended, before its rule: gc before the next execution writes more."""
+        self.fact("gc", **self.gc.run(self.state.defn["keep_last"]))
+
+    def _gc_again(self) -> float:
+        """The collection's second chance while the job runs (retention.Collector.again
+        says whether a gc is due), then wait a poll."""
+        self.quiet = False
+        again = self.gc.again(self.state.defn)
         if again:
             self.fact("gc", **again)
         return self.poll
@@ -320,8 +335,6 @@ class Supervisor:
         """Record the rule for the ended execution (rules.cause_of, rules.decide), then act on it."""
         st = self.state
         ended = st.pending_decision
-        if st.defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
-            self.fact("gc", **self.gc.run(st.defn["keep_last"]))
         cause = rules.cause_of(ended, self._signalled(ended), os.geteuid())
         d = rules.decide(st, ended, cause, self._latest_step() if rules.wants_latest(cause) else None, self.root)
         fact = d.fact

@@ -205,14 +205,19 @@ def hold_table() -> str:
     return "\n".join(rows)
 
 
-def next_action(st: State) -> Optional[str]:
-    """What the supervisor does next, from the state alone (None: nothing, a bug)."""
+def next_action(st: State, quiet: bool = False) -> Optional[str]:
+    """What the supervisor does next, from the state (None: nothing, a bug) and ``quiet``:
+    Slurm was just asked about the job and said nothing new, the `run --keep-last`
+    collection's turn (its second chance while the job runs; ``gc`` is the one after an
+    execution ended, before its rule)."""
     if st.stopping is not None and not st.intent_open and not st.pending_decision and \
             (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
         return "stopped"
-    for due, action in ((st.hold_needed, "open_hold"), (st.hold, "hold"), (st.pending_decision, "decide"),
-                        (st.pending_apply, "apply_release"), (st.intent_open, "recover_intent"),
-                        (st.need_submit, "submit"), (st.job is not None, "follow")):
+    collects = bool(st.defn.get("keep_last"))
+    for due, action in ((st.hold_needed, "open_hold"), (st.hold, "hold"), (st.gc_pending, "gc"),
+                        (st.pending_decision, "decide"), (st.pending_apply, "apply_release"),
+                        (st.intent_open, "recover_intent"), (st.need_submit, "submit"),
+                        (st.job is not None and quiet and collects, "gc_again"), (st.job is not None, "follow")):
         if due:
             return action
     return None
