@@ -780,6 +780,43 @@ def test_the_keep_last_collection_is_a_step_of_its_own():
     assert rules.next_action(st) == "decide"
 
 
+def test_sbatch_failures_give_up_after_the_tries_or_at_once_when_the_first_test_refuses():
+    st = State(defs={0: defn()}, g=0)
+    assert rules.give_up(st) is None
+    st.apply({"type": "submit_failed", "t": 1.0, "g": 0, "error": "invalid partition", "test_only": True})
+    assert rules.give_up(st) == "sbatch failed 1 time(s): invalid partition", "the job's own arguments are wrong"
+    st.submitted_in_g = 1  # a resubmission: Slurm may be busy, try again
+    assert rules.give_up(st) is None
+    for _ in range(rules.SUBMIT_TRIES - 1):
+        st.apply({"type": "submit_failed", "t": 2.0, "g": 0, "error": "timeout"})
+    assert rules.give_up(st) == f"sbatch failed {rules.SUBMIT_TRIES} time(s): timeout"
+
+
+def test_an_intent_is_recovered_from_the_job_slurm_holds_or_lost():
+    st = State(defs={0: defn()}, g=0, n=2, tag="dispatch-slurm:/r:g0:n2")
+    got, wait = rules.recovered(st, [105, 104], refused=False)
+    assert got[0] == ("submitted", {"g": 0, "n": 2, "job": 104, "tag": st.tag, "recovered": True}) and not wait
+    assert got[1][0] == "note" and "job 105 also carries tag" in got[1][1]["text"] and len(got) == 2
+    assert rules.recovered(st, [], refused=True) == (
+        (("intent_lost", {"g": 0, "n": 2, "tag": st.tag, "reuse": True}),), False), "sbatch refused: N again"
+    st.submit_failures = 1
+    assert rules.recovered(st, [], refused=False) == (
+        (("intent_lost", {"g": 0, "n": 2, "tag": st.tag, "reuse": False}),), True), "after a failure: a poll first"
+
+
+def test_a_supersession_of_a_shared_checkpoint_job_that_ran_is_held():
+    ran = {"job": 100, "r": 1, "g": 0, "n": 1, "epoch": 1_000_001, "attempt": "a", "nodes": ["c1"], "start_time": 5}
+    old = State(defs={0: defn(shared=True)}, g=0, n=1, job=100, started=ran)
+    f = rules.supersession(old, defn(), "RUNNING")
+    assert (f["rule"], f["cause"], f["held"], f["job"], f["r"]) == ("supersede", "supersession", True, 100, 1)
+    assert f["execution"] == {k: ran[k] for k in ("g", "n", "epoch", "attempt", "nodes", "start_time")}
+    assert rules.supersession(old, defn(), None) is None, "Slurm was not asked: no job"
+    unshared = State(defs={0: defn()}, g=0, n=1, job=100, started=ran)
+    assert rules.supersession(unshared, defn(), "RUNNING") is None
+    assert rules.supersession(unshared, defn(shared=True), "COMPLETED")["held"], "the new generation shares it"
+    assert rules.supersession(State(defs={0: defn(shared=True)}, g=0, n=1, job=100), defn(), "PENDING") is None
+
+
 class Collector:
     """Stands in for retention.Collector: counts the calls; ``again`` retires a save once."""
 
