@@ -26,7 +26,7 @@ from . import holds, requests, retention, rules
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
 from .render import describe
-from .rules import SUBMIT_TRIES, sbatch_argv, stopped_message, submission_tag
+from .rules import sbatch_argv, stopped_message, submission_tag
 from .state import State
 
 # Exit codes of `run` / `supersede`.
@@ -231,9 +231,9 @@ class Supervisor:
         st, defn = self.state, self.state.defn
         if defn.get("cwd") and os.path.isdir(defn["cwd"]) and os.getcwd() != defn["cwd"]:
             os.chdir(defn["cwd"])  # sbatch finds the script where the job was defined (many roots: each its own)
-        first_and_bad = st.submitted_in_g == 0 and st.refused_by_test  # the sbatch arguments are wrong
-        if st.submit_failures >= (1 if first_and_bad else SUBMIT_TRIES):
-            self.finish("failed", f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}")
+        why = rules.give_up(st)
+        if why is not None:
+            self.finish("failed", why)
         n = st.retry_n
         if n is None:
             argv, env = sbatch_argv(defn, self.root, st.g, 1, submission_tag(self.root, st.g, 1))
@@ -261,27 +261,20 @@ class Supervisor:
 
     def _recover_intent(self, refused: bool = False) -> float:
         """An intent without a job id: sbatch may or may not have queued the job. Slurm
-        knows (the tag is the job's comment): record the job, or that the intent was lost.
-        After a crash a fresh N is allocated: reusing N for a job that may have run (and
-        been purged since) would give two executions one epoch. Right after sbatch itself
-        refused (``refused``), no job used N, and N is reused. sacct is asked too, for a job
-        that ended and left slurmctld's memory while no supervisor ran; the minute of slack
-        covers clocks that disagree."""
+        knows (the tag is the job's comment): record what rules.recovered makes of its
+        answer (``refused``: right after sbatch itself refused). sacct is asked too, for a
+        job that ended and left slurmctld's memory while no supervisor ran; the minute of
+        slack covers clocks that disagree."""
         st = self.state
         try:
-            found = sorted(self.slurm.jobs_with_comment(st.tag, since=(st.intent_t or 0) - 60),
-                           key=lambda j: j.job_id)
+            found = [j.job_id for j in self.slurm.jobs_with_comment(st.tag, since=(st.intent_t or 0) - 60)]
         except SlurmError as e:
             self._slurm_trouble(e)
             return self.poll
-        if found:
-            self.fact("submitted", g=st.g, n=st.n, job=found[0].job_id, tag=st.tag, recovered=True)
-            for extra in found[1:]:  # cannot happen with one sbatch per intent; say so if it does
-                self.fact("note", text=f"job {extra.job_id} also carries tag {st.tag}; following "
-                                       f"{found[0].job_id} only")
-            return 0
-        self.fact("intent_lost", g=st.g, n=st.n, tag=st.tag, reuse=refused)
-        return self.poll if st.submit_failures else 0
+        got, wait = rules.recovered(st, found, refused)
+        for type_, fields in got:
+            self.fact(type_, **fields)
+        return self.poll if wait else 0
 
     # -- following the job ----------------------------------------------------------------
 
@@ -381,8 +374,7 @@ class Supervisor:
     def supersede(self, defn: dict) -> None:
         """After open(takeover=True) and start(None): end generation G, begin G+1."""
         st = self.state
-        old_g, old_job, started = st.g, st.job, st.started
-        old_shared = st.defn.get("shared", False)
+        old_g, old_job = st.g, st.job
         cancelled, state = False, None
         if old_job is not None:
             try:
@@ -393,14 +385,11 @@ class Supervisor:
             if j is not None and not j.ended:
                 self.slurm.cancel(old_job)
                 cancelled = True
+        held = rules.supersession(st, defn, state)  # from G's state, before G+1's facts replace it
         self.fact("superseded", from_g=old_g, to_g=old_g + 1, job=old_job, state=state, cancelled=cancelled)
         self.fact("job", **{**defn, "g": old_g + 1})
-        if (old_shared or defn["shared"]) and started is not None and state is not None:
-            # the old execution may still write into the shared folder: the new
-            # generation's first submission is a recovery like any other
-            self.fact("rule", rule="supersede", cause="supersession", held=True, job=old_job,
-                      r=started["r"], execution={k: started.get(k) for k in
-                                                 ("g", "n", "epoch", "attempt", "nodes", "start_time")})
+        if held is not None:
+            self.fact("rule", **held)
 
 
 def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:

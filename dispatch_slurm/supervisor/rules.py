@@ -160,6 +160,41 @@ def submission_tag(root: str, g: int, n: int) -> str:
     return f"dispatch-slurm:{root}:g{g}:n{n}"
 
 
+def give_up(st: State) -> Optional[str]:
+    """Why the next submission is not tried (the finish's message), or None: SUBMIT_TRIES
+    sbatch failures in a row, or one when `sbatch --test-only` refused the generation's
+    first submission (the sbatch arguments are wrong)."""
+    first_and_bad = st.submitted_in_g == 0 and st.refused_by_test
+    if st.submit_failures >= (1 if first_and_bad else SUBMIT_TRIES):
+        return f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}"
+    return None
+
+
+def recovered(st: State, found: list[int], refused: bool) -> tuple[tuple[tuple[str, dict], ...], bool]:
+    """The facts for an intent without a job id, given the jobs Slurm holds with its tag
+    (``found``), and whether to wait a poll before the next step. None found: the intent
+    is lost, and its N is used again only when sbatch itself ``refused`` it (no job used
+    it); after a crash a fresh N, since a job that ran with it may have been purged."""
+    ref = {"g": st.g, "n": st.n, "tag": st.tag}
+    if not found:
+        return (("intent_lost", {**ref, "reuse": refused}),), bool(st.submit_failures)
+    first, *extra = sorted(found)
+    notes = tuple(("note", {"text": f"job {j} also carries tag {st.tag}; following {first} only"}) for j in extra)
+    return (("submitted", {"g": st.g, "n": st.n, "job": first, "tag": st.tag, "recovered": True}), *notes), False
+
+
+def supersession(st: State, defn: dict, state: Optional[str]) -> Optional[dict]:
+    """The rule fact a supersession records after generation G's (``st``, ``state``:
+    Slurm's state of its job, None when it had none) when G or G+1 (``defn``) shares the
+    checkpoint and G's job ran: the old execution may still write into the one folder,
+    so G+1's first submission is a recovery like any other, held. None otherwise."""
+    started = st.started
+    if not (st.defn.get("shared") or defn["shared"]) or started is None or state is None:
+        return None
+    return {"rule": "supersede", "cause": "supersession", "held": True, "job": st.job, "r": started["r"],
+            "execution": {k: started.get(k) for k in ("g", "n", "epoch", "attempt", "nodes", "start_time")}}
+
+
 # -- what an ended execution leads to ------------------------------------------------------
 #
 # One table, read three ways: ``cause_of`` + ``decide`` (the loop), ``plan`` (what a person
