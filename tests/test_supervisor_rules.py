@@ -718,6 +718,8 @@ def test_a_ceased_answer_releases_the_hold():
     assert look.stage == "ceased" and look.finish is None and look.wait == 0
     assert look.facts == (("cessation", {"hold": 1, "job": 100, "r": 0, **CEASED}),
                           ("release", {"hold": 1, "by": "cessation signal"}))
+    assert [holds.event({"type": t, **f}) for t, f in look.facts] == [
+        {"answer": "ceased", "source": "supervisor"}, {"by": "cessation signal"}], "the events/ lines report reads"
 
 
 def test_any_other_answer_is_recorded_and_the_hold_waits_for_the_next_question():

@@ -1,7 +1,10 @@
 """The rules: what the supervisor submits and what it does when an execution ends.
 
-Pure functions of a job definition (the ``job`` fact) and the state: the plan a person
-reads (``plan``) and the supervisor's loop (supervisor/loop.py) apply the same rules."""
+Pure functions of a job definition (the ``job`` fact), the state and what was observed
+(Slurm's answer, the latest publication, sbatch's): the plan a person reads (``plan``),
+the supervisor's loop (supervisor/loop.py, which only reads the inputs, records the facts
+these return and acts) and docs/supervisor.md apply the same rules. The hold's part of
+the table is holds.py."""
 
 from __future__ import annotations
 
