@@ -169,7 +169,7 @@ def _folders(st: store.Store, inv: store.Inventory) -> dict[str, dict]:
     under exec/, from the inventory, with the Epilogs' entries under ceased/."""
     out = {a: {"first": f.first, "last": f.last, "saves": _steps(f.entries), "ceased": []}
            for a, f in sorted(inv.folders.items())}
-    for entry in st.names(layout.CEASED):
+    for entry in st.listing(layout.CEASED):
         for attempt, info in out.items():
             if entry.startswith(attempt + "."):
                 info["ceased"].append(entry[len(attempt) + 1:])

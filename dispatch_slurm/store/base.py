@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from ..contract import layout, names
-from ..contract.names import STEP_PATTERN, Publication
+from ..contract.names import Publication
 from ..errors import BadPath, StoreError
 from . import inventory, protocol
 
@@ -63,7 +63,7 @@ class Store:
         """Ask a remote store once whether the root answers (the bucket exists, the
         credentials work), so that a problem there is said as such, not as a missing entry."""
 
-    def names(self, folder: str) -> list[str]:
+    def listing(self, folder: str) -> list[str]:
         """Every entry of the protocol folder ``folder`` (pub/, sub/, retired/...); [] when
         it does not exist."""
         raise NotImplementedError
@@ -153,7 +153,7 @@ class Store:
         raise NotImplementedError
 
     # gc
-    def inventory(self, pattern: str = STEP_PATTERN) -> inventory.Inventory:
+    def inventory(self, pattern: str = names.STEP_PATTERN) -> inventory.Inventory:
         """What is under the root (inventory.py), with sizes: bytes on disk, on S3 bytes stored."""
         raise NotImplementedError
 
@@ -207,13 +207,13 @@ class Store:
 
     def publications(self) -> list[Publication]:
         """All publications, ordered by (epoch, step), ties broken by name."""
-        return protocol.publications(self.names(layout.PUB), self.where(layout.PUB), self.mv)
+        return protocol.publications(self.listing(layout.PUB), self.where(layout.PUB), self.mv)
 
     def latest(self) -> Optional[Publication]:
         """The publication with the greatest (epoch, step) a person has not retired, or
         None; a latest gc retired is an error (protocol.latest)."""
-        return protocol.latest(self.names(layout.PUB), self.root, lambda name: self.read(layout.RETIRED, name),
-                               lambda: self.names(layout.RETIRED), self.mv)
+        return protocol.latest(self.listing(layout.PUB), self.root, lambda name: self.read(layout.RETIRED, name),
+                               lambda: self.listing(layout.RETIRED), self.mv)
 
     def allocate_submission(self) -> int:
         """The next submission number N under ``sub/``, lock-free: max+1 created if absent,
@@ -221,12 +221,12 @@ class Store:
         one N, hence one epoch, to two submissions). Only under a root the user owns."""
         with self:
             self.owned()
-            return protocol.allocate(self.names(layout.SUB), lambda name: self.create(layout.SUB, name),
+            return protocol.allocate(self.listing(layout.SUB), lambda name: self.create(layout.SUB, name),
                                      self.where(layout.SUB))
 
     def pins(self) -> set[str]:
         where = self.where(layout.PINNED)
-        return {names.parse_path_name(e, where) for e in self.names(layout.PINNED)}
+        return {names.parse_path_name(e, where) for e in self.listing(layout.PINNED)}
 
     def pin(self, save) -> tuple[str, bool]:
         """Pin ``save`` (a save or a folder of saves under the root) so gc never removes it;
@@ -245,7 +245,7 @@ class Store:
         """Around the publication of another execution's save: pin it, refuse it if gc has
         retired it, unpin it once published if the pin was ours (protocol.adopting)."""
         name = names.path_name(rel)
-        with protocol.adopting(rel, lambda: self.create(layout.PINNED, name), lambda: self.names(layout.RETIRED),
+        with protocol.adopting(rel, lambda: self.create(layout.PINNED, name), lambda: self.listing(layout.RETIRED),
                                lambda: self.delete(layout.PINNED, name), self.where(layout.RETIRED)):
             yield
 
@@ -261,7 +261,7 @@ class Store:
 
     def retired_state(self) -> tuple[set[str], dict[str, dict]]:
         """Every retired/ name, and those a person retired (with who and why)."""
-        marks = self.names(layout.RETIRED)
+        marks = self.listing(layout.RETIRED)
         return set(marks), self.by_person(marks)
 
     def by_person(self, marks: list[str]) -> dict[str, dict]:

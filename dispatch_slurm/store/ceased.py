@@ -36,7 +36,7 @@ def record(root: str, attempt: str, node: str, evidence: dict | None = None, nod
 def nodes(root: str, attempt: str) -> set[str]:
     """The nodes whose Epilog recorded that this execution's processes are gone."""
     prefix = f"{attempt}."
-    return {e[len(prefix):] for e in at(root).names(layout.CEASED) if e.startswith(prefix)}
+    return {e[len(prefix):] for e in at(root).listing(layout.CEASED) if e.startswith(prefix)}
 
 
 def _evidence(data: bytes | None) -> dict:
@@ -54,7 +54,7 @@ def entries(root: str, attempt: str) -> dict[str, dict]:
     out: dict[str, dict] = {}
     prefix = f"{attempt}."
     with st:
-        for n in (e[len(prefix):] for e in st.names(layout.CEASED) if e.startswith(prefix)):
+        for n in (e[len(prefix):] for e in st.listing(layout.CEASED) if e.startswith(prefix)):
             try:
                 out[n] = _evidence(st.read(layout.CEASED, f"{attempt}.{n}", MAX_EVIDENCE))
             except StoreError:

@@ -211,7 +211,7 @@ def newest_of_job(root: str, attempt: str) -> str:
     mine = epoch_of(attempt)
     top = mine - decompose(mine).restart + R_MAX  # a requeue changes R only: the job's epochs end here
     st = at(root)
-    for name in sorted(st.names(layout.EPOCHS), reverse=True):
+    for name in sorted(st.listing(layout.EPOCHS), reverse=True):
         if not name.isdigit() or not mine < int(name) <= top:
             continue
         owner = _claimant(st, int(name), None)

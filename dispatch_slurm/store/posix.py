@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from ..contract import layout, names
-from ..contract.names import STEP_PATTERN
 from ..errors import BadPath, StoreError
 from . import inventory
 from .base import Store
@@ -140,7 +139,7 @@ class PosixStore(Store):
 
     # -- entries of protocol folders ----------------------------------------------------
 
-    def names(self, folder: str) -> list[str]:
+    def listing(self, folder: str) -> list[str]:
         with self._folder(folder) as fd:
             return [] if fd is None else os.listdir(fd)
 
@@ -351,16 +350,16 @@ class PosixStore(Store):
         if self.root_missing():
             return  # nothing has happened there yet
         with self:
-            for name in sorted(self.names(layout.EVENTS)):
+            for name in sorted(self.listing(layout.EVENTS)):
                 if name.startswith(prefix):
                     yield name, self.read(layout.EVENTS, name, None) or b""
 
     # -- gc ------------------------------------------------------------------------------
 
-    def inventory(self, pattern: str = STEP_PATTERN) -> inventory.Inventory:
+    def inventory(self, pattern: str = names.STEP_PATTERN) -> inventory.Inventory:
         pubs = self.publications()
         with self._fd() as root_fd:
-            marks = self.names(layout.RETIRED)
+            marks = self.listing(layout.RETIRED)
             inv = self.finish_inventory(pubs, marks, self._folders(), pattern, self.by_person(marks))
             for s in inv.saves.values():
                 self._measure(s, root_fd)

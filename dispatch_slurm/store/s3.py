@@ -31,7 +31,6 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from ..contract import layout, names
-from ..contract.names import STEP_PATTERN
 from ..errors import BadPath, StoreError
 from . import inventory
 from .base import Store
@@ -279,7 +278,7 @@ class S3Store(Store):
 
     # -- entries of protocol folders ----------------------------------------------------
 
-    def names(self, folder: str) -> list[str]:
+    def listing(self, folder: str) -> list[str]:
         return list_names(self.root, folder)
 
     def read(self, folder: str, name: str, limit: Optional[int] = 1 << 20) -> Optional[bytes]:
@@ -359,13 +358,13 @@ class S3Store(Store):
                                 Body=line)
 
     def event_files(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
-        for name in sorted(self.names(layout.EVENTS)):
+        for name in sorted(self.listing(layout.EVENTS)):
             if name.startswith(prefix):
                 yield name, read(self.where(layout.EVENTS, name)) or b""
 
     # -- gc ------------------------------------------------------------------------------
 
-    def inventory(self, pattern: str = STEP_PATTERN) -> inventory.Inventory:
+    def inventory(self, pattern: str = names.STEP_PATTERN) -> inventory.Inventory:
         """One listing each of pub/, retired/, pinned/ and exec/ (paginated to the end): a
         save's size is the sum of its objects' sizes, an execution's newest write the newest
         LastModified under exec/<attempt>/, a leftover an entry one level under it, named

@@ -49,12 +49,13 @@ class NoHold(DispatchError):
 
 
 def normalize(root: str) -> str:
+    """ROOT as the supervisor records it; refused unless its store can hold the record."""
+    if not store.backend(root).appendable:
+        raise store.at(root).not_appendable("the supervisor", "its record is appended and fsynced")
     root = names.normalize_root(root)
     if "%a" in root:
         raise DispatchError(f"checkpoint root {root!r}: %a is expanded by `run` only (with --array among "
                             "sbatch's arguments); name one task's root here")
-    if not store.at(root).appendable:
-        raise store.at(root).not_appendable("the supervisor", "its record is appended and fsynced")
     if not os.path.isdir(root):
         raise DispatchError(f"checkpoint root {root} does not exist (create it first)")
     return root

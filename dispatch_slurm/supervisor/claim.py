@@ -47,7 +47,7 @@ class Claim:
 
     def entries(self) -> tuple[list[int], set[int]]:
         """(claims in order, the claims that said they exited)."""
-        items = store.at(self.root).names(CLAIMS)
+        items = store.at(self.root).listing(CLAIMS)
         claims = sorted(int(e) for e in items if _CLAIM.fullmatch(e))
         exited = {int(m[1]) for e in items if (m := _EXITED.fullmatch(e))}
         return claims, exited
