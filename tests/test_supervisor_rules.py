@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -551,7 +552,9 @@ def test_a_second_live_supervisor_is_refused_and_a_dead_one_is_taken_over(root):
     fake = FakeSlurm()
     new(root, fake, start_defn=defn())
     # make the claim belong to a live process that looks like a supervisor
-    p = subprocess.Popen(["bash", "-c", "exec -a dispatch-slurm-fake sleep 60"])
+    # argv[0] set by exec itself: Popen returns once the exec is done, so /proc/<pid>/cmdline is
+    # already this (through `bash -c "exec -a ..."` a look during bash's own exec could read nothing)
+    p = subprocess.Popen(["dispatch-slurm-fake", "60"], executable=shutil.which("sleep"))
     try:
         info = json.loads((root / "supervisor" / "000001").read_text())
         os.chmod(root / "supervisor" / "000001", 0o644)
