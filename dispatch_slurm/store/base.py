@@ -261,8 +261,9 @@ class Store:
 
     def retired_state(self) -> tuple[set[str], dict[str, dict]]:
         """Every retired/ name, and those a person retired (with who and why)."""
-        marks = self.listing(layout.RETIRED)
-        return set(marks), self.by_person(marks)
+        with self:
+            marks = self.listing(layout.RETIRED)
+            return set(marks), self.by_person(marks)
 
     def by_person(self, marks: list[str]) -> dict[str, dict]:
         """The retired/ markers a person made (not empty: gc's are), with who and why."""

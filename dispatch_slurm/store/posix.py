@@ -82,6 +82,7 @@ class PosixStore(Store):
         super().__init__(root)
         self._root_fd: Optional[int] = None
         self._depth = 0
+        self._folders_open: dict[str, int] = {}  # protocol folders opened in this session
 
     @classmethod
     def absolute(cls, value: str, from_env: bool) -> str:
@@ -106,6 +107,9 @@ class PosixStore(Store):
     def __exit__(self, *exc) -> None:
         self._depth -= 1
         if self._depth == 0:
+            for fd in self._folders_open.values():
+                os.close(fd)
+            self._folders_open.clear()
             os.close(self._root_fd)
             self._root_fd = None
 
@@ -116,9 +120,19 @@ class PosixStore(Store):
 
     @contextmanager
     def _folder(self, folder: str, create: bool = False) -> Iterator[Optional[int]]:
-        """An fd of ``<root>/<folder>`` (None when it does not exist and not ``create``), closed on exit."""
+        """An fd of ``<root>/<folder>`` (None when it does not exist and not ``create``); kept
+        open for the rest of a session (gc reads every marker of retired/ through one fd),
+        closed on exit otherwise."""
         with self._fd() as root_fd:
+            fd = self._folders_open.get(folder)
+            if fd is not None:
+                yield fd
+                return
             fd = open_entry(self.root, root_fd, folder, create)
+            if fd is not None and self._depth > 1:  # inside a session: kept until it ends
+                self._folders_open[folder] = fd
+                yield fd
+                return
             try:
                 yield fd
             finally:
