@@ -25,6 +25,7 @@ import os
 import socket
 import time
 
+from ..contract.env import Execution
 from . import distributed  # now, not inside a signal handler
 
 DIRNAME = "dispatch-probe"
@@ -33,11 +34,11 @@ PHASES = ("installed", "signal", "stop", "saved", "published", "exit")
 
 def directory(environ=os.environ) -> str | None:
     """Where this process's probe records go, or None (see the module doc)."""
-    if environ.get("DISPATCH_PROBE_DIR"):
-        return environ["DISPATCH_PROBE_DIR"]
-    exec_dir = environ.get("DISPATCH_EXEC_DIR")
-    if exec_dir and "://" not in exec_dir:  # an s3:// exec folder is no local path: no records there
-        return os.path.join(exec_dir, DIRNAME)
+    ex = Execution.current(environ)
+    if ex.probe_dir:
+        return ex.probe_dir
+    if ex.exec_dir and "://" not in ex.exec_dir:  # an s3:// exec folder is no local path: no records there
+        return os.path.join(ex.exec_dir, DIRNAME)
     return None
 
 
