@@ -33,9 +33,10 @@ ALLOWED = {
     "runtime": {"errors", "contract", "store"},
     "integrations": {"errors", "contract", "store", "runtime"},
     "slurm": {"errors", "contract", "store"},
-    "supervisor": {"errors", "contract", "store", "slurm"},
-    "report": {"errors", "contract", "store", "supervisor"},
-    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "supervisor", "report"},
+    "retention": {"errors", "contract", "store", "slurm"},
+    "supervisor": {"errors", "contract", "store", "slurm", "retention"},
+    "report": {"errors", "contract", "store", "retention", "supervisor"},
+    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "retention", "supervisor", "report"},
     "__init__": {"errors", "contract", "store", "runtime"},
     "__main__": {"cli"},
 }
@@ -249,13 +250,86 @@ def test_the_io_check_can_fail():
                              "from os import getenv"}
 
 
+# The store's own modules: the backends, their fd and fsync helpers, the chooser, the interface's
+# base. Every other layer reaches a root through the store's face (dispatch_slurm.store: ``at(root)``
+# and the protocol's functions), so a new store is one module and one line in the chooser (issue 21).
+STORE_INTERNALS = {"posix", "s3", "durable", "roots", "base", "protocol"}
+# where a root's kind may be told from its name: the chooser, and the contract's spelling of roots
+# (names.py: normalize_root, split_s3, shared with the C plugin's vectors)
+SCHEME_READERS = {"dispatch_slurm.store.roots", "dispatch_slurm.contract.names"}
+
+
+def _store_internals_used(name: str, path: pathlib.Path) -> set[str]:
+    """The store internals module ``name`` imports: ``from ..store.posix import x``,
+    ``from ..store import s3`` and ``import dispatch_slurm.store.durable`` alike."""
+    pkg = name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+            mod = ".".join([*base, node.module] if node.module else base)
+            mods = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        else:
+            continue
+        found |= {m for m in mods if m.startswith("dispatch_slurm.store.")
+                  and m.split(".")[2] in STORE_INTERNALS}
+    return found
+
+
+def test_only_the_store_reaches_its_backends():
+    used = {name: _store_internals_used(name, path) for name, path in _modules()
+            if not name.startswith("dispatch_slurm.store.")}
+    assert not {n: u for n, u in used.items() if u}, {n: sorted(u) for n, u in used.items() if u}
+
+
+def test_the_backend_check_can_fail(tmp_path):
+    bad = tmp_path / "watch.py"
+    bad.write_text("from ..store import s3, events\nfrom ..store.posix import open_root\n"
+                   "import dispatch_slurm.store.durable\nfrom .. import store\n")
+    assert _store_internals_used("dispatch_slurm.runtime.watch", bad) == {
+        "dispatch_slurm.store.s3", "dispatch_slurm.store.posix", "dispatch_slurm.store.posix.open_root",
+        "dispatch_slurm.store.durable"}
+
+
+def _scheme_tests(source: str) -> list[str]:
+    """Where a module tells a root's store from its name: ``is_s3(...)``, ``S3_SCHEME``,
+    ``x.startswith("s3://")`` or any ``"://"`` test (``"://" in x``, ``x.startswith(...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id in ("is_s3", "S3_SCHEME"):
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in ("is_s3", "S3_SCHEME"):
+            found.append(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith", "find", "index", "partition", "split")
+              and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and "://" in a.value for a in node.args)):
+            found.append(f"{node.func.attr}({ast.unparse(node.args[0])})")
+        elif (isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant)
+              and isinstance(node.left.value, str) and "://" in node.left.value):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_only_the_chooser_tells_a_roots_store_from_its_name():
+    """No `is_s3` branch, `s3://` or `://` test outside the store's chooser (and the contract's
+    spelling of a root): the rest asks the root's store object (issue 21)."""
+    found = {name: _scheme_tests(path.read_text()) for name, path in _modules() if name not in SCHEME_READERS}
+    assert not {n: f for n, f in found.items() if f}, {n: f for n, f in found.items() if f}
+
+
+def test_the_scheme_check_can_fail():
+    src = ("if is_s3(root): pass\nif root.startswith('s3://'): pass\nif '://' in d: pass\n"
+           "if v.startswith(names.S3_SCHEME): pass\n")
+    assert sorted(_scheme_tests(src)) == sorted(["is_s3", "startswith('s3://')", "'://' in d", "S3_SCHEME"])
+
+
 # modules that still read DISPATCH_* from os.environ themselves, and the variables each may read
 ENV_READS_ALLOWED = {
     # switched to the view when the store interface lands (issue 21)
     "dispatch_slurm.store.publish": {"DISPATCH_CHECKPOINT", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT"},
     "dispatch_slurm.store.events": {"DISPATCH_CHECKPOINT", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT"},
-    # its `is_s3(...)` line before s3.client(): switched when the store interface lands (issue 21)
-    "dispatch_slurm.runtime.preempt": {"DISPATCH_CHECKPOINT"},
 }
 # Not reads of the environment, so not here: a mapping passed in (slurm/hooks.py's environ, the
 # job's as Slurm gave it to the hook; store/jobs.py's; runtime/launch.py's, the launcher's child's).

@@ -74,6 +74,11 @@ def test_the_supervisors_rules_table_is_the_rule_table():
     assert rules.table() in page("docs/supervisor.md"), "regenerate it: dispatch_slurm.supervisor.rules.table()"
 
 
+def test_the_supervisors_hold_table_is_the_hold_rules():
+    assert rules.hold_table() in page("docs/supervisor.md"), \
+        "regenerate it: dispatch_slurm.supervisor.rules.hold_table()"
+
+
 # --- the README's tree of a root after two overlapping executions
 
 def two_overlapping_executions(root: pathlib.Path) -> None:

@@ -188,8 +188,8 @@ def test_the_mapping_check_fails_on_a_renamed_function_or_an_unmapped_step():
     assert any("'new_step' has no entry" in p for p in mapping_problems(steps() | {"new_step"}, mapping))
     assert any("no step of the model" in p for p in mapping_problems(steps() - {"crash"}, mapping))
     method = {"steps": {**mapping["steps"], "gc_retire": {
-        "implements": ["dispatch_slurm/store/retention.py::_Posix.retire_gone"]}}}
-    assert any("defines no _Posix.retire_gone" in p for p in mapping_problems(steps(), method))
+        "implements": ["dispatch_slurm/store/posix.py::PosixStore.retire_gone"]}}}
+    assert any("defines no PosixStore.retire_gone" in p for p in mapping_problems(steps(), method))
 
 
 def test_the_by_hand_commands_of_docs_model_run(spin):

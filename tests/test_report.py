@@ -195,10 +195,10 @@ def test_report_dates_executions_by_the_hooks_and_shows_their_cessation(plugin_s
 def test_gc_collects_a_plugin_job_from_the_root_alone(plugin_story):
     """No supervisor record, no --nodes, Slurm unreachable: every node of R=0 and R=1
     recorded its Epilog, naming both nodes, so their saves past --keep-last go."""
-    from dispatch_slurm.contract.retention import Policy
+    from dispatch_slurm.retention.policy import Policy
     from dispatch_slurm.slurm.client import Slurm
     from dispatch_slurm.slurm.command import CommandResult
-    from dispatch_slurm.supervisor import retention
+    from dispatch_slurm import retention
     root, _ = plugin_story
     dry = cli("gc", root, "--keep-last", "2", "--dry-run", env={"PATH": "/nonexistent"}, check=True)
     assert "would remove" in dry.stdout and "every node that ran it recorded its Epilog" in dry.stdout, dry.stdout

@@ -20,11 +20,12 @@ from support import cli
 
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
-from dispatch_slurm.contract.retention import Policy
+from dispatch_slurm.retention.policy import Policy
 from dispatch_slurm.errors import BadPath, DispatchError, StoreError
-from dispatch_slurm.store import durable, events
-from dispatch_slurm.store import retention as gc
-from dispatch_slurm.supervisor import retention as sup_gc
+from dispatch_slurm.store import durable, events, posix
+from dispatch_slurm.store.posix import PosixStore
+from dispatch_slurm import retention as gc
+from dispatch_slurm import retention as sup_gc
 
 A, B, C, LIVE = "c.1.1000000", "c.2.2000000", "c.3.3000000", "c.4.4000000"
 LATER = time.time() + 3600  # "now" for decisions where --min-age must not matter
@@ -141,17 +142,17 @@ def test_gc_fsyncs_pub_before_it_removes_anything(root, three, monkeypatch):
     itself before its first removal, so a crash cannot take the latest away while gc's
     removals stay (an older latest whose save gc removed)."""
     log = []
-    real_fsync, real_remove = os.fsync, gc._remove
+    real_fsync, real_remove = os.fsync, PosixStore.remove
 
     def fsync(fd):
         log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         return real_fsync(fd)
 
-    def remove(path, root_fd):
+    def remove(self, path):
         log.append(("remove", path))
-        return real_remove(path, root_fd)
-    monkeypatch.setattr(gc.os, "fsync", fsync)
-    monkeypatch.setattr(gc, "_remove", remove)
+        return real_remove(self, path)
+    monkeypatch.setattr(posix.os, "fsync", fsync)
+    monkeypatch.setattr(PosixStore, "remove", remove)
     run_gc(root, ceased(A, B), keep_last=1)
     first = next(i for i, (what, _) in enumerate(log) if what == "remove")
     assert ("fsync", str(root / "pub")) in log[:first], log[:first + 1]
@@ -275,16 +276,16 @@ def _adopt(root, save, attempt=LIVE):
 
 
 def test_adopting_a_retired_save_is_refused(root, three, monkeypatch):
-    real = gc.pins
+    real = PosixStore.pins
     raced = []
 
-    def adopter_in_between(root_, fd):  # once gc has retired A's saves, before it reads the pins
+    def adopter_in_between(self):  # once gc has retired A's saves, before it reads the pins
         if (root / "retired").exists() and not raced:
             with pytest.raises(BadPath, match="gc retired it"):
                 _adopt(root, three[(A, 20)])
             raced.append(True)
-        return real(root_, fd)
-    monkeypatch.setattr(gc, "pins", adopter_in_between)
+        return real(self)
+    monkeypatch.setattr(PosixStore, "pins", adopter_in_between)
     run_gc(root, ceased(A, B), keep_last=1)
     assert raced and not three[(A, 20)].exists()
     assert store.latest(str(root)).path == rel(three[(LIVE, 90)], root), "nothing was published"
@@ -292,9 +293,9 @@ def test_adopting_a_retired_save_is_refused(root, three, monkeypatch):
 
 
 def test_a_save_adopted_after_gc_looked_is_kept(root, three, monkeypatch):
-    stale = gc.scan(str(root))       # gc's inventory, taken before the adoption
+    stale = store.at(str(root)).inventory()       # gc's inventory, taken before the adoption
     adopted = _adopt(root, three[(A, 20)]).publication
-    monkeypatch.setattr(gc, "scan", lambda *a, **kw: stale)
+    monkeypatch.setattr(PosixStore, "inventory", lambda *a, **kw: stale)
     v = run_gc(root, ceased(A, B), keep_last=1)
     assert "published again meanwhile" in v[rel(three[(A, 20)], root)].why
     assert store.latest(str(root)) == adopted and digest(three[(A, 20)]) is not None
@@ -305,8 +306,8 @@ def test_a_save_adopted_after_gc_looked_is_kept(root, three, monkeypatch):
 
 CHILD = """
 import sys
-from dispatch_slurm.store import retention
-from dispatch_slurm.contract.retention import Policy
+from dispatch_slurm import retention
+from dispatch_slurm.retention.policy import Policy
 print("ready", flush=True)
 root, *attempts = sys.stdin.readline().split()
 retention.collect(root, Policy(keep_last=2, min_age=0), {a: (True, "test") for a in attempts})
@@ -435,9 +436,9 @@ def test_a_persons_retirement_moves_gcs_latest_and_is_no_cessation_evidence(root
     """Issue 20: `retire --latest` on LIVE's step 90. gc then keeps step 80 as the latest,
     keeps 90 while LIVE runs (a person's marker says nothing about cessation) and removes
     it once LIVE has ceased; `ls` and `report` agree with `latest`."""
-    from dispatch_slurm.contract.retention import ceased_by_retirement
+    from dispatch_slurm.retention.policy import ceased_by_retirement
     cli("retire", root, "--latest", "-m", "diverged", check=True)
-    inv = gc.scan(str(root))
+    inv = store.at(str(root)).inventory()
     assert inv.latest.path == rel(three[(LIVE, 80)], root) and LIVE not in ceased_by_retirement(inv)
     v = run_gc(root, ceased(A, B), keep_last=1)
     assert v[rel(three[(LIVE, 80)], root)].why == "the latest publication's save"
@@ -558,10 +559,10 @@ def test_status_for_the_report_uses_the_records_policy_and_slurms_answers(root, 
     rec.append({"type": "job", "g": 0, "resubmit": 0, "shared": False, "via": "spank", "hold_for": 1.0,
                 "cessation_interval": 1.0, "cessation_cmd": "x", "args": ["job.sh"], "keep_last": 1})
     age(root / "exec")
-    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()))  # FakeSlurm's cluster is not "c": nothing ceased
+    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()), facts=rec.read())  # FakeSlurm's cluster is not "c": nothing ceased
     assert st["policy"]["keep_last"] == 1 and st["totals"]["reclaimable"]["saves"] == 0
     run_gc(root, ceased(A), keep_last=1)
-    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()))
+    st = sup_gc.status(str(root), slurm=Slurm(FakeSlurm()), facts=rec.read())
     assert st["totals"]["retired"]["saves"] == 3 and st["totals"]["retired"]["bytes"] == 0
     assert st["totals"]["kept"]["saves"] == 6 and st["totals"]["kept"]["bytes"] >= 6 * 3 * 4096
     by = {r["path"]: r for r in st["saves"]}

@@ -17,12 +17,12 @@ from test_store_contract import S3
 
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
-from dispatch_slurm.contract.retention import Policy
+from dispatch_slurm.retention.policy import Policy
 from dispatch_slurm.errors import BadPath, StoreError
 from dispatch_slurm.store import ceased as ceased_store
-from dispatch_slurm.store import retention as gc
-from dispatch_slurm.store import s3_retention
-from dispatch_slurm.supervisor import retention as sup_gc
+from dispatch_slurm import retention as gc
+from dispatch_slurm.store import s3 as s3_store
+from dispatch_slurm import retention as sup_gc
 
 A, B, LIVE = "c.1.1000000", "c.2.2000000", "c.4.4000000"
 LATER = time.time() + 3600  # "now" for decisions where --min-age must not matter
@@ -172,7 +172,7 @@ def test_a_gc_failing_between_retiring_and_deleting_leaves_the_publications_reti
     def refuse(*a, **kw):
         raise StoreError("the connection dropped (the test)")
     with monkeypatch.context() as m:
-        m.setattr(s3_retention, "delete", refuse)
+        m.setattr(s3_store, "delete", refuse)
         with pytest.raises(StoreError, match="connection dropped"):
             _gc(s3r, A, B, keep_last=3)
     gone = {saves[k] for k in ((A, 10), (A, 20), (A, 30), (B, 40), (B, 70))}

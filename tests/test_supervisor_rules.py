@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +19,9 @@ from dispatch_slurm import supervisor as sv
 from dispatch_slurm.store import events
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.store import ceased
-from dispatch_slurm.supervisor import holds
+from dispatch_slurm.supervisor import holds, rules
+from dispatch_slurm.supervisor.loop import ask_command
+from dispatch_slurm.supervisor.state import State
 from dispatch_slurm.supervisor.record import execution
 from dispatch_slurm.errors import DispatchError
 from dispatch_slurm.slurm.client import CommandResult, Slurm
@@ -549,7 +552,9 @@ def test_a_second_live_supervisor_is_refused_and_a_dead_one_is_taken_over(root):
     fake = FakeSlurm()
     new(root, fake, start_defn=defn())
     # make the claim belong to a live process that looks like a supervisor
-    p = subprocess.Popen(["bash", "-c", "exec -a dispatch-slurm-fake sleep 60"])
+    # argv[0] set by exec itself: Popen returns once the exec is done, so /proc/<pid>/cmdline is
+    # already this (through `bash -c "exec -a ..."` a look during bash's own exec could read nothing)
+    p = subprocess.Popen(["dispatch-slurm-fake", "60"], executable=shutil.which("sleep"))
     try:
         info = json.loads((root / "supervisor" / "000001").read_text())
         os.chmod(root / "supervisor" / "000001", 0o644)
@@ -666,11 +671,184 @@ def test_the_cessation_command_is_run_with_the_execution_filled_in(root, tmp_pat
          "nodes": ["c1", "c2"], "start_time": 2000, "interval": 5.0}
     for code, answer in ((0, "ceased"), (1, "not_ceased"), (7, "unknown")):
         h["cessation_cmd"] = f"{sys.executable} -c {script!r} {code} {{job}} {{restart}} {{nodes}} {{root}} {{attempt}}"
-        got = holds.ask_command(h, str(root), CLUSTER)
+        got = ask_command(h, str(root), CLUSTER)
         assert got["answer"] == answer and got["exit"] == code
     assert out.read_text() == f"7 100 2 c1,c2 {root} testc.100.3000002"
     h["cessation_cmd"] = "/nonexistent/ceased {job}"
-    assert holds.ask_command(h, str(root), CLUSTER)["answer"] == "unknown"
+    assert ask_command(h, str(root), CLUSTER)["answer"] == "unknown"
+
+
+# ---- the hold's rules and the loop's other decisions, as pure functions (issue 21) ---------------
+
+def held(**kw):
+    """The state while hold #1 stands (instead of a resubmission; until 13,600; asked every 60 s)."""
+    d = defn(shared=True, resubmit=1, hold_for=3600.0, cessation_interval=60.0, keep_last=kw.pop("keep_last", None))
+    h = {"hold": 1, "replaces": kw.pop("replaces", "resubmit"), "cause": "node_failure", "job": 100, "r": 0,
+         "attempt": f"{CLUSTER}.100.1000000", "slurm_held": kw.pop("slurm_held", False), "until": 13_600.0,
+         "interval": 60.0, "cessation_cmd": d["cessation_cmd"]}
+    return State(defs={0: d}, g=0, n=1, job=100, hold=h, holds=1, **kw)
+
+
+PERSON = {"user": "alice", "uid": 1000, "host": "login1", "message": "c7 power-cycled",
+          "entry": "/r/requests/release.1", "t": 12_000.0}
+NOT_CEASED, CEASED = {"answer": "not_ceased", "exit": 1}, {"answer": "ceased", "exit": 0}
+
+
+def kinds(look):
+    return [t for t, _ in look.facts]
+
+
+def test_a_persons_release_wins_over_a_due_question_and_over_expiry():
+    for now in (10_000.0, 20_000.0):  # the question is due (never asked); the hold expired
+        look = holds.look(held(), now, 10.0, "/r", request=PERSON)
+        assert look.stage == "person" and not look.ask and look.finish is None and look.wait == 0
+        (kind, rel), = look.facts
+        assert kind == "release" and rel["by"] == "person" and rel["message"] == "c7 power-cycled"
+        assert rel["requested_t"] == 12_000.0 and rel["hold"] == 1 and "t" not in rel
+
+
+def test_the_cessation_signal_is_asked_at_the_hold_then_every_interval():
+    assert holds.look(held(), 10_000.0, 10.0, "/r").ask, "never asked: ask now"
+    st = held(last_answer_t=10_000.0)
+    look = holds.look(st, 10_030.0, 100.0, "/r", asked_this_run=True)
+    assert (look.stage, look.facts, look.wait) == ("wait", (), 30.0), "the next question in 30 s"
+    assert holds.look(st, 10_030.0, 10.0, "/r", asked_this_run=True).wait == 10.0, "a poll sooner"
+    assert holds.look(st, 10_060.0, 100.0, "/r", asked_this_run=True).ask
+
+
+def test_a_ceased_answer_releases_the_hold():
+    look = holds.look(held(), 10_000.0, 10.0, "/r", answer=CEASED, asked_this_run=True)
+    assert look.stage == "ceased" and look.finish is None and look.wait == 0
+    assert look.facts == (("cessation", {"hold": 1, "job": 100, "r": 0, **CEASED}),
+                          ("release", {"hold": 1, "by": "cessation signal"}))
+    assert [holds.event({"type": t, **f}) for t, f in look.facts] == [
+        {"answer": "ceased", "source": "supervisor"}, {"by": "cessation signal"}], "the events/ lines report reads"
+
+
+def test_any_other_answer_is_recorded_and_the_hold_waits_for_the_next_question():
+    for answer in (NOT_CEASED, {"answer": "unknown", "exit": 2}):
+        look = holds.look(held(last_answer_t=9_000.0), 10_000.0, 100.0, "/r", answer=answer, asked_this_run=True)
+        assert look.stage == "wait" and kinds(look) == ["cessation"] and look.finish is None
+        assert look.wait == 60.0, "an interval after this answer, not after the last one"
+    near = holds.look(held(), 13_580.0, 100.0, "/r", answer=NOT_CEASED, asked_this_run=True)
+    assert near.wait == 20.0, "the expiry comes first"
+
+
+def test_a_hold_past_until_with_no_answer_finishes_held():
+    st = held(last_answer_t=13_590.0)
+    look = holds.look(st, 13_600.0, 10.0, "/r", asked_this_run=True)
+    assert look.stage == "expired" and kinds(look) == ["hold_expired"] and look.facts[0][1]["until"] == 13_600.0
+    outcome, message = look.finish
+    assert outcome == "held" and "stays held" in message and "dispatch-slurm release /r" in message
+    # a supervisor that has not asked yet (a restart after the expiry) asks once more first
+    assert holds.look(st, 13_600.0, 10.0, "/r").ask
+    last = holds.look(st, 13_601.0, 10.0, "/r", answer=NOT_CEASED, asked_this_run=True)
+    assert kinds(last) == ["cessation", "hold_expired"] and last.finish[0] == "held"
+    assert holds.look(st, 13_601.0, 10.0, "/r", answer=CEASED, asked_this_run=True).finish is None
+
+
+def test_a_lifted_hold_applies_the_replaced_rule_and_lifts_slurms_own_hold():
+    st = held()
+    st.pending_apply = st.hold
+    fact, release = holds.applied(st, st.hold)
+    assert (fact["rule"], fact["budget_left"], fact["after_hold"], release) == ("resubmit", 0, 1, None)
+    st = held(replaces="requeue", slurm_held=True)
+    assert holds.applied(st, st.hold) == ({"rule": "requeue", "job": 100, "r": 0, "after_hold": 1}, 100)
+    st = held(replaces="requeue")
+    assert holds.applied(st, st.hold)[1] is None, "Slurm was not told to hold it: nothing to release"
+
+
+def test_a_shared_job_requeued_by_slurm_is_to_be_held_in_slurm():
+    ended = {"job": 100, "r": 0, "state": "REQUEUED", "requeued": True}
+    shared, unshared = held(), State(defs={0: defn()}, g=0, n=1, job=100)
+    d = rules.decide(shared, ended, "requeue", None, "/r")
+    assert d.fact["rule"] == "requeue" and d.slurm_hold and d.finish is None
+    assert not rules.decide(unshared, ended, "requeue", None, "/r").slurm_hold
+    assert rules.held_in_slurm(d.fact, None) == {**d.fact, "held": True, "slurm_held": True}
+    failed = rules.held_in_slurm(d.fact, "Access/permission denied")
+    assert failed["held"] is False and "permission denied" in failed["warning"] and "overlap" in failed["warning"]
+
+
+def test_the_keep_last_collection_is_a_step_of_its_own():
+    st = State(defs={0: defn(keep_last=2)}, g=0, n=1, job=100, started={"r": 0})
+    assert rules.next_action(st) == "follow"
+    assert rules.next_action(st, quiet=True) == "gc_again", "Slurm said nothing new: the second chance"
+    st.defs[0]["keep_last"] = None
+    assert rules.next_action(st, quiet=True) == "follow", "no --keep-last: nothing to collect"
+    st.defs[0]["keep_last"] = 2
+    st.apply({"type": "ended", "t": 1.0, "job": 100, "r": 0, "state": "FAILED"})
+    assert rules.next_action(st) == "gc", "after an end: collect before deciding"
+    st.apply({"type": "gc", "t": 2.0, "removed": 0, "freed": 0})
+    assert rules.next_action(st) == "decide"
+    st.defs[0]["keep_last"] = None
+    st.apply({"type": "ended", "t": 3.0, "job": 100, "r": 1, "state": "FAILED"})
+    assert rules.next_action(st) == "decide"
+
+
+def test_sbatch_failures_give_up_after_the_tries_or_at_once_when_the_first_test_refuses():
+    st = State(defs={0: defn()}, g=0)
+    assert rules.give_up(st) is None
+    st.apply({"type": "submit_failed", "t": 1.0, "g": 0, "error": "invalid partition", "test_only": True})
+    assert rules.give_up(st) == "sbatch failed 1 time(s): invalid partition", "the job's own arguments are wrong"
+    st.submitted_in_g = 1  # a resubmission: Slurm may be busy, try again
+    assert rules.give_up(st) is None
+    for _ in range(rules.SUBMIT_TRIES - 1):
+        st.apply({"type": "submit_failed", "t": 2.0, "g": 0, "error": "timeout"})
+    assert rules.give_up(st) == f"sbatch failed {rules.SUBMIT_TRIES} time(s): timeout"
+
+
+def test_an_intent_is_recovered_from_the_job_slurm_holds_or_lost():
+    st = State(defs={0: defn()}, g=0, n=2, tag="dispatch-slurm:/r:g0:n2")
+    got, wait = rules.recovered(st, [105, 104], refused=False)
+    assert got[0] == ("submitted", {"g": 0, "n": 2, "job": 104, "tag": st.tag, "recovered": True}) and not wait
+    assert got[1][0] == "note" and "job 105 also carries tag" in got[1][1]["text"] and len(got) == 2
+    assert rules.recovered(st, [], refused=True) == (
+        (("intent_lost", {"g": 0, "n": 2, "tag": st.tag, "reuse": True}),), False), "sbatch refused: N again"
+    st.submit_failures = 1
+    assert rules.recovered(st, [], refused=False) == (
+        (("intent_lost", {"g": 0, "n": 2, "tag": st.tag, "reuse": False}),), True), "after a failure: a poll first"
+
+
+def test_a_supersession_of_a_shared_checkpoint_job_that_ran_is_held():
+    ran = {"job": 100, "r": 1, "g": 0, "n": 1, "epoch": 1_000_001, "attempt": "a", "nodes": ["c1"], "start_time": 5}
+    old = State(defs={0: defn(shared=True)}, g=0, n=1, job=100, started=ran)
+    f = rules.supersession(old, defn(), "RUNNING")
+    assert (f["rule"], f["cause"], f["held"], f["job"], f["r"]) == ("supersede", "supersession", True, 100, 1)
+    assert f["execution"] == {k: ran[k] for k in ("g", "n", "epoch", "attempt", "nodes", "start_time")}
+    assert rules.supersession(old, defn(), None) is None, "Slurm was not asked: no job"
+    unshared = State(defs={0: defn()}, g=0, n=1, job=100, started=ran)
+    assert rules.supersession(unshared, defn(), "RUNNING") is None
+    assert rules.supersession(unshared, defn(shared=True), "COMPLETED")["held"], "the new generation shares it"
+    assert rules.supersession(State(defs={0: defn(shared=True)}, g=0, n=1, job=100), defn(), "PENDING") is None
+
+
+class Collector:
+    """Stands in for retention.Collector: counts the calls; ``again`` retires a save once."""
+
+    def __init__(self):
+        self.runs, self.agains = [], 0
+
+    def run(self, keep_last):
+        self.runs.append(keep_last)
+        return {"removed": 0, "freed": 0, "keep_last": keep_last}
+
+    def again(self, defn):
+        self.agains += 1
+        return {"removed": 1, "freed": 5, "retired": 1} if self.agains == 2 else None
+
+
+def test_run_keep_last_collects_after_each_end_and_between_quiet_polls(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(keep_last=2, resubmit=1))
+    sup.gc = gc = Collector()
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: gc.agains == 3)
+    assert gc.runs == [] and types(root, "started", "gc") == ["started", "gc"]
+    fake.end(100, "FAILED")
+    drive(sup, lambda: sup.state.job == 101)
+    assert gc.runs == [2] and gc.agains == 3, "no second chance while an end is decided"
+    assert types(root)[-6:] == ["gc", "ended", "gc", "rule", "intent", "submitted"]
 
 
 # ---- supersession --------------------------------------------------------------------------
@@ -789,6 +967,17 @@ def test_plan_shows_the_hold_substitution(root):
         "preemption": "resubmit", "node_failure": "resubmit", "cancel": "resubmit", "user_cancel": "stop",
         "stop": "stop", "requeue": "requeue", "unknown": "fail"}, "a user's own scancel is a stop, not a resubmit"
     assert j["hold"] is None and "--no-requeue" not in j["sbatch"]
+
+
+def test_plan_shows_the_hold_stages_with_the_jobs_values(root):
+    p = cli("plan", root, "--via", "spank", "--shared-checkpoint", "--hold-for", "12h", "--cessation-interval",
+            "30s", "--json", "--", "train.sbatch", check=True).stdout
+    stages = json.loads(p)["hold"]["stages"]
+    assert [s["stage"] for s in stages] == [s for s, _, _ in holds.STAGES] == \
+        ["person", "ask", "ceased", "expired", "wait"], "a person's release is looked at first"
+    assert "every 30s" in stages[1]["when"] and "12h" in stages[3]["when"] and "exits 3" in stages[3]["then"]
+    text = cli("plan", root, "--via", "spank", "--shared-checkpoint", "--", "train.sbatch", check=True).stdout
+    assert all(s["then"] in text for s in stages) and "every 1m" in text
 
 
 def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):

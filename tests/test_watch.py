@@ -235,11 +235,11 @@ def test_bad_input_is_refused(root, ex, args, message):
 def test_layout_and_vanished_saves(root, ex, monkeypatch):
     hf = watch.Layout()
     d = hf_save(ex, 1, state=False)
-    assert not hf.complete(str(d), True)
+    assert not hf.complete(str(d), True, store.at(str(root)))
     (d / watch.HF_STATE).write_text("{")
-    assert not hf.complete(str(d), True)  # half-written
+    assert not hf.complete(str(d), True, store.at(str(root)))  # half-written
     complete(d)
-    assert hf.complete(str(d), True)
+    assert hf.complete(str(d), True, store.at(str(root)))
     assert hf.step("checkpoint-12") == 12 and hf.step("checkpoint-12.tmp") is None
     with pytest.raises(DispatchError, match="not a step number"):
         watch.Layout(pattern=r"checkpoint-(\w+)").step("checkpoint-abc")

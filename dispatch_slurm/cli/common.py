@@ -17,6 +17,7 @@ import sys
 import click
 from click.core import ParameterSource
 
+from .. import store
 from ..contract import names
 from ..contract.epoch import EPOCH_MAX, parse_part
 from ..errors import DispatchError
@@ -57,19 +58,15 @@ def _root_option(ctx, param, value):
 
 
 def absolute_root(value: str, from_env: bool) -> str:
-    """The relative-root rule (module doc): an S3 root checked, a path made absolute
-    (named here) or refused when relative (from $DISPATCH_CHECKPOINT)."""
-    if value.startswith(names.S3_SCHEME):
-        return names.normalize_root(value)  # checked, never rewritten into another prefix
+    """The relative-root rule (module doc), the root's store's (an S3 root checked, never
+    rewritten into another prefix; a path made absolute when named here, refused when
+    relative in $DISPATCH_CHECKPOINT)."""
     if not value:
         raise click.BadParameter("the checkpoint root is empty" + (" ($DISPATCH_CHECKPOINT)" if from_env else ""))
-    if from_env:
-        if not value.startswith("/"):
-            raise click.BadParameter(f"$DISPATCH_CHECKPOINT={value!r} is relative: a job's root must be absolute "
-                                     "(every node and task reads the same path); set it to an absolute path, "
-                                     "or name the root on the command line")
-        return value.rstrip("/") or "/"
-    return os.path.abspath(value)
+    try:
+        return store.backend(value).absolute(value, from_env)
+    except DispatchError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 class EpochType(click.ParamType):

@@ -6,10 +6,9 @@ import sys
 
 import click
 
-from .. import store
+from .. import retention, store
 from ..contract import epoch as epochmod
 from ..contract import layout
-from ..store import retention
 from . import common
 
 

@@ -9,22 +9,20 @@ import sys
 
 import click
 
-from .. import store
+from .. import retention, store
 from ..contract.names import STEP_PATTERN
-from ..contract.retention import GONE, KEEP, REMOVE, Policy
-from ..store import retention as store_gc
-from ..store.resume import save_exists
 from ..report.render import plural
-from ..supervisor import retention
+from ..retention import GONE, KEEP, REMOVE, Policy
+from ..supervisor.record import Record
 from . import common
 
 
 def _say_pins(root: str, pin: tuple, unpin: tuple) -> None:
     for save in pin:
-        rel, new = store_gc.pin(root, save)
+        rel, new = retention.pin(root, save)
         click.echo(f"dispatch-slurm: {'pinned' if new else 'already pinned'}: {common.text(rel)}", err=True)
     for save in unpin:
-        rel, was = store_gc.unpin(root, save)
+        rel, was = retention.unpin(root, save)
         click.echo(f"dispatch-slurm: {'unpinned' if was else 'was not pinned'}: {common.text(rel)}", err=True)
 
 
@@ -75,7 +73,7 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     _say_pins(root, pin, unpin)
     if keep_last is None:
         return
-    verdicts = retention.gc(root, policy, said=said, dry_run=dry_run)
+    verdicts = retention.gc(root, policy, said=said, dry_run=dry_run, facts=Record(root).read())
     if as_json:
         latest = store.latest(root)
         click.echo(json.dumps([v.as_dict(latest) for v in verdicts], indent=2))
@@ -119,7 +117,7 @@ def retire(root, name, latest_, reason, as_json):
     Exit 0 retired (or already retired), 2 error."""
     if (name is None) == (not latest_):
         raise click.UsageError("name one publication (NAME) or pass --latest, not both")
-    res = store_gc.retire(root, name, reason, _user(), socket.gethostname())
+    res = retention.retire(root, name, reason, _user(), socket.gethostname())
     now = res["latest"]
     if as_json:
         click.echo(json.dumps({**{k: v for k, v in res.items() if k != "latest"}, "root": root,
@@ -134,7 +132,7 @@ def retire(root, name, latest_, reason, as_json):
         click.echo("dispatch-slurm: no publication is left to resume from: the next execution starts from step 0",
                    err=True)
     else:
-        gone = "" if save_exists(root, now.path) else \
+        gone = "" if store.save_exists(root, now.path) else \
             f" (its save no longer exists: `dispatch-slurm retire {common.text(root)} --latest` again, or restore it)"
         click.echo(f"latest is now step {now.step} ({common.text(now.path)}){gone}")
     sys.stdout.flush()

@@ -72,8 +72,7 @@ from ..contract.epoch import decompose
 from ..contract.names import attempt_epoch, attempt_parts, step_of
 from ..errors import DispatchError
 from ..runtime import preempt
-from ..store import epochs
-from ..store.durable import write_all
+from ..store import epochs, write_all
 
 OUTRANKED_EXIT = 3  # an execution that found a newer one of its job: it exits writing nothing
 

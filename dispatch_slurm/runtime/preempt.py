@@ -80,9 +80,7 @@ from ..contract.env import Execution
 from ..contract.names import step_of
 from ..contract.signals import SENTINEL
 from ..errors import DispatchError
-from ..store import events, s3
-from ..store.durable import write_all
-from ..store.roots import is_s3
+from ..store import events, write_all
 from . import distributed, probe
 
 
@@ -149,8 +147,8 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     if _s.ranks is None and distributed.rank() is not None:
         _s.ranks = distributed.Ranks(_s.grace)
     _s.defer = defer or fn is None or _s.ranks is not None  # collectives never run in a signal frame
-    if is_s3(os.environ.get("DISPATCH_CHECKPOINT")):
-        s3.client()  # import boto3 and build the client now, not inside the handler (see store above)
+    if ex.root:
+        store.at(ex.root).warm()  # e.g. boto3 imported now, not inside the handler
     for sig in sigs:
         signal.signal(sig, _on_signal)
     # A signal blocked in the mask this process inherited (a launcher's, a test runner's

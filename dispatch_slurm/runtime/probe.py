@@ -25,6 +25,7 @@ import os
 import socket
 import time
 
+from .. import store
 from ..contract.env import Execution
 from . import distributed  # now, not inside a signal handler
 
@@ -37,7 +38,7 @@ def directory(environ=os.environ) -> str | None:
     ex = Execution.current(environ)
     if ex.probe_dir:
         return ex.probe_dir
-    if ex.exec_dir and "://" not in ex.exec_dir:  # an s3:// exec folder is no local path: no records there
+    if ex.exec_dir and store.backend(ex.exec_dir).local:  # an exec folder on S3 is no local path: no records there
         return os.path.join(ex.exec_dir, DIRNAME)
     return None
 

@@ -43,9 +43,7 @@ from ..contract import names
 from ..contract.env import Execution
 from ..contract.epoch import decompose
 from ..errors import BadPath, DispatchError
-from ..store import s3
 from ..store.publish import owner
-from ..store.roots import is_s3
 
 HF_STATE = "trainer_state.json"
 IN_CREATE, IN_CLOSE_WRITE, IN_MOVED_TO = 0x100, 0x08, 0x80
@@ -74,47 +72,18 @@ class Layout:
             raise DispatchError(f"--pattern group matched {m[1]!r} in {entry!r}, not a step number")
         return int(m[1])
 
-    def complete(self, path: str, is_dir: bool, fs=None) -> bool:
-        fs = fs or Local
+    def complete(self, path: str, is_dir: bool, fs: store.Store) -> bool:
+        """On a store whose PUTs are all or nothing (S3) a marker object is never seen
+        half-written; a trainer_state.json is complete once it parses."""
         if self.marker is not None:
             return fs.exists(os.path.join(path, self.marker) if is_dir else f"{path}.{self.marker}")
         if not is_dir:
             return False
-        data = fs.read(os.path.join(path, HF_STATE))
+        data = fs.read_path(os.path.join(path, HF_STATE))
         try:
             return data is not None and json.loads(data) is not None
         except ValueError:  # still being written
             return False
-
-
-class Local:
-    """An exec folder on a POSIX filesystem."""
-
-    @staticmethod
-    def entries(folder: str):
-        with os.scandir(folder) as it:
-            for e in it:
-                yield e.name, e.is_dir(follow_symlinks=False)
-
-    exists = present = staticmethod(os.path.lexists)
-
-    @staticmethod
-    def read(path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-
-class Remote:
-    """An exec prefix on S3: a save is complete when its marker object appears (a PUT
-    is all or nothing, so a half-written marker is never seen)."""
-
-    entries = staticmethod(s3.entries)
-    exists = staticmethod(s3.object_exists)
-    read = staticmethod(s3.read)
-    present = staticmethod(s3.present)
 
 
 class Watcher:
@@ -124,9 +93,9 @@ class Watcher:
                  on_publish=None):
         self.exec_dir, self.root, self.epoch, self.layout = exec_dir, root, epoch, layout
         self.sync, self.on_publish = sync, on_publish or (lambda pub: None)
-        self.fs = Remote if is_s3(root) else Local
-        if self.fs is Remote:  # a prefix exists once something is written under it
-            self.exec_dir, root = exec_dir.rstrip("/"), names.normalize_root(root)
+        self.fs = store.at(root)
+        if not self.fs.local:  # a prefix exists once something is written under it
+            self.exec_dir, root = exec_dir.rstrip("/"), self.fs.root
             rel = self.exec_dir[len(root) + 1:] if self.exec_dir.startswith(f"{root}/") else ".."
         elif not os.path.isdir(exec_dir):
             raise DispatchError(f"exec folder {exec_dir} does not exist or is not a folder")
@@ -288,7 +257,7 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
     """Scan, then wait for a change and scan again, until ``once`` or ``until_pid``'s exit
     (after one final scan). Errors raise; a scan longer than ``timeout`` raises ScanTimeout
     (enforced with SIGALRM, so only from the main thread)."""
-    ino = _open_inotify(w, interval, say) if not poll and not once and w.fs is Local else None  # local writes only
+    ino = _open_inotify(w, interval, say) if not poll and not once and w.fs.local else None  # local writes only
     pidfd, alive = _open_pidfd(until_pid)
     if threading.current_thread() is not threading.main_thread():
         timeout = None

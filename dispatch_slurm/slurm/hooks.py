@@ -43,7 +43,7 @@ from ..contract import epoch as epochmod
 from ..contract import names, siteconf
 from ..contract.signals import SENTINEL
 from ..errors import DispatchError
-from ..store import ceased, durable, epochs, events, jobs
+from ..store import ceased, epochs, events, jobs, write_all
 from . import cessation, cgroup, sitefile, stdio
 from .client import Slurm, SlurmError
 from . import hostlist as hostlist_
@@ -116,7 +116,7 @@ def as_job_user(environ, fn, *args):
             result = {"bug": f"{type(e).__name__}: {e}"}
         try:
             data = json.dumps(result).encode()  # ASCII: any byte of a path is escaped
-            durable.write_all(wfd, data)
+            write_all(wfd, data)
         finally:
             os._exit(0)
     os.close(wfd)
@@ -225,7 +225,7 @@ def record_file(job_id: str) -> str:
 def _write_root_file(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        durable.write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)
 

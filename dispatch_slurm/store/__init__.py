@@ -1,17 +1,26 @@
-"""The store: the only code that writes under a checkpoint root.
+"""The store: the only code that writes under a checkpoint root, and the one way to it.
 
-``roots`` (which store a root is on: a path, or ``s3://bucket/prefix``), ``protocol``
-(the rules over any store's listing), ``durable`` (the fsync discipline every POSIX
-write goes through), ``posix`` and ``s3`` (the root, publications, submission numbers,
-exec folders, on each store), ``publish`` (the one publish path),
-``events`` (what happened, one JSON-lines file per process), ``ceased`` (the Epilog's
-cessation evidence), ``resume`` (the latest publication whose save must exist, and its path)."""
+Every layer above reaches a root through this face: ``at(root)`` gives the root's store
+object (roots.py chooses it: a path is on the POSIX store, ``s3://bucket/prefix`` on the
+S3 store), whose methods are the interface (base.py: entries of the protocol's folders,
+publications, the inventory gc and the report read, events, removal); the functions below
+are the protocol's operations built on it: ``publish`` (the one publish path),
+``latest``/``latest_save``, ``resume_point``/``resume_path`` (the resume point), ``allocate_submission``, ``events``
+(what happened, one JSON-lines file per process), ``ceased`` (the Epilog's cessation
+evidence), ``epochs`` (one epoch per execution), ``jobs`` (a plain sbatch job's N).
+The backends (posix.py, s3.py) and the fsync discipline (durable.py) are the store's own."""
 
-from .posix import open_root
-from .roots import allocate_submission, latest, make_exec_dir, publications
+from . import ceased, epochs, events, jobs
+from .base import Store
+from .durable import write_all
+from .inventory import Folder, Inventory, Save, markers, retired_by, retirement_record
+from .protocol import latest_of
 from .publish import Published, env_epoch, env_root, publish, sync
-from .resume import VanishedSave, latest_save, resume_path, resume_point
+from .resume import VanishedSave, latest_save, resume_path, resume_point, save_exists
+from .roots import allocate_submission, at, backend, latest, make_exec_dir, publications
 
-__all__ = ["publish", "Published", "latest", "publications", "allocate_submission", "make_exec_dir",
-           "open_root", "env_root", "env_epoch", "sync", "latest_save", "resume_path", "resume_point",
-           "VanishedSave"]
+__all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publications", "allocate_submission",
+           "make_exec_dir", "env_root", "env_epoch", "sync", "latest_save", "resume_path", "resume_point",
+           "save_exists", "VanishedSave",
+           "events", "ceased", "epochs", "jobs", "write_all", "Inventory", "Save", "Folder", "markers",
+           "retired_by", "retirement_record", "latest_of"]

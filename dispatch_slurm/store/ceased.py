@@ -14,14 +14,13 @@ every one of them has its entry. No node of an execution runs its processes afte
 Epilog ran there (slurmd revokes the job's credential first), so nothing else is needed."""
 
 import json
-import os
 
 from ..contract import layout
-from ..errors import BadPath
-from . import events, s3
-from .durable import DirFds, create_new
-from .posix import open_entry, open_root
-from .roots import is_s3
+from ..errors import BadPath, StoreError
+from . import events
+from .roots import at
+
+MAX_EVIDENCE = 256 << 10  # one JSON object: how, and the execution's node list (~20,000 names fit)
 
 
 def record(root: str, attempt: str, node: str, evidence: dict | None = None, nodes: list[str] | None = None) -> bool:
@@ -31,67 +30,35 @@ def record(root: str, attempt: str, node: str, evidence: dict | None = None, nod
     if not attempt or "/" in attempt or not node or "/" in node:
         raise BadPath(f"bad attempt {attempt!r} or node {node!r}")
     body = {**(evidence or {}), **({"nodes": sorted(nodes)} if nodes else {})}
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        ceased_fd = fds.add(open_entry(root, root_fd, layout.CEASED, create=True))
-        try:
-            create_new(f"{attempt}.{node}", ceased_fd, json.dumps(body, sort_keys=True).encode() if body else b"")
-        except FileExistsError:
-            return False
-        os.fsync(root_fd)
-    return True
+    return at(root).create(layout.CEASED, f"{attempt}.{node}", json.dumps(body, sort_keys=True).encode() if body else b"")
 
 
 def nodes(root: str, attempt: str) -> set[str]:
-    """The nodes whose Epilog recorded that this execution's processes are gone (on an
-    S3 root: the objects under ceased/, if anything put them there)."""
+    """The nodes whose Epilog recorded that this execution's processes are gone."""
     prefix = f"{attempt}."
-    if is_s3(root):
-        return {e[len(prefix):] for e in s3.list_names(root, layout.CEASED) if e.startswith(prefix)}
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        ceased_fd = open_entry(root, root_fd, layout.CEASED)
-        if ceased_fd is None:
-            return set()
-        fds.add(ceased_fd)
-        entries = os.listdir(ceased_fd)
-    return {e[len(prefix):] for e in entries if e.startswith(prefix)}
+    return {e[len(prefix):] for e in at(root).listing(layout.CEASED) if e.startswith(prefix)}
 
 
-MAX_EVIDENCE = 256 << 10  # one JSON object: how, and the execution's node list (~20,000 names fit)
+def _evidence(data: bytes | None) -> dict:
+    try:
+        ev = json.loads(data) if data else {}
+    except ValueError:
+        ev = {}
+    return ev if isinstance(ev, dict) else {}
 
 
 def entries(root: str, attempt: str) -> dict[str, dict]:
-    """node -> the evidence its Epilog recorded for this execution (``{}``: an empty
-    entry, or one that is not a JSON object, or an S3 root's object, whose body is not read)."""
-    found = nodes(root, attempt)
-    if is_s3(root) or not found:
-        return {n: {} for n in found}
+    """node -> the evidence its Epilog recorded for this execution (``{}``: an empty entry,
+    one that is not a JSON object, or one that cannot be read)."""
+    st = at(root)
     out: dict[str, dict] = {}
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        ceased_fd = open_entry(root, root_fd, layout.CEASED)
-        if ceased_fd is None:
-            return {n: {} for n in found}
-        fds.add(ceased_fd)
-        for n in found:
+    prefix = f"{attempt}."
+    with st:
+        for n in (e[len(prefix):] for e in st.listing(layout.CEASED) if e.startswith(prefix)):
             try:
-                fd = os.open(f"{attempt}.{n}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                             dir_fd=ceased_fd)
-            except OSError:
+                out[n] = _evidence(st.read(layout.CEASED, f"{attempt}.{n}", MAX_EVIDENCE))
+            except StoreError:
                 out[n] = {}
-                continue
-            try:
-                data = os.read(fd, MAX_EVIDENCE)
-            except OSError:
-                data = b""
-            finally:
-                os.close(fd)
-            try:
-                ev = json.loads(data) if data else {}
-            except ValueError:
-                ev = {}
-            out[n] = ev if isinstance(ev, dict) else {}
     return out
 
 

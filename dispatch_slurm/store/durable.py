@@ -11,6 +11,7 @@ import errno
 import os
 import stat
 from contextlib import contextmanager
+from typing import Optional
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -204,6 +205,65 @@ def remove_tree(name: str, parent_fd: int) -> int:
         return freed
     except FileNotFoundError:
         return 0
+
+
+def rmdir_empty(name: str, dir_fd: int) -> bool:
+    """Remove an empty folder; False when it is not empty (or already gone)."""
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            return False
+        raise
+
+
+def usage(name: str, dir_fd: int) -> int:
+    """Bytes on disk of an entry and everything under it, never following a symlink;
+    FileNotFoundError if the entry itself is gone."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_blocks * 512
+    size = st.st_blocks * 512
+    fd = open_dir(name, dir_fd=dir_fd)
+    try:
+        for e in os.listdir(fd):
+            try:
+                size += usage(e, fd)
+            except FileNotFoundError:
+                continue
+    finally:
+        os.close(fd)
+    return size
+
+
+def times(fd: int, top: Optional[dict] = None) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """(oldest, newest) mtime of everything under the folder fd, its folders' own too, and
+    the newest of its files and empty folders only (None: it holds nothing); ``top`` gets
+    each entry's name -> whether it is a folder. Symlinks are not followed."""
+    first = last = newest = None
+    for name in os.listdir(fd):
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        t = own = st.st_mtime
+        first, last = min(first if first is not None else t, t), max(last if last is not None else t, t)
+        if top is not None:
+            top[name] = stat.S_ISDIR(st.st_mode)
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                sub = open_dir(name, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                f, l, n = times(sub)
+            finally:
+                os.close(sub)
+            first, last = min(first, f if f is not None else t), max(last, l if l is not None else t)
+            own = n if n is not None else t
+        newest = own if newest is None else max(newest, own)
+    return first, last, newest
 
 
 def truncate(name: str, dir_fd: int, length: int) -> None:

@@ -20,21 +20,14 @@ create and the write) or its writer died there: it is read again until ``SETTLE_
 refused naming the file. On S3 the claim is one conditional PUT (If-None-Match: *) with
 its body, so it is never seen half-written; a 412 is answered by a GET."""
 
-import errno
-import os
-import stat
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
-from typing import Iterator
 
 from ..contract import layout, names
 from ..contract.epoch import R_MAX, decompose
 from ..errors import BadName, BadPath, DispatchError, EnvError, StoreError
-from . import s3
-from .durable import DirFds, create_new
-from .posix import open_entry, open_root
-from .roots import is_s3
+from .base import Store
+from .roots import at
 
 SETTLE_S = 5.0  # how long an incomplete claim is read again before it is refused
 CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
@@ -116,75 +109,24 @@ def _owner(read: Read, create: Create | None, root: str, epoch: int, mine: str |
                      "claims (dispatch-slurm never does)")
 
 
-@contextmanager
-def _posix(root: str, epoch: int, root_fd: int | None, missing_root_ok: bool) -> Iterator[tuple[Read, Create]]:
-    """(read, create) of ``epochs/<epoch>``, never through a symlink (epochs/ and the claim
-    are opened with O_NOFOLLOW); read is None-safe when ``missing_root_ok`` and the root
-    does not exist (an array task's root, made with its exec folder)."""
+def _claimant(st: Store, epoch: int, mine: str | None, missing_root_ok: bool = False) -> str | None:
+    """Who claimed ``epoch`` (None: nobody); ``mine`` given: claim it for ``mine`` if nobody
+    has. ``missing_root_ok``: a root that does not exist yet (an array task's, made with its
+    exec folder) has no claims. The claim is never read through a symlink (the store's read)."""
     name = names.claim_name(epoch)
-    where = f"{root}/{layout.EPOCHS}/{name}"
-    with DirFds() as fds:
-        if root_fd is None:
-            try:
-                root_fd = fds.add(open_root(root))
-            except StoreError:
-                if not missing_root_ok or os.path.lexists(root):
-                    raise
-                yield (lambda: None), (lambda body: False)
-                return
-        ep: list[int] = []
+    where = st.where(layout.EPOCHS, name)
 
-        def folder(create: bool) -> int | None:
-            if not ep:
-                fd = open_entry(root, root_fd, layout.EPOCHS, create=create)
-                if fd is None:
-                    return None
-                ep.append(fds.add(fd))
-            return ep[0]
+    def read() -> bytes | None:
+        if missing_root_ok and st.root_missing():
+            return None
+        return st.read(layout.EPOCHS, name, CLAIM_MAX + 1)
 
-        def read() -> bytes | None:
-            fd = folder(False)
-            if fd is None:
-                return None
-            try:
-                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-            except FileNotFoundError:
-                return None
-            except OSError as e:
-                hint = "; it is a symlink, which the protocol never follows (remove it)" if e.errno == errno.ELOOP else ""
-                raise StoreError(f"{where}: {e.strerror}{hint}") from None
-            with os.fdopen(f, "rb") as fh:
-                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                    raise StoreError(f"{where} is not a regular file: not a claim (remove it)")
-                return fh.read(CLAIM_MAX + 1)
-
-        def create(body: bytes) -> bool:
-            fd = folder(True)
-            try:
-                create_new(name, fd, body)  # the content fsynced, then epochs/
-            except FileExistsError:
-                return False
-            except OSError as e:
-                raise StoreError(f"{where}: {e.strerror}") from None
-            os.fsync(root_fd)
-            return True
-        yield read, create
-
-
-@contextmanager
-def _s3(root: str, epoch: int) -> Iterator[tuple[Read, Create]]:
-    bucket, prefix = s3.split(root)
-    name = names.claim_name(epoch)
-    yield (lambda: s3.read(f"{root}/{layout.EPOCHS}/{name}"),
-           lambda body: s3.create_new(bucket, f"{prefix}{layout.EPOCHS}/{name}", f"{root}/{layout.EPOCHS}", body))
-
-
-def _claimant(root: str, epoch: int, mine: str | None, *, root_fd: int | None = None,
-              missing_root_ok: bool = False) -> str | None:
-    """Who claimed ``epoch`` (None: nobody); ``mine`` given: claim it for ``mine`` if nobody has."""
-    store = _s3(root, epoch) if is_s3(root) else _posix(root, epoch, root_fd, missing_root_ok)
-    with store as (read, create):
-        return _owner(read, create if mine is not None else None, root, epoch, mine)
+    def create(body: bytes) -> bool:
+        try:
+            return st.create(layout.EPOCHS, name, body)  # the content made durable, then epochs/
+        except OSError as e:
+            raise StoreError(f"{where}: {e.strerror}") from None
+    return _owner(read, create if mine is not None else None, st.root, epoch, mine)
 
 
 # ---- the entry points ---------------------------------------------------------------------
@@ -194,7 +136,7 @@ def claim(root: str, attempt: str, fix_root: str | None = None) -> None:
     (naming the other job and the fix) when another attempt holds it. ``fix_root``: the
     root to name in the fix (an array job's %a pattern)."""
     epoch = epoch_of(attempt)
-    owner = _claimant(root, epoch, attempt)
+    owner = _claimant(at(root), epoch, attempt)
     if owner != attempt:
         raise EpochClaimed(claimed_message(root, epoch, owner, attempt, fix_root), owner)
 
@@ -206,26 +148,13 @@ def check_submission(root: str, n: int, label: str = "DISPATCH_SUBMISSION") -> N
     decompose(n * 10**6)  # N in range
     entry = names.submission_name(n)
     where = f"{root}/{layout.SUB}/{entry}"
-    if is_s3(root):
-        s3.reachable(root)
-        found = s3.object_exists(where)
-    else:
-        with DirFds() as fds:
-            fd = open_entry(root, fds.add(open_root(root)), layout.SUB)
-            found = fd is not None and _exists(entry, fds.add(fd))
-    if not found:
+    st = at(root)
+    st.reachable()
+    if not st.has(layout.SUB, entry):
         raise EnvError(f"{label}={n} was never allocated under {root} (no {where}): a submission number comes "
                        f"from `dispatch-slurm submit {root} -- ...`, `dispatch-slurm run` or `sbatch "
                        f"--dispatch-checkpoint={root}`, which create {layout.SUB}/<N> and pass N to the job, or "
                        "leave it unset in a plain sbatch job, which then allocates its own; never set it by hand")
-
-
-def _exists(name: str, dir_fd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def prepare(values: dict, mode: int, pattern: str, label: str = "DISPATCH_SUBMISSION", mkdir: bool = True) -> str:
@@ -234,12 +163,11 @@ def prepare(values: dict, mode: int, pattern: str, label: str = "DISPATCH_SUBMIS
     epoch another job claimed; for the execution's first process, refuse an N never
     allocated; make the exec folder; claim the epoch. ``pattern``: the root as the job
     named it (an array's ``.../task-%a``); ``mkdir=False`` checks only, creating nothing."""
-    from . import roots
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
     epoch = epoch_of(attempt)
-    if is_s3(root):
-        s3.reachable(root)  # a missing bucket is said as such, not as a missing claim
-    owner = _claimant(root, epoch, None, missing_root_ok="%a" in pattern)
+    st = at(root)
+    st.reachable()  # a missing bucket is said as such, not as a missing claim
+    owner = _claimant(st, epoch, None, missing_root_ok="%a" in pattern)
     if owner is not None and owner != attempt:
         raise EpochClaimed(claimed_message(root, epoch, owner, attempt, pattern), owner)
     if owner is None:  # the first process: its N must be one a submission allocated (a later
@@ -247,12 +175,12 @@ def prepare(values: dict, mode: int, pattern: str, label: str = "DISPATCH_SUBMIS
         check_submission(names.submission_dir(pattern), int(values["DISPATCH_SUBMISSION"]), label)
     if not mkdir:
         return values["DISPATCH_EXEC_DIR"]
-    path = roots.make_exec_dir(root, attempt, mode, create_root="%a" in pattern)
+    path = st.make_exec_dir(attempt, mode, create_root="%a" in pattern)
     claim(root, attempt, pattern)
     return path
 
 
-def for_publication(root: str, epoch: int, publisher: str | None, save, root_fd: int | None = None) -> str:
+def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
     """The attempt a publication at ``epoch`` is made for; refuses one at an epoch another
     attempt claimed. ``publisher``: the publishing execution (DISPATCH_ATTEMPT, else the
     writer of its own save), which claims an unclaimed epoch (roots from before claims, a
@@ -261,8 +189,9 @@ def for_publication(root: str, epoch: int, publisher: str | None, save, root_fd:
     if publisher is not None and names.attempt_epoch(publisher) != epoch:
         raise BadPath(f"refusing to publish {save} at epoch {epoch}: DISPATCH_ATTEMPT={publisher} is an "
                       f"execution of epoch {names.attempt_epoch(publisher)}; publish at its own epoch")
-    owner = _claimant(root, epoch, publisher, root_fd=root_fd)
-    where = f"{root}/{layout.EPOCHS}/{names.claim_name(epoch)}"
+    root = st.root
+    owner = _claimant(st, epoch, publisher)
+    where = st.where(layout.EPOCHS, names.claim_name(epoch))
     if owner is None:
         raise BadPath(f"refusing to adopt {save} at epoch {epoch}: no execution has claimed that epoch "
                       f"({where} does not exist) and DISPATCH_ATTEMPT is not set; adopt from inside the "
@@ -281,17 +210,11 @@ def newest_of_job(root: str, attempt: str) -> str:
     is a later execution of that very job (the submitit integration's answer check)."""
     mine = epoch_of(attempt)
     top = mine - decompose(mine).restart + R_MAX  # a requeue changes R only: the job's epochs end here
-    if is_s3(root):
-        entries = s3.list_names(root, layout.EPOCHS)
-    else:
-        try:
-            entries = os.listdir(os.path.join(root, layout.EPOCHS))
-        except FileNotFoundError:
-            entries = []
-    for name in sorted(entries, reverse=True):
+    st = at(root)
+    for name in sorted(st.listing(layout.EPOCHS), reverse=True):
         if not name.isdigit() or not mine < int(name) <= top:
             continue
-        owner = _claimant(root, int(name), None)
+        owner = _claimant(st, int(name), None)
         if owner is not None and _job(owner) == _job(attempt):
             return owner  # the greatest such epoch: the listing is walked from the top
     return attempt

@@ -43,10 +43,7 @@ import time
 
 from ..contract.layout import EVENTS
 from ..errors import DispatchError
-from . import s3
-from .durable import DirFds, append, open_dir
-from .posix import open_entry
-from .roots import is_s3
+from .roots import at
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
@@ -70,13 +67,7 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
            "attempt": attempt, "epoch": int(epoch) if epoch and epoch.isdigit() else None,
            "host": host, "pid": os.getpid(), **fields}
     line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
-    name = f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}.jsonl"
-    if is_s3(root):  # S3 cannot append: one object per event, named apart by time
-        s3.put_event(root, f"{name[:-len('.jsonl')]}.{time.time_ns()}.jsonl", line)
-        return rec
-    with DirFds() as fds:
-        ev_fd = fds.add(open_entry(root, fds.add(open_dir(root, follow=True)), EVENTS, create=True))
-        append(name, ev_fd, line, sync=False)
+    at(root).add_event(f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}", line)
     return rec
 
 
@@ -93,15 +84,7 @@ def record(type_: str, **kwargs) -> dict | None:
 def _files(root: str, attempt: str | None = None):
     """(name, content) of every events file (on S3: object) under ``root``, in name order;
     only ``attempt``'s when given (its files are named ``<attempt>.<host>.<pid>...``)."""
-    prefix = f"{_UNSAFE.sub('_', attempt)}." if attempt else ""
-    if is_s3(root):
-        yield from ((n, d) for n, d in s3.event_objects(root) if n.startswith(prefix))
-        return
-    folder = os.path.join(root, EVENTS)
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.startswith(prefix):
-            with open(os.path.join(folder, name), "rb") as f:
-                yield name, f.read()
+    yield from at(root).event_files(f"{_UNSAFE.sub('_', attempt)}." if attempt else "")
 
 
 def read(root: str, attempt: str | None = None, strict: bool = True) -> list[dict]:

@@ -19,7 +19,6 @@ find the first job's entry: ``for_job`` cannot tell, so such a root should get a
 folder, as docs/troubleshooting.md says. On S3 the entry is one conditional PUT with its
 body (never seen half-written)."""
 
-import os
 import re
 import time
 
@@ -27,10 +26,7 @@ from ..contract import env as envmod
 from ..contract import layout, names
 from ..contract.siteconf import Site
 from ..errors import BadName, EnvError, StoreError
-from . import roots, s3
-from .durable import DirFds, create_new
-from .posix import open_entry, open_root
-from .roots import is_s3
+from .roots import at
 
 SETTLE_S = 5.0  # an entry read empty or without its newline: its writer is between create and write
 _ENTRY = re.compile(rb"([0-9]{6})\n")
@@ -64,46 +60,6 @@ def _parse(data: bytes, where: str) -> int | None:
     return int(m[1])
 
 
-def _read_posix(root: str, name: str) -> bytes | None:
-    with DirFds() as fds:
-        fd = open_entry(root, fds.add(open_root(root)), layout.JOBS)
-        if fd is None:
-            return None
-        fds.add(fd)
-        try:
-            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise StoreError(f"{root}/{layout.JOBS}/{name}: {e.strerror} (a symlink is never followed: "
-                             "remove it)") from None
-        with os.fdopen(f, "rb") as fh:
-            return fh.read(64)
-
-
-def _create_posix(root: str, name: str, body: bytes) -> bool:
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        fd = fds.add(open_entry(root, root_fd, layout.JOBS, create=True))
-        try:
-            create_new(name, fd, body)
-        except FileExistsError:
-            return False
-        os.fsync(root_fd)
-        return True
-
-
-def _read(root: str, name: str) -> bytes | None:
-    return s3.read(f"{root}/{layout.JOBS}/{name}") if is_s3(root) else _read_posix(root, name)
-
-
-def _create(root: str, name: str, body: bytes) -> bool:
-    if is_s3(root):
-        bucket, prefix = s3.split(root)
-        return s3.create_new(bucket, f"{prefix}{layout.JOBS}/{name}", f"{root}/{layout.JOBS}", body)
-    return _create_posix(root, name, body)
-
-
 def lookup(root: str, cluster: str, job_id: str) -> int | None:
     """The N recorded for the job, or None; an incomplete entry is read again until
     SETTLE_S, then refused naming the file."""
@@ -111,7 +67,7 @@ def lookup(root: str, cluster: str, job_id: str) -> int | None:
     where = f"{root}/{layout.JOBS}/{name}"
     deadline, pause = time.monotonic() + SETTLE_S, 0.01
     while True:
-        data = _read(root, name)
+        data = at(root).read(layout.JOBS, name, 64)
         if data is None:
             return None
         n = _parse(data, where)
@@ -133,8 +89,9 @@ def for_job(root: str, cluster: str, job_id: str) -> int:
         n = lookup(root, cluster, job_id)
         if n is not None:
             return n
-        n = roots.allocate_submission(root)
-        if _create(root, name, f"{names.submission_name(n)}\n".encode()):
+        st = at(root)
+        n = st.allocate_submission()
+        if st.create(layout.JOBS, name, f"{names.submission_name(n)}\n".encode()):
             return n
     raise StoreError(f"{root}/{layout.JOBS}/{name} keeps vanishing: something removes it (dispatch-slurm never does)")
 

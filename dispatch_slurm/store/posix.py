@@ -5,22 +5,27 @@
     <root>/sub/<NNNNNN>      submission numbers, O_EXCL-allocated
 
 No locks, no pointer file, no rename: locks are unreliable on Lustre, NFS and GPFS,
-and check-then-rename loses to a stalled old run. The latest save is found by
-listing pub/ and taking the greatest (epoch, step); an entry that does not parse is
-an error naming it, never skipped, because a skipped entry could be the latest.
-Publishing itself (with its checks, the save's fsync and the event) is
-``store.publish``: the one publish path."""
+and check-then-rename loses to a stalled old run. Every call goes through directory
+file descriptors opened with O_NOFOLLOW below the root (durable.py): a symlink planted
+inside the root is never followed, and what is created lands exactly where it was
+checked. Inside a session (``with store:``) every call works under one fd of the root."""
 
+from __future__ import annotations
+
+import errno
 import os
 import stat
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 from ..contract import layout, names
-from ..contract.names import Publication
 from ..errors import BadPath, StoreError
-from . import protocol
-from .durable import DirFds, create_new, ensure_dir, in_the_way, open_dir, walk_to
+from . import inventory
+from .base import Store
+from .durable import (DirFds, append, create_new, ensure_dir, in_the_way, open_dir, remove_tree, rmdir_empty,
+                      sync_tree, times, truncate, usage, walk, walk_to)
+
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def open_root(root: str) -> int:
@@ -29,9 +34,6 @@ def open_root(root: str) -> int:
     try:
         return open_dir(root, follow=True)
     except FileNotFoundError:
-        if str(root).startswith("s3://"):  # only the error path pays for the question
-            raise StoreError(f"checkpoint root {root}: this command needs a POSIX root; s3:// roots serve "
-                             "publish, latest, ls, watch, env, submit, report and gc") from None
         raise StoreError(f"checkpoint root {root} does not exist (create it first)") from None
     except NotADirectoryError:
         raise StoreError(f"checkpoint root {root} is not a directory") from None
@@ -59,170 +61,416 @@ def open_entry(root: str, root_fd: int, name: str, create: bool = False) -> int 
         raise StoreError(f"{where}: {e.strerror}") from None
 
 
-@contextmanager
-def folder(root: str, name: str, create: bool = False) -> Iterator[int | None]:
-    """An fd of the protocol folder ``<root>/<name>`` for *at() calls, closed on exit;
-    None when it does not exist and ``create`` is false."""
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        fd = open_entry(root, root_fd, name, create)
-        yield fd if fd is None else fds.add(fd)
+def _folder(fd: int) -> inventory.Folder:
+    entries: dict[str, bool] = {}
+    first, last, newest = times(fd, entries)
+    return inventory.Folder(first, last, newest if newest is not None else os.fstat(fd).st_mtime, entries)
 
 
-def read_entry(root: str, name: str, entry: str) -> bytes | None:
-    """The content of ``<root>/<name>/<entry>`` (never through a symlink), or None if
-    either does not exist."""
-    with folder(root, name) as fd:
-        if fd is None:
-            return None
-        try:
-            f = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-        except FileNotFoundError:
-            return None
-        with os.fdopen(f, "rb") as fh:
-            return fh.read()
-
-
-def save_relpath(root: str, root_fd: int, save: str) -> str:
-    """The save's canonical path under the root, checked from root_fd without
-    following any symlink: a save is a real folder or file inside the root."""
-    root_abs, save_abs = os.path.abspath(root).rstrip("/"), os.path.abspath(save)
-    if save_abs.startswith(root_abs + "/"):
-        rel = save_abs[len(root_abs) + 1:]
-    else:  # named through another alias of the root (e.g. the root's resolved symlink)
-        rel = os.path.relpath(os.path.realpath(save), os.path.realpath(root))
-        if rel == "." or rel == ".." or rel.startswith("../"):
-            raise BadPath(f"save {save} is not inside the checkpoint root {root}")
-    names.check_relpath(rel)
-    try:
-        parent = walk_to(rel, root_fd)
-    except FileNotFoundError:
-        raise BadPath(f"save {save} does not exist") from None
-    except OSError as e:
-        if in_the_way(e):
-            raise BadPath(f"save {save}: a component is a symlink or not a folder; "
-                          "a save must be a real folder or file inside the root") from None
-        raise
-    try:
-        st = os.stat(rel.rsplit("/", 1)[-1], dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        raise BadPath(f"save {save} does not exist") from None
-    finally:
-        if parent != root_fd:
-            os.close(parent)
-    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        raise BadPath(f"save {save} is a symlink or special file, not a folder or file")
-    return rel
-
-
-def check_name_fits(root_fd: int, name: str, rel: str) -> None:
-    """Refuse a publication name over the filesystem's limit before anything is created."""
-    limit = os.fpathconf(root_fd, "PC_NAME_MAX")
-    if len(os.fsencode(name)) > limit:
-        raise BadPath(f"publication name for {rel!r} is {len(name)} bytes, over this filesystem's "
-                      f"limit of {limit}: use a shorter save path (at most ~{(limit - 42) * 5 // 8} bytes)")
-
-
-def create_publication(root: str, root_fd: int, name: str) -> bool:
-    """O_EXCL-create pub/<name>, then fsync pub/ and the root; True if created now.
-
-    An entry that already exists is fsynced all the same: a retry after a failed
-    fsync completes the durability the first call could not confirm."""
-    with DirFds() as fds:
-        pub_fd = fds.add(open_entry(root, root_fd, layout.PUB, create=True))
-        try:
-            create_new(name, pub_fd, sync=False)
-            created = True
-        except FileExistsError:
-            created = False
-        os.fsync(pub_fd)
-        os.fsync(root_fd)
-    return created
-
-
-def list_entries(root: str, name: str) -> list[str]:
-    """The entries of the protocol folder ``<root>/<name>`` ([] if it does not exist)."""
-    with folder(root, name) as fd:
-        return [] if fd is None else os.listdir(fd)
-
-
-def _list_pub(root: str) -> list[str]:
-    return list_entries(root, layout.PUB)
-
-
-def publications(root: str) -> list[Publication]:
-    """All publications, ordered by (epoch, step), ties broken by name."""
-    return protocol.publications(_list_pub(root), f"{root}/{layout.PUB}")
-
-
-def latest(root: str) -> Publication | None:
-    """The publication with the greatest (epoch, step) a person has not retired, or
-    None; a latest gc retired is an error (protocol.latest)."""
-    return protocol.latest(_list_pub(root), root, lambda name: read_entry(root, layout.RETIRED, name),
-                           lambda: list_entries(root, layout.RETIRED))
-
-
-def check_owner(root: str, root_fd: int) -> None:
-    """Exec folders and submission numbers go only under a root the user owns: a
-    root someone else controls could be rearranged under the job's feet."""
-    st = os.fstat(root_fd)
+def _check_owner(root: str, fd: int) -> None:
+    st = os.fstat(fd)
     if st.st_uid != os.geteuid():
         raise StoreError(f"checkpoint root {root} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
 
 
-def allocate_submission(root: str) -> int:
-    """The next submission number N under <root>/sub/, lock-free.
+class PosixStore(Store):
+    kind = "POSIX"
+    local = True
+    appendable = True
 
-    Take max+1 and O_EXCL-create it; on EEXIST another submitter won that number,
-    so try the next. Durable (sub/ and root fsynced) before N is used: a lost entry
-    could hand the same N, hence the same epoch, to two submissions."""
-    where = f"{root}/{layout.SUB}"
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        check_owner(root, root_fd)
-        sub_fd = fds.add(open_entry(root, root_fd, layout.SUB, create=True))
+    def __init__(self, root: str):
+        super().__init__(root)
+        self._root_fd: Optional[int] = None
+        self._depth = 0
 
-        def create(name: str) -> bool:
+    @classmethod
+    def absolute(cls, value: str, from_env: bool) -> str:
+        """Named on a command line: made absolute (lexically: symlinks are kept); from
+        $DISPATCH_CHECKPOINT: refused when relative (every node and task reads the same path)."""
+        if from_env:
+            if not value.startswith("/"):
+                raise StoreError(f"$DISPATCH_CHECKPOINT={value!r} is relative: a job's root must be absolute "
+                                 "(every node and task reads the same path); set it to an absolute path, or "
+                                 "name the root on the command line")
+            return value.rstrip("/") or "/"
+        return os.path.abspath(value)
+
+    # -- the session: one fd of the root -------------------------------------------------
+
+    def __enter__(self) -> "PosixStore":
+        if self._depth == 0:
+            self._root_fd = open_root(self.root)
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    @contextmanager
+    def _fd(self) -> Iterator[int]:
+        with self:
+            yield self._root_fd
+
+    @contextmanager
+    def _folder(self, folder: str, create: bool = False) -> Iterator[Optional[int]]:
+        """An fd of ``<root>/<folder>`` (None when it does not exist and not ``create``), closed on exit."""
+        with self._fd() as root_fd:
+            fd = open_entry(self.root, root_fd, folder, create)
             try:
-                create_new(name, sub_fd)
-                return True
+                yield fd
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+    def reachable(self) -> None:
+        """Every call opens the root and says what is wrong with it: nothing to ask first."""
+
+    def root_missing(self) -> bool:
+        return not os.path.lexists(self.root)
+
+    def owned(self) -> None:
+        """Exec folders, submission numbers and gc's removals only under a root the user owns:
+        a root someone else controls could be rearranged under the job's feet."""
+        with self._fd() as fd:
+            _check_owner(self.root, fd)
+
+    # -- entries of protocol folders ----------------------------------------------------
+
+    def listing(self, folder: str) -> list[str]:
+        with self._folder(folder) as fd:
+            return [] if fd is None else os.listdir(fd)
+
+    def read(self, folder: str, name: str, limit: Optional[int] = 1 << 20) -> Optional[bytes]:
+        where = self.where(folder, name)
+        with self._folder(folder) as fd:
+            if fd is None:
+                return None
+            try:
+                f = os.open(name, _READ, dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                hint = "; it is a symlink, which the protocol never follows (remove it)" if e.errno == errno.ELOOP else ""
+                raise StoreError(f"{where}: {e.strerror}{hint}") from None
+            with os.fdopen(f, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise StoreError(f"{where} is not a regular file (remove it)")
+                return fh.read() if limit is None else fh.read(limit)
+
+    def has(self, folder: str, name: str) -> bool:
+        with self._folder(folder) as fd:
+            if fd is None:
+                return False
+            try:
+                os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            return True
+
+    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444) -> bool:
+        """O_EXCL-create, the content fsynced, then the folder and the root."""
+        with self._fd() as root_fd, self._folder(folder, create=True) as fd:
+            try:
+                create_new(name, fd, body, mode)
             except FileExistsError:
                 return False
-        n = protocol.allocate(os.listdir(sub_fd), create, where)
-        os.fsync(root_fd)
-    return n
+            os.fsync(root_fd)
+            return True
 
+    def delete(self, folder: str, name: str) -> bool:
+        with self._folder(folder) as fd:
+            if fd is None:
+                return False
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                return False
+            os.fsync(fd)
+            return True
 
-def make_exec_dir(root: str, attempt: str, mode: int = 0o700, create_root: bool = False) -> str:
-    """Create <root>/exec/<attempt>/ (mode 0700 unless a site sets a group mode).
+    def fill_empty(self, folder: str, name: str, body: bytes) -> bytes:
+        """gc makes its markers read-only: made writable for the write, read-only again after."""
+        with self._folder(folder) as dir_fd:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise BadPath(f"{folder}/{name} is not a regular file (remove it)")
+                old = os.read(fd, 4096)
+                if old:
+                    return old
+                os.fchmod(fd, st.st_mode | stat.S_IWUSR)
+                w = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    os.write(w, body)
+                    os.fsync(w)
+                finally:
+                    os.close(w)
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            finally:
+                os.close(fd)
+            os.fsync(dir_fd)
+        return b""
 
-    Runs as the job user. exec/ and the attempt folder are opened with O_NOFOLLOW:
-    a symlink planted there is refused, never followed. An existing attempt folder
-    is fine (several steps of one execution) if it is a real directory we own.
-    ``create_root`` creates the root's last component (an array task's root under
-    the job's root); the parent must exist."""
-    if not attempt or "/" in attempt or attempt in (".", ".."):
-        raise BadPath(f"attempt token {attempt!r} is not a single path component")
-    path = f"{root}/{layout.exec_relpath(attempt)}"
-    with DirFds() as fds:
+    def too_long(self, folder: str, name: str) -> Optional[str]:
+        with self._fd() as fd:
+            if len(os.fsencode(name)) > os.fpathconf(fd, "PC_NAME_MAX"):
+                return f"its {folder}/ name would be over the filesystem's limit: left alone"
+        return None
+
+    def flush(self, folder: str) -> None:
+        with self._folder(folder) as fd:
+            if fd is not None:
+                os.fsync(fd)
+
+    # -- saves and publications ---------------------------------------------------------
+
+    def save_relpath(self, save) -> str:
+        """Checked from the root's fd without following any symlink: a save is a real
+        folder or file inside the root."""
+        root = self.root
+        root_abs, save_abs = os.path.abspath(root).rstrip("/"), os.path.abspath(save)
+        if save_abs.startswith(root_abs + "/"):
+            rel = save_abs[len(root_abs) + 1:]
+        else:  # named through another alias of the root (e.g. the root's resolved symlink)
+            rel = os.path.relpath(os.path.realpath(save), os.path.realpath(root))
+            if rel == "." or rel == ".." or rel.startswith("../"):
+                raise BadPath(f"save {save} is not inside the checkpoint root {root}")
+        names.check_relpath(rel)
+        with self._fd() as root_fd:
+            try:
+                parent = walk_to(rel, root_fd)
+            except FileNotFoundError:
+                raise BadPath(f"save {save} does not exist") from None
+            except OSError as e:
+                if in_the_way(e):
+                    raise BadPath(f"save {save}: a component is a symlink or not a folder; "
+                                  "a save must be a real folder or file inside the root") from None
+                raise
+            try:
+                st = os.stat(rel.rsplit("/", 1)[-1], dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                raise BadPath(f"save {save} does not exist") from None
+            finally:
+                if parent != root_fd:
+                    os.close(parent)
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            raise BadPath(f"save {save} is a symlink or special file, not a folder or file")
+        return rel
+
+    def relpath(self, save) -> str:
+        root_abs, save_abs = os.path.abspath(self.root).rstrip("/"), os.path.abspath(save)
+        if not save_abs.startswith(root_abs + "/"):
+            raise BadPath(f"{save} is not inside the checkpoint root {self.root}")
+        return names.check_relpath(save_abs[len(root_abs) + 1:])
+
+    def save_exists(self, rel: str) -> bool:
+        return os.path.lexists(os.path.join(self.root, rel))
+
+    def sync(self, save) -> None:
+        with self:
+            self.sync_save(self.save_relpath(save), save)
+
+    def sync_save(self, rel: str, save) -> None:
+        with self._fd() as root_fd, DirFds() as fds:
+            parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
+            try:
+                sync_tree(rel.rsplit("/", 1)[-1], parent)
+            except FileNotFoundError:
+                raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
+
+    def publication_fits(self, name: str, rel: str) -> None:
+        """Refuse a publication name over the filesystem's limit before anything is created."""
+        with self._fd() as fd:
+            limit = os.fpathconf(fd, "PC_NAME_MAX")
+        if len(os.fsencode(name)) > limit:
+            raise BadPath(f"publication name for {rel!r} is {len(name)} bytes, over this filesystem's "
+                          f"limit of {limit}: use a shorter save path (at most ~{(limit - 42) * 5 // 8} bytes)")
+
+    def create_publication(self, name: str) -> bool:
+        """O_EXCL-create pub/<name>, then fsync pub/ and the root."""
+        with self._fd() as root_fd, self._folder(layout.PUB, create=True) as pub_fd:
+            try:
+                create_new(name, pub_fd, sync=False)
+                created = True
+            except FileExistsError:
+                created = False
+            os.fsync(pub_fd)
+            os.fsync(root_fd)
+        return created
+
+    def published_at(self, name: str) -> Optional[float]:
         try:
-            if create_root:
-                parent, leaf = os.path.split(root)
-                parent_fd = fds.add(open_root(parent))
-                check_owner(parent, parent_fd)
-                root_fd = fds.add(ensure_dir(leaf, parent_fd)[0])
-            else:
-                root_fd = fds.add(open_root(root))
-            check_owner(root, root_fd)
-            exec_fd = fds.add(ensure_dir(layout.EXEC, root_fd)[0])
-            att_fd = fds.add(ensure_dir(attempt, exec_fd, mode)[0])
-        except NotADirectoryError:
-            raise BadPath(f"{path}: a symlink or non-directory is in the way; refusing to follow it") from None
-        except PermissionError:
-            raise StoreError(f"{path}: permission denied") from None
-        st = os.fstat(att_fd)
-        if st.st_uid != os.geteuid():
-            raise BadPath(f"{path} exists and belongs to uid {st.st_uid}, not to this user")
-        if stat.S_IMODE(st.st_mode) != mode:
-            os.fchmod(att_fd, mode)  # umask may have removed bits a group mode asks for
-    return path
+            return os.stat(os.path.join(self.root, layout.PUB, name)).st_mtime
+        except OSError:
+            return None
+
+    def make_exec_dir(self, attempt: str, mode: int = 0o700, create_root: bool = False) -> str:
+        """Create <root>/exec/<attempt>/ (mode 0700 unless a site sets a group mode).
+
+        Runs as the job user. exec/ and the attempt folder are opened with O_NOFOLLOW:
+        a symlink planted there is refused, never followed. An existing attempt folder
+        is fine (several steps of one execution) if it is a real directory we own."""
+        self.check_attempt(attempt)
+        root = self.root
+        path = f"{root}/{layout.exec_relpath(attempt)}"
+        with DirFds() as fds:
+            try:
+                if create_root:
+                    parent, leaf = os.path.split(root)
+                    parent_fd = fds.add(open_root(parent))
+                    _check_owner(parent, parent_fd)
+                    root_fd = fds.add(ensure_dir(leaf, parent_fd)[0])
+                else:
+                    root_fd = fds.add(open_root(root))
+                _check_owner(root, root_fd)
+                exec_fd = fds.add(ensure_dir(layout.EXEC, root_fd)[0])
+                att_fd = fds.add(ensure_dir(attempt, exec_fd, mode)[0])
+            except NotADirectoryError:
+                raise BadPath(f"{path}: a symlink or non-directory is in the way; refusing to follow it") from None
+            except PermissionError:
+                raise StoreError(f"{path}: permission denied") from None
+            st = os.fstat(att_fd)
+            if st.st_uid != os.geteuid():
+                raise BadPath(f"{path} exists and belongs to uid {st.st_uid}, not to this user")
+            if stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(att_fd, mode)  # umask may have removed bits a group mode asks for
+        return path
+
+    # -- events: one file per process, appended without fsync ---------------------------
+
+    def add_event(self, name: str, line: bytes) -> None:
+        with self._folder(layout.EVENTS, create=True) as fd:
+            append(f"{name}.jsonl", fd, line, sync=False)
+
+    def event_files(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        if self.root_missing():
+            return  # nothing has happened there yet
+        with self:
+            for name in sorted(self.listing(layout.EVENTS)):
+                if name.startswith(prefix):
+                    yield name, self.read(layout.EVENTS, name, None) or b""
+
+    # -- gc ------------------------------------------------------------------------------
+
+    def inventory(self, pattern: str = names.STEP_PATTERN) -> inventory.Inventory:
+        pubs = self.publications()
+        with self._fd() as root_fd:
+            marks = self.listing(layout.RETIRED)
+            inv = self.finish_inventory(pubs, marks, self._folders(), pattern, self.by_person(marks))
+            for s in inv.saves.values():
+                self._measure(s, root_fd)
+            self.check_problems(inv)
+        return inv
+
+    def _folders(self) -> dict[str, inventory.Folder]:
+        """Every real folder under exec/ (a symlink or a file there is nobody's)."""
+        out: dict[str, inventory.Folder] = {}
+        with self._folder(layout.EXEC) as exec_fd:
+            for attempt in sorted(os.listdir(exec_fd)) if exec_fd is not None else []:
+                try:
+                    fd = open_dir(attempt, dir_fd=exec_fd)
+                except OSError:
+                    continue  # gone meanwhile (another gc), or not a folder
+                try:
+                    out[attempt] = _folder(fd)
+                finally:
+                    os.close(fd)
+        return out
+
+    @staticmethod
+    def _measure(save: inventory.Save, root_fd: int) -> None:
+        try:
+            parent = walk(save.path, root_fd)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if in_the_way(e):
+                save.problem = "a component of its path is a symlink or not a folder: never followed"
+                return
+            raise
+        try:
+            save.size = usage(save.path.rsplit("/", 1)[-1], parent[-1])
+            save.exists = True
+        except FileNotFoundError:
+            pass
+        finally:
+            for fd in parent[1:]:
+                os.close(fd)
+
+    def remove(self, rel: str) -> int:
+        """Remove the save, then its folders up to exec/<attempt> while they are empty."""
+        parts = rel.split("/")
+        with self._fd() as root_fd:
+            try:
+                fds = walk(rel, root_fd)
+            except FileNotFoundError:
+                return 0
+            try:
+                freed = remove_tree(parts[-1], fds[-1])
+                for i in range(len(parts) - 2, 0, -1):  # parts[i] lives in fds[i]; never exec/ itself
+                    if not rmdir_empty(parts[i], fds[i]):
+                        break
+                return freed
+            finally:
+                for fd in fds[1:]:
+                    os.close(fd)
+
+    def drop_empty(self, attempts: list[str]) -> None:
+        if attempts:
+            with self._folder(layout.EXEC) as exec_fd:
+                for attempt in attempts:
+                    rmdir_empty(attempt, exec_fd)
+
+    # -- an execution's folder, as watch reads it ----------------------------------------
+
+    def entries(self, folder: str) -> Iterator[tuple[str, bool]]:
+        with os.scandir(folder) as it:
+            for e in it:
+                yield e.name, e.is_dir(follow_symlinks=False)
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    present = exists
+
+    def read_path(self, path: str) -> Optional[bytes]:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    # -- the supervisor's record and claims -----------------------------------------------
+
+    def read_all(self, name: str) -> bytes:
+        with self._fd() as root_fd:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+            except FileNotFoundError:
+                return b""
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def append(self, name: str, data: bytes) -> None:
+        with self._fd() as root_fd:
+            append(name, root_fd, data)
+
+    def truncate(self, name: str, length: int) -> None:
+        with self._fd() as root_fd:
+            truncate(name, root_fd, length)
+
+    def mtime(self, folder: str, name: str) -> Optional[float]:
+        with self._folder(folder) as fd:
+            try:
+                return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime if fd is not None else None
+            except FileNotFoundError:
+                return None
+
+    def touch(self, folder: str, name: str) -> None:
+        with self._folder(folder) as fd:
+            if fd is not None:
+                os.utime(name, dir_fd=fd, follow_symlinks=False)

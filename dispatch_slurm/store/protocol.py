@@ -15,9 +15,10 @@ from ..contract.names import Publication
 from ..errors import BadName, BadPath, DispatchError, StoreError
 
 
-def checked(entries: list[str], where: str) -> list[str]:
+def checked(entries: list[str], where: str, mv: str = "mv") -> list[str]:
     """Every entry of ``pub/``, all validated; the first bad one (in name order) raises,
-    naming the entry and the fix (a stray file: move it out of pub/)."""
+    naming the entry and the fix (a stray file: move it out of pub/ with ``mv``, the store's
+    command that moves an entry)."""
     if not names.all_valid(entries):
         for entry in sorted(entries):
             try:
@@ -25,21 +26,20 @@ def checked(entries: list[str], where: str) -> list[str]:
             except BadName as e:
                 raise BadName(e.name, f"{e.reason}. {layout.PUB}/ holds only publications and nothing reads this "
                               f"root while it holds another entry: move the entry out of {layout.PUB}/ "
-                              f"({_move(f'{where}/{entry}')} <a folder outside {layout.PUB}/>), then run the "
+                              f"({mv} {_quoted(f'{where}/{entry}')} <a folder outside {layout.PUB}/>), then run the "
                               "command again", where) from None
         raise DispatchError(f"{where}: bulk and per-entry validation disagree (a bug; please report)")
     return entries
 
 
-def _move(path: str) -> str:
-    """The command that moves ``path`` (a POSIX path or an s3:// URL), printable."""
-    tool = "aws s3 mv" if path.startswith(names.S3_SCHEME) else "mv"
-    return f"{tool} {shlex.quote(path.encode('utf-8', 'backslashreplace').decode())}"
+def _quoted(path: str) -> str:
+    """``path``, printable and quoted for a shell."""
+    return shlex.quote(path.encode('utf-8', 'backslashreplace').decode())
 
 
-def publications(entries: list[str], where: str) -> list[Publication]:
+def publications(entries: list[str], where: str, mv: str = "mv") -> list[Publication]:
     """All publications, ordered by (epoch, step), ties broken by name."""
-    return [names.parse(e, where) for e in sorted(checked(entries, where))]
+    return [names.parse(e, where) for e in sorted(checked(entries, where, mv))]
 
 
 def live_latest(ordered: list[str], retired: Container[str], by_person: Callable[[str], bool]) -> tuple[str | None, bool]:
@@ -66,19 +66,19 @@ def latest_of(pubs: list[Publication], retired: Container[str], by_person: Conta
 
 
 def latest(entries: list[str], root: str, marker: Callable[[str], bytes | None],
-           retired: Callable[[], Iterable[str]]) -> Publication | None:
+           retired: Callable[[], Iterable[str]], mv: str = "mv") -> Publication | None:
     """The publication with the greatest (epoch, step) that a person has not retired,
     or None if there is none.
 
     Every entry is parsed; fixed-width digits make the greatest name the latest, so
     the common case costs one look at ``retired/`` (``marker``: the content of
     ``retired/<name>``, None if absent). gc never retires the latest publication
-    (store/retention.py); one that is retired anyway by gc (an empty marker: a bug, or
+    (retention/removal.py); one that is retired anyway by gc (an empty marker: a bug, or
     made by hand) is an error, never a save to resume from. A person's marker (it holds
     who and why) makes ``latest`` skip to the previous publication not retired (listed
     from ``retired``), on purpose (see ``live_latest``)."""
     where = f"{root}/{layout.PUB}"
-    entries = checked(entries, where)
+    entries = checked(entries, where, mv)
     if not entries:
         return None
     top = max(entries)

@@ -26,10 +26,8 @@ from ..contract import layout, names
 from ..contract.epoch import EPOCH_MAX, decompose, parse_part
 from ..contract.names import Publication
 from ..errors import BadPath, DispatchError
-from . import epochs, events, retention, s3, s3_retention
-from .durable import DirFds, sync_tree, walk_to
-from .posix import check_name_fits, create_publication, open_root, save_relpath
-from .roots import is_s3
+from . import epochs, events
+from .roots import at
 
 
 class Published(NamedTuple):
@@ -73,25 +71,12 @@ def owner(rel: str, epoch: int, attempt: str | None) -> str | None:
     return None
 
 
-def _sync(fds: DirFds, root_fd: int, rel: str, save: str) -> None:
-    parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
-    try:
-        sync_tree(rel.rsplit("/", 1)[-1], parent)
-    except FileNotFoundError:
-        raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
-
-
 def sync(save: str, *, root: str | None = None) -> None:
     """fsync a save (files, then folders) without publishing it. Each rank of a sharded
     save calls it on what it wrote before the publishing rank publishes: on a shared
     filesystem an fsync flushes only the calling client's own writes. On S3 there is
     nothing to flush: an object is durable when its PUT returns."""
-    root = env_root(root)
-    if is_s3(root):
-        return
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        _sync(fds, root_fd, save_relpath(root, root_fd, save), save)
+    at(env_root(root)).sync(save)
 
 
 def _decide(rel: str, save, epoch: int, step: int, attempt: str | None, adopt: bool) -> tuple[str, str | None]:
@@ -105,37 +90,21 @@ def _decide(rel: str, save, epoch: int, step: int, attempt: str | None, adopt: b
     return names.encode(epoch, step, rel), why
 
 
-def _on_posix(root: str, save: str, decide, claim, sync: bool) -> tuple[str, str, str | None, bool]:
-    """The epoch's claim checked, the save's files fsynced, then O_EXCL-create pub/<name>,
-    fsync pub/ and the root."""
-    with DirFds() as fds:
-        root_fd = fds.add(open_root(root))
-        rel = save_relpath(root, root_fd, save)
+def _create(st, save, decide, claim, sync: bool) -> tuple[str, str, str | None, bool]:
+    """Under one look at the root: the save checked, the epoch's claim checked, the save's
+    data made durable, then the publication created and made durable (POSIX: O_EXCL-create
+    pub/<name>, fsync pub/ and the root; S3: PUT with If-None-Match: *, durable on return)."""
+    with st:
+        rel = st.save_relpath(save)
         name, why = decide(rel)
-        check_name_fits(root_fd, name, rel)
-        claim(rel, why, root_fd)
+        st.publication_fits(name, rel)
+        claim(rel, why)
         if sync:
-            _sync(fds, root_fd, rel, save)
-        if why:  # another execution's save: gc may be removing it (store/retention.py)
-            with retention.adopting(root, root_fd, rel):
-                created = create_publication(root, root_fd, name)
-        else:
-            created = create_publication(root, root_fd, name)
-    return rel, name, why, created
-
-
-def _on_s3(root: str, save: str, decide, claim) -> tuple[str, str, str | None, bool]:
-    """The epoch's claim checked, then PUT pub/<name> with If-None-Match: *. Nothing to
-    fsync: the save's objects were durable when their PUTs returned, and so is the
-    publication when this one does."""
-    rel = s3.save_relpath(root, save)
-    name, why = decide(rel)
-    key = s3.pub_key(root, name, rel)
-    claim(rel, why, None)
-    if not why:
-        return rel, name, why, s3.create_publication(root, key)
-    with s3_retention.adopting(root, rel):  # another execution's save: gc may be removing it
-        return rel, name, why, s3.create_publication(root, key)
+            st.sync_save(rel, save)
+        if not why:
+            return rel, name, why, st.create_publication(name)
+        with st.adopting(rel):  # another execution's save: gc may be removing it
+            return rel, name, why, st.create_publication(name)
 
 
 def _step(save, step: int | None, pattern: str, adopt: bool) -> int:
@@ -172,16 +141,15 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
     def decide(rel):
         return _decide(rel, save, epoch, step, attempt, adopt)
 
-    def claim(rel, why, root_fd):
+    st = at(root)
+    root = st.root
+
+    def claim(rel, why):
         """One epoch per execution (store/epochs.py): the publishing execution is
         DISPATCH_ATTEMPT, else the writer of its own save; an adoption without
         DISPATCH_ATTEMPT joins the epoch's claimant."""
-        epochs.for_publication(root, epoch, attempt or (None if why else rel.split("/")[1]), save, root_fd)
-    if is_s3(root):
-        root = names.normalize_root(root)
-        rel, name, why, created = _on_s3(root, os.fspath(save), decide, claim)
-    else:
-        rel, name, why, created = _on_posix(root, save, decide, claim, sync)
+        epochs.for_publication(st, epoch, attempt or (None if why else rel.split("/")[1]), save)
+    rel, name, why, created = _create(st, save, decide, claim, sync)
     pub = Publication(epoch, step, rel, name)
     parts = rel.split("/")
     writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None

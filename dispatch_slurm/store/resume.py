@@ -13,7 +13,7 @@ from ..contract import layout
 from ..contract.env import Execution
 from ..contract.names import Publication
 from ..errors import StoreError
-from . import roots, s3
+from .roots import at
 
 
 class VanishedSave(StoreError):
@@ -21,15 +21,14 @@ class VanishedSave(StoreError):
 
 
 def save_exists(root: str, rel: str) -> bool:
-    if roots.is_s3(root):
-        return s3.save_exists(root, rel)
-    return os.path.lexists(os.path.join(root, rel))
+    return at(root).save_exists(rel)
 
 
 def latest_save(root: str) -> Publication | None:
     """The latest publication (None: nothing published yet); VanishedSave if its save is gone."""
-    pub = roots.latest(root)
-    if pub is not None and not save_exists(root, pub.path):
+    st = at(root)
+    pub = st.latest()
+    if pub is not None and not st.save_exists(pub.path):
         raise VanishedSave(
             f"the latest publication {root}/{layout.PUB}/{pub.name} (step {pub.step}) names the save "
             f"{os.path.join(root, pub.path)}, which no longer exists: nothing can resume from it. To resume "

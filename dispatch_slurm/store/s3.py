@@ -26,16 +26,18 @@ endpoint_url), so what a site set up for the AWS CLI works here unchanged; boto3
 ``s3`` extra, imported only when an s3:// root is used."""
 
 import os
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 from ..contract import layout, names
-from ..contract.names import Publication
 from ..errors import BadPath, StoreError
-from . import protocol
+from . import inventory
+from .base import Store
 
 KEY_MAX = 1024  # S3's limit on a key, in UTF-8 bytes
 _CONFLICT_RETRIES = 5
+_BATCH = 1000  # DeleteObjects' limit on keys per request
 _sessions: list = []  # one boto3 session per process tree: a forked child reuses its loaded models
 _clients: dict = {}
 _HINTS = {
@@ -171,36 +173,6 @@ def read(url: str) -> bytes | None:
             raise
 
 
-# --- the store's entry points, as posix.py has them ---
-
-def publications(root) -> list[Publication]:
-    return protocol.publications(list_names(root, layout.PUB), f"{root}/{layout.PUB}")
-
-
-def latest(root) -> Publication | None:
-    """As posix.latest (protocol.latest): one GET of the greatest name's retired/ marker."""
-    return protocol.latest(list_names(root, layout.PUB), root, lambda name: read(f"{root}/{layout.RETIRED}/{name}"),
-                           lambda: list_names(root, layout.RETIRED))
-
-
-def allocate_submission(root) -> int:
-    """The next N under ``sub/``: max+1, created if absent, else the next (protocol.py)."""
-    bucket, prefix = split(root)
-    where = f"{root}/{layout.SUB}"
-    return protocol.allocate(list_names(root, layout.SUB),
-                             lambda name: create_new(bucket, f"{prefix}{layout.SUB}/{name}", where), where)
-
-
-def make_exec_dir(root, attempt: str, mode: int = 0o700, create_root: bool = False) -> str:
-    """``<root>/exec/<attempt>``: a prefix, so nothing is created; the bucket is asked
-    once, so a missing bucket or a credential problem stops the job script here, not
-    at its first save. ``mode`` and ``create_root`` have no meaning on S3."""
-    if not attempt or "/" in attempt or attempt in (".", ".."):
-        raise BadPath(f"attempt token {attempt!r} is not a single path component")
-    reachable(root)
-    return f"{root}/{layout.exec_relpath(attempt)}"
-
-
 def reachable(root) -> None:
     """Ask the bucket once (one key listed): a missing bucket or a credential problem is
     an error naming it, never taken for a missing object."""
@@ -212,63 +184,6 @@ def present(url: str) -> bool:
     """Whether a save (an object, or objects under it) is at ``url``."""
     bucket, key = split(url)
     return exists(bucket, key.rstrip("/"), url)
-
-
-def save_exists(root, rel: str) -> bool:
-    return present(f"{root}/{rel}")
-
-
-# --- what publish.py needs: the save, the name's fit, the create ---
-
-def save_relpath(root: str, save) -> str:
-    """The save's path under the root: it must be a URL under the root and exist."""
-    save = os.fspath(save).rstrip("/")
-    if not save.startswith(f"{root}/"):
-        raise BadPath(f"save {save} is not inside the checkpoint root {root}")
-    rel = names.check_relpath(save[len(root) + 1:])
-    if not save_exists(root, rel):
-        raise BadPath(f"save {save} does not exist (no object at or under it)")
-    return rel
-
-
-def pub_key(root: str, name: str, rel: str) -> str:
-    """The publication's key, refused over S3's key limit before anything is created."""
-    key = f"{split(root)[1]}{layout.PUB}/{name}"
-    size = len(key.encode())
-    if size > KEY_MAX:
-        raise BadPath(f"publication key for {rel!r} is {size} bytes, over S3's limit of {KEY_MAX}: "
-                      "use a shorter root prefix or save path")
-    return key
-
-
-def create_publication(root: str, key: str) -> bool:
-    return create_new(split(root)[0], key, f"{root}/{layout.PUB}")
-
-
-# --- events: one object per event ---
-
-def put_event(root: str, name: str, data: bytes) -> None:
-    bucket, prefix = split(root)
-    with errors(f"{root}/{layout.EVENTS}"):
-        client().put_object(Bucket=bucket, Key=f"{prefix}{layout.EVENTS}/{name}", Body=data)
-
-
-def event_objects(root: str) -> Iterator[tuple[str, bytes]]:
-    """(name, content) of every event object, in name order."""
-    for name in sorted(list_names(root, layout.EVENTS)):
-        yield name, read(f"{root}/{layout.EVENTS}/{name}") or b""
-
-
-# --- what watch needs: one level of a folder, and an object's presence or content ---
-
-def entries(folder_url: str) -> Iterator[tuple[str, bool]]:
-    """(name, is a folder) of each entry one level under ``folder_url``."""
-    bucket, prefix = split(folder_url)
-    for page in _pages(bucket, prefix, folder_url, Delimiter="/"):
-        for p in page.get("CommonPrefixes", ()):
-            yield p["Prefix"][len(prefix):-1], True
-        for o in page.get("Contents", ()):
-            yield o["Key"][len(prefix):], False
 
 
 def stat(url: str) -> dict | None:
@@ -292,3 +207,205 @@ def object_exists(url: str) -> bool:
             if _status(e) == 404:
                 return False
             raise
+
+
+def delete(bucket: str, keys: list[str], where: str) -> None:
+    """DeleteObjects, ``_BATCH`` keys a request; a key S3 could not delete is an error."""
+    c = client()
+    for i in range(0, len(keys), _BATCH):
+        with errors(where):
+            out = c.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + _BATCH]],
+                                                          "Quiet": True})
+        if out.get("Errors"):
+            e = out["Errors"][0]
+            raise StoreError(f"{where}: {len(out['Errors'])} object(s) not deleted, e.g. {e.get('Key')}: "
+                             f"{e.get('Code')} ({e.get('Message', '')})")
+
+
+def entries(folder_url: str) -> Iterator[tuple[str, bool]]:
+    """(name, is a folder) of each entry one level under ``folder_url``."""
+    bucket, prefix = split(folder_url)
+    for page in _pages(bucket, prefix, folder_url, Delimiter="/"):
+        for p in page.get("CommonPrefixes", ()):
+            yield p["Prefix"][len(prefix):-1], True
+        for o in page.get("Contents", ()):
+            yield o["Key"][len(prefix):], False
+
+
+def _folders(root: str) -> tuple[dict[str, inventory.Folder], dict[str, int]]:
+    """Every execution's folder (a prefix exec/<attempt>/) from one listing of exec/, with
+    LastModified for its times and the names one level under it; and the bytes stored
+    under every prefix below exec/ (a save's size)."""
+    folders: dict[str, inventory.Folder] = {}
+    size: dict[str, int] = {}
+    for name, o in walk(root, layout.EXEC):
+        parts = name.split("/")
+        for i in range(2, len(parts) + 1):
+            rel = "/".join([layout.EXEC, *parts[:i]])
+            size[rel] = size.get(rel, 0) + o["Size"]
+        if len(parts) < 2:
+            continue  # an object right under exec/: not an execution's folder
+        f = folders.setdefault(parts[0], inventory.Folder())
+        t = o["LastModified"].timestamp()
+        f.first, f.last = min(f.first or t, t), max(f.last or t, t)
+        f.newest = max(f.newest, t)
+        f.entries[parts[1]] = f.entries.get(parts[1], False) or len(parts) > 2
+    return folders, size
+
+
+class S3Store(Store):
+    """A root ``s3://bucket/prefix`` (see the module doc)."""
+
+    kind = "s3://"
+    mv = "aws s3 mv"
+
+    def __init__(self, root: str):
+        super().__init__(names.normalize_root(os.fspath(root)))
+        self.bucket, self.prefix = split(self.root)
+
+    @classmethod
+    def absolute(cls, value: str, from_env: bool) -> str:
+        return names.normalize_root(value)  # checked, never rewritten into another prefix
+
+    def _key(self, folder: str, name: str) -> str:
+        return f"{self.prefix}{folder}/{name}"
+
+    def warm(self) -> None:
+        client()
+
+    def reachable(self) -> None:
+        reachable(self.root)
+
+    # -- entries of protocol folders ----------------------------------------------------
+
+    def listing(self, folder: str) -> list[str]:
+        return list_names(self.root, folder)
+
+    def read(self, folder: str, name: str, limit: Optional[int] = 1 << 20) -> Optional[bytes]:
+        data = read(self.where(folder, name))
+        return data if data is None or limit is None else data[:limit]
+
+    def has(self, folder: str, name: str) -> bool:
+        return object_exists(self.where(folder, name))
+
+    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444) -> bool:
+        return create_new(self.bucket, self._key(folder, name), self.where(folder), body)
+
+    def delete(self, folder: str, name: str) -> bool:
+        url = self.where(folder, name)
+        if not object_exists(url):
+            return False
+        delete(self.bucket, [self._key(folder, name)], url)
+        return True
+
+    def fill_empty(self, folder: str, name: str, body: bytes) -> bytes:
+        """Only a person's retire writes content, and gc's conditional PUT of an existing
+        marker changes nothing: a plain PUT over an empty marker is safe."""
+        url = self.where(folder, name)
+        old = read(url)
+        if old:
+            return old
+        with errors(url):
+            client().put_object(Bucket=self.bucket, Key=self._key(folder, name), Body=body)
+        return b""
+
+    def too_long(self, folder: str, name: str) -> Optional[str]:
+        if len(self._key(folder, name).encode()) > KEY_MAX:
+            return f"its {folder}/ key would be over S3's limit of {KEY_MAX} bytes: left alone"
+        return None
+
+    # -- saves and publications ---------------------------------------------------------
+
+    def save_relpath(self, save) -> str:
+        """The save's path under the root: it must be a URL under the root and exist."""
+        rel = self.relpath(save)
+        if not self.save_exists(rel):
+            raise BadPath(f"save {os.fspath(save).rstrip('/')} does not exist (no object at or under it)")
+        return rel
+
+    def relpath(self, save) -> str:
+        save = os.fspath(save).rstrip("/")
+        if not save.startswith(f"{self.root}/"):
+            raise BadPath(f"save {save} is not inside the checkpoint root {self.root}")
+        return names.check_relpath(save[len(self.root) + 1:])
+
+    def save_exists(self, rel: str) -> bool:
+        return present(f"{self.root}/{rel}")
+
+    def publication_fits(self, name: str, rel: str) -> None:
+        """The publication's key, refused over S3's key limit before anything is created."""
+        size = len(self._key(layout.PUB, name).encode())
+        if size > KEY_MAX:
+            raise BadPath(f"publication key for {rel!r} is {size} bytes, over S3's limit of {KEY_MAX}: "
+                          "use a shorter root prefix or save path")
+
+    def create_publication(self, name: str) -> bool:
+        return self.create(layout.PUB, name)
+
+    def make_exec_dir(self, attempt: str, mode: int = 0o700, create_root: bool = False) -> str:
+        """A prefix, so nothing is created; the bucket is asked once, so a missing bucket or
+        a credential problem stops the job script here, not at its first save. ``mode`` and
+        ``create_root`` have no meaning on S3."""
+        self.check_attempt(attempt)
+        self.reachable()
+        return f"{self.root}/{layout.exec_relpath(attempt)}"
+
+    # -- events: one object per event (S3 cannot append) ----------------------------------
+
+    def add_event(self, name: str, line: bytes) -> None:
+        with errors(self.where(layout.EVENTS)):
+            client().put_object(Bucket=self.bucket, Key=self._key(layout.EVENTS, f"{name}.{time.time_ns()}.jsonl"),
+                                Body=line)
+
+    def event_files(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        for name in sorted(self.listing(layout.EVENTS)):
+            if name.startswith(prefix):
+                yield name, read(self.where(layout.EVENTS, name)) or b""
+
+    # -- gc ------------------------------------------------------------------------------
+
+    def inventory(self, pattern: str = names.STEP_PATTERN) -> inventory.Inventory:
+        """One listing each of pub/, retired/, pinned/ and exec/ (paginated to the end): a
+        save's size is the sum of its objects' sizes, an execution's newest write the newest
+        LastModified under exec/<attempt>/, a leftover an entry one level under it, named
+        like a save, with objects under it (a folder save)."""
+        pubs = self.publications()
+        listed = list(walk(self.root, layout.RETIRED))
+        folders, size = _folders(self.root)
+        inv = self.finish_inventory(pubs, [n for n, _ in listed], folders, pattern, self._by_person(listed))
+        for s in inv.saves.values():
+            if s.path in size:
+                s.size, s.exists = size[s.path], True
+            elif s.attempt is None:  # outside exec/: gc keeps it; measured for --keep-last's count
+                s.exists = present(f"{self.root}/{s.path}")
+        self.check_problems(inv)
+        return inv
+
+    def _by_person(self, listed: list[tuple[str, dict]]) -> dict[str, dict]:
+        """gc's markers are empty: only the others are read."""
+        return super().by_person([name for name, o in listed if o["Size"]])
+
+    def by_person(self, marks: list[str]) -> dict[str, dict]:
+        wanted = set(marks)
+        return self._by_person([(n, o) for n, o in walk(self.root, layout.RETIRED) if n in wanted])
+
+    def remove(self, rel: str) -> int:
+        """Delete every object of the save (under ``rel/``, and ``rel`` itself: a file save)."""
+        url = f"{self.root}/{rel}"
+        objs = [o for _, o in walk(self.root, rel)] + [o for o in [stat(url)] if o]
+        delete(self.bucket, [o["Key"] for o in objs], url)
+        return sum(o["Size"] for o in objs)
+
+    # -- an execution's prefix, as watch reads it ---------------------------------------
+
+    def entries(self, folder: str) -> Iterator[tuple[str, bool]]:
+        return entries(folder)
+
+    def exists(self, path: str) -> bool:
+        return object_exists(path)
+
+    def read_path(self, path: str) -> Optional[bytes]:
+        return read(path)
+
+    def present(self, path: str) -> bool:
+        return present(path)

@@ -29,6 +29,7 @@ import os
 import time
 from typing import Optional
 
+from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
@@ -48,13 +49,13 @@ class NoHold(DispatchError):
 
 
 def normalize(root: str) -> str:
+    """ROOT as the supervisor records it; refused unless its store can hold the record."""
+    if not store.backend(root).appendable:
+        raise store.at(root).not_appendable("the supervisor", "its record is appended and fsynced")
     root = names.normalize_root(root)
     if "%a" in root:
         raise DispatchError(f"checkpoint root {root!r}: %a is expanded by `run` only (with --array among "
                             "sbatch's arguments); name one task's root here")
-    if root.startswith(names.S3_SCHEME):
-        raise DispatchError(f"checkpoint root {root}: the supervisor needs a POSIX root (its record is "
-                            "appended and fsynced); s3:// roots serve publish, latest, ls, watch, env and submit")
     if not os.path.isdir(root):
         raise DispatchError(f"checkpoint root {root} does not exist (create it first)")
     return root
@@ -73,8 +74,7 @@ def signal_warning(root: str, defn: dict) -> Optional[str]:
     if defn.get("signal") is None:
         return None
     from ..contract.signals import fit_warning, slowest_save
-    from ..store import events
-    warning = fit_warning(defn["grace"], slowest_save(events.read(root)))
+    warning = fit_warning(defn["grace"], slowest_save(store.events.read(root)))
     return warning and warning.removeprefix("warning: ")
 
 

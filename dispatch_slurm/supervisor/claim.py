@@ -18,10 +18,9 @@ import socket
 import time
 from typing import Optional
 
+from .. import store
 from ..contract.layout import CLAIMS
 from ..errors import DispatchError
-from ..store.durable import create_new
-from ..store.posix import folder, read_entry
 
 DEFAULT_POLL = 10.0
 _CLAIM = re.compile(r"[0-9]{6}")
@@ -48,25 +47,20 @@ class Claim:
 
     def entries(self) -> tuple[list[int], set[int]]:
         """(claims in order, the claims that said they exited)."""
-        with folder(self.root, CLAIMS) as fd:
-            items = os.listdir(fd) if fd is not None else []
+        items = store.at(self.root).listing(CLAIMS)
         claims = sorted(int(e) for e in items if _CLAIM.fullmatch(e))
         exited = {int(m[1]) for e in items if (m := _EXITED.fullmatch(e))}
         return claims, exited
 
     def _info(self, seq: int) -> dict:
         try:
-            info = json.loads(read_entry(self.root, CLAIMS, f"{seq:06d}") or b"{}")
-        except ValueError:
+            info = json.loads(store.at(self.root).read(CLAIMS, f"{seq:06d}") or b"{}")
+        except (ValueError, DispatchError):
             return {}
         return info if isinstance(info, dict) else {}
 
     def _mtime(self, seq: int) -> Optional[float]:
-        with folder(self.root, CLAIMS) as fd:
-            try:
-                return os.stat(f"{seq:06d}", dir_fd=fd, follow_symlinks=False).st_mtime if fd is not None else None
-            except FileNotFoundError:
-                return None
+        return store.at(self.root).mtime(CLAIMS, f"{seq:06d}")
 
     def holder_alive(self, seq: int, exited: set[int], wait: bool = True) -> bool:
         """Is claimant ``seq`` still (possibly) writing?"""
@@ -100,12 +94,9 @@ class Claim:
         seq = (prev or 0) + 1
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "poll": self.poll,
                            "purpose": self.purpose, "t": time.time()}).encode()
-        with folder(self.root, CLAIMS, create=True) as fd:
-            try:
-                create_new(f"{seq:06d}", fd, body, mode=0o644)
-            except FileExistsError:
-                raise DispatchError(f"another supervisor is claiming {self.root} right now "
-                                    f"(claim {seq:06d} exists); try again") from None
+        if not store.at(self.root).create(CLAIMS, f"{seq:06d}", body, mode=0o644):
+            raise DispatchError(f"another supervisor is claiming {self.root} right now "
+                                f"(claim {seq:06d} exists); try again")
         self.seq = seq
         if takeover and prev is not None:
             # the previous writer sees our higher claim at its next poll and exits; on
@@ -121,8 +112,7 @@ class Claim:
     def heartbeat(self) -> None:
         if self.seq is not None:
             try:
-                with folder(self.root, CLAIMS) as fd:
-                    os.utime(f"{self.seq:06d}", dir_fd=fd, follow_symlinks=False)
+                store.at(self.root).touch(CLAIMS, f"{self.seq:06d}")
             except (OSError, DispatchError):
                 pass  # a missed heartbeat only makes a successor wait longer
 
@@ -131,8 +121,7 @@ class Claim:
         if self.seq is None:
             return
         try:
-            with folder(self.root, CLAIMS, create=True) as fd:
-                create_new(f"{self.seq:06d}.exited", fd, mode=0o644)
+            store.at(self.root).create(CLAIMS, f"{self.seq:06d}.exited", mode=0o644)
         except (OSError, DispatchError):
             pass  # already said, or the root is gone: a successor falls back to the heartbeat
         self.seq = None

@@ -1,31 +1,111 @@
-"""Holds: for a shared checkpoint, every recovery waits for a person or the cessation
-signal, because a new execution must not start while the old one may still write into
-the one folder. Pure functions of the state (what a hold fact, a release or an expiry
-says, and when to look again), which the loop records and acts on; ``ask_command`` runs
-the site's cessation command."""
+"""Holds: the hold's part of the rule table (rules.py has the rest: what an ended
+execution leads to). For a shared checkpoint every recovery waits for a person or the
+cessation signal, because a new execution must not start while the old one may still
+write into the one folder.
+
+Pure functions of the state and of what was observed (a person's release request, the
+cessation signal's answer, the time): the facts to record and what to do next. The loop
+(loop.py) reads those inputs, records the facts and acts (events, scontrol). ``STAGES``
+is the table ``plan`` and docs/supervisor.md show (``rules.hold_table``); ``stage``
+picks its row, ``look`` says what the row leads to."""
 
 from __future__ import annotations
 
-import json
-import shlex
-import shutil
-import subprocess
-import sys
-from typing import Any, Optional
+from typing import NamedTuple, Optional
 
 from .render import fmt_duration
 
+#: while a hold stands, the first of these that applies: (stage, when, then); ``{interval}``
+#: and ``{hold_for}`` are the job's --cessation-interval and --hold-for
+STAGES = (
+    ("person", "a person ran `dispatch-slurm release ROOT`",
+     "the hold is lifted: the replaced rule applies now (a resubmission with budget left submits)"),
+    ("ask", "the cessation signal is due: at the hold, then every {interval}, and once more at expiry by a "
+            "supervisor that has not asked it yet (one restarted after the expiry)",
+     "ask it (`--cessation-cmd`) and record its answer"),
+    ("ceased", "its answer is 'ceased'", "the hold is lifted: the replaced rule applies now"),
+    ("expired", "{hold_for} passed since the hold, with neither",
+     "recorded; the job stays held and `run` exits 3 (`dispatch-slurm release ROOT`, then `dispatch-slurm run "
+     "ROOT`, continue it later)"),
+    ("wait", "any other answer, or none due yet", "look again at the next poll, question or expiry"),
+)
 
-def applied(st, hold: dict) -> dict:
-    """A lifted hold: the rule fact of the rule it replaced, applied now. (A requeue that
-    Slurm was told to hold is also released in Slurm: the loop does that.)"""
+
+def stages(interval: str, hold_for: str) -> list[dict]:
+    """STAGES as rows, ``interval`` and ``hold_for`` filled in (the job's, or the options')."""
+    return [{"stage": s, "when": when.format(interval=interval, hold_for=hold_for), "then": then}
+            for s, when, then in STAGES]
+
+
+class Look(NamedTuple):
+    """What one look at the standing hold leads to: its ``stage`` (a row of STAGES), the
+    facts to record in order ((type, fields)), the finish (outcome, message) or None, and
+    the seconds until the next look. Stage ``ask``: ask the cessation signal, then look
+    again with its answer."""
+    stage: str
+    facts: tuple[tuple[str, dict], ...] = ()
+    finish: Optional[tuple[str, str]] = None
+    wait: float = 0.0
+
+    @property
+    def ask(self) -> bool:
+        return self.stage == "ask"
+
+
+def stage(st, now: float, request: Optional[dict], answer: Optional[dict], asked_this_run: bool) -> str:
+    """The row of STAGES that applies to the standing hold ``st.hold``: ``request`` a
+    person's release entry (or None), ``answer`` the cessation signal's, just asked (or
+    None), ``asked_this_run`` whether this process asked it before."""
+    h = st.hold
+    if request is not None:
+        return "person"
+    if answer is None and due(st, h, now, asked_this_run):
+        return "ask"
+    if answer is not None and answer["answer"] == "ceased":
+        return "ceased"
+    return "expired" if now >= h["until"] else "wait"
+
+
+def look(st, now: float, poll: float, root: str, request: Optional[dict] = None, answer: Optional[dict] = None,
+         asked_this_run: bool = False) -> Look:
+    """One look at the standing hold (see ``stage``); an answer is always recorded."""
+    h = st.hold
+    s = stage(st, now, request, answer, asked_this_run)
+    heard = () if answer is None else (("cessation", {"hold": h["hold"], "job": h["job"], "r": h["r"], **answer}),)
+    if s == "person":
+        return Look(s, (*heard, ("release", released_by_person(h, request))))
+    if s == "ceased":
+        return Look(s, (*heard, ("release", {"hold": h["hold"], "by": "cessation signal"})))
+    if s == "expired":
+        fact, finish = expired(st, h, root)
+        return Look(s, (*heard, ("hold_expired", fact)), finish)
+    if s == "ask":
+        return Look(s)
+    return Look(s, heard, wait=next_look(h, now if answer is not None else st.last_answer_t, now, poll))
+
+
+#: the facts of a hold that are also events (events/: for `report` and people): fact -> its fields the event keeps
+EVENTS = {"hold": ("replaces", "job", "until"), "cessation": ("answer",), "release": ("by",)}
+
+
+def event(f: dict) -> Optional[dict]:
+    """The fields of the event a hold's fact ``f`` is also written as, or None (no event)."""
+    keep = EVENTS.get(f["type"])
+    if keep is None:
+        return None
+    return {**{k: f[k] for k in keep}, **({"source": "supervisor"} if f["type"] == "cessation" else {})}
+
+
+def applied(st, hold: dict) -> tuple[dict, Optional[int]]:
+    """A lifted hold: the rule fact of the rule it replaced, applied now, and the job to
+    `scontrol release` before it is recorded (a requeue Slurm was told to hold), or None."""
     rule, ref = hold["replaces"], {"job": hold["job"], "r": hold["r"], "after_hold": hold["hold"]}
     if rule == "resubmit":
-        return {"rule": "resubmit", "budget_left": st.defn["resubmit"] - st.used - 1, **ref}
+        return {"rule": "resubmit", "budget_left": st.defn["resubmit"] - st.used - 1, **ref}, None
     if rule == "continue":
         return {"rule": "continue", "cause": hold.get("cause"),
-                "budget_left": st.defn.get("continuations", 0) - st.continued - 1, **ref}
-    return {"rule": rule, **ref}
+                "budget_left": st.defn.get("continuations", 0) - st.continued - 1, **ref}, None
+    return {"rule": rule, **ref}, (hold["job"] if rule == "requeue" and hold.get("slurm_held") else None)
 
 
 def opened(st, rule: dict, now: float) -> dict:
@@ -66,36 +146,7 @@ def expired(st, h: dict, root: str) -> tuple[dict, tuple[str, str]]:
                 f"{root}`, then `dispatch-slurm run {root}` to continue")
 
 
-def next_look(st, h: dict, now: float, poll: float) -> float:
-    """Seconds until the hold is looked at again."""
-    next_ask = (st.last_answer_t or now) + h["interval"]
+def next_look(h: dict, last_answer_t: Optional[float], now: float, poll: float) -> float:
+    """Seconds until the hold is looked at again: the next poll, question or expiry."""
+    next_ask = (last_answer_t or now) + h["interval"]
     return max(0.05, min(poll, next_ask - now, h["until"] - now))
-
-
-def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:
-    """Run the site's cessation command for the held execution: exit 0 ceased, 1 not
-    ceased, anything else (or no answer in time) cannot tell."""
-    values = {"job": h["job"], "restart": h["r"], "root": root, "generation": h.get("g"),
-              "submission": h.get("n"), "epoch": h.get("epoch"), "attempt": h.get("attempt"),
-              "cluster": cluster, "nodes": ",".join(h.get("nodes") or []),
-              "started": h.get("start_time")}
-    values = {k: "" if v is None else str(v) for k, v in values.items()}
-    argv = [part.format(**values) for part in shlex.split(h["cessation_cmd"])]
-    if argv[0] == "dispatch-slurm" and shutil.which("dispatch-slurm") is None:
-        argv[:1] = [sys.executable, "-m", "dispatch_slurm"]  # e.g. run from a venv not on PATH
-    timeout = max(30.0, h["interval"])
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError as e:
-        return {"answer": "unknown", "exit": None, "error": f"{argv[0]}: not found ({e})"}
-    except subprocess.TimeoutExpired:
-        return {"answer": "unknown", "exit": None, "error": f"no answer within {timeout:g} s"}
-    answer = {0: "ceased", 1: "not_ceased"}.get(p.returncode, "unknown")
-    out: dict[str, Any] = {"answer": answer, "exit": p.returncode}
-    try:
-        out["evidence"] = json.loads(p.stdout)
-    except ValueError:
-        out["output"] = p.stdout.strip()[-1000:]
-    if p.stderr.strip():
-        out["stderr"] = p.stderr.strip()[-500:]
-    return out

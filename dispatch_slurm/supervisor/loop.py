@@ -6,23 +6,28 @@ long to wait before the next; ``run()`` loops. Every decision is a fact in the r
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
 from ..errors import DispatchError
+from ..retention import Collector
 from ..slurm.client import JobInfo, Slurm, SlurmError
 from ..store import events
-from . import holds, requests, retention, rules
+from . import holds, requests, rules
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
 from .render import describe
-from .rules import SUBMIT_TRIES, sbatch_argv, stopped_message, submission_tag
+from .rules import sbatch_argv, stopped_message, submission_tag
 from .state import State
 
 # Exit codes of `run` / `supersede`.
@@ -53,18 +58,19 @@ class Supervisor:
         self.slurm = slurm or Slurm()
         self.poll = poll
         self.clock, self.sleep, self.say = clock, sleep, say
-        self.ask = ask or (lambda h: holds.ask_command(h, self.root, self.state.cluster))
+        self.ask = ask or (lambda h: ask_command(h, self.root, self.state.cluster))
         self.record = Record(root, clock)
         self.state = State()
         self.claim: Optional[Claim] = None
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
-        self.gc = retention.Collector(root, self.slurm, clock)  # run --keep-last K
+        self.gc = Collector(root, self.slurm, clock, self.record.read)  # run --keep-last K
         # how _follow reads the job: Slurm itself, or the fleet's one read for every root
         # (fleet.Snapshot.find_job, which may answer NOT_ASKED: look at the next poll)
         self.lookup: Callable[[int], object] = self.slurm.find_job
         self.seen: Optional[JobInfo] = None  # Slurm's last answer about the job (fleet.hot)
+        self.quiet = False  # that answer said nothing new (rules.next_action: the gc's second chance)
 
     # -- record ---------------------------------------------------------------------------
 
@@ -147,58 +153,54 @@ class Supervisor:
             if req is not None:
                 self._stop(req)
                 return 0
-        action = rules.next_action(st)
+        action = rules.next_action(st, self.quiet)
         if action == "stopped":
             self.finish("stopped", stopped_message(st))
         if action is None:
             raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
-        return {"open_hold": self._open_hold, "hold": self._look_at_hold, "decide": self._decide,
+        return {"open_hold": self._open_hold, "hold": self._look_at_hold, "gc": self._gc, "decide": self._decide,
                 "apply_release": self._apply_release, "recover_intent": self._recover_intent,
-                "submit": self._submit, "follow": self._follow}[action]() or 0
+                "submit": self._submit, "gc_again": self._gc_again, "follow": self._follow}[action]() or 0
 
     def _open_hold(self) -> None:
-        h = self.fact("hold", **holds.opened(self.state, self.state.hold_needed, self.clock()))
-        self._event("hold", h, replaces=h["replaces"], job=h["job"], until=h["until"])
+        h = self._record(None, "hold", holds.opened(self.state, self.state.hold_needed, self.clock()))
         self.say(holds.announcement(h, self.root))
 
-    def _apply_release(self) -> None:
-        h = self.state.pending_apply
-        if h["replaces"] == "requeue" and h.get("slurm_held"):
-            try:
-                self.slurm.release(h["job"])
-            except SlurmError as e:
-                self.fact("note", text=f"scontrol release {h['job']} failed: {e}")
-        self.fact("rule", **holds.applied(self.state, h))
+    def _record(self, h: Optional[dict], type_: str, fields: dict) -> dict:
+        """Record a fact of hold ``h`` (None: the hold fact itself) and write the event it
+        is also (holds.event)."""
+        f = self.fact(type_, **fields)
+        h = h or f
+        ev = holds.event(f)
+        if ev is not None:
+            events.record(type_, root=self.root, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **ev)
+        return f
 
-    def _event(self, type_: str, h: dict, **fields) -> None:
-        events.record(type_, root=self.root, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **fields)
+    def _apply_release(self) -> None:
+        fact, release = holds.applied(self.state, self.state.pending_apply)
+        if release is not None:  # the requeue Slurm was told to hold
+            try:
+                self.slurm.release(release)
+            except SlurmError as e:
+                self.fact("note", text=f"scontrol release {release} failed: {e}")
+        self.fact("rule", **fact)
 
     def _look_at_hold(self) -> float:
-        """One look at the standing hold: a person's release, the cessation signal when due,
-        or its expiry; the seconds until the next look."""
-        st = self.state
-        h = st.hold
+        """One look at the standing hold (holds.look): the inputs are a person's release
+        entry, the clock and, when the rules ask for it, the cessation signal's answer;
+        the seconds until the next look."""
+        h = self.state.hold
         req = requests.read(self.root, f"release.{h['hold']}")
-        if req is not None:
-            self.fact("release", **holds.released_by_person(h, req))
-            self._event("release", h, by="person")
-            return 0
-        now = self.clock()
-        if holds.due(st, h, now, self.asked_this_run):
-            ans = self.ask(h)
+        look = holds.look(self.state, self.clock(), self.poll, self.root, req, asked_this_run=self.asked_this_run)
+        if look.ask:
+            answer = self.ask(h)
             self.asked_this_run = True
-            self.fact("cessation", hold=h["hold"], job=h["job"], r=h["r"], **ans)
-            self._event("cessation", h, answer=ans["answer"], source="supervisor")
-            if ans["answer"] == "ceased":
-                self.fact("release", hold=h["hold"], by="cessation signal")
-                self._event("release", h, by="cessation signal")
-                return 0
-            now = self.clock()
-        if now >= h["until"]:
-            fact, finish = holds.expired(st, h, self.root)
-            self.fact("hold_expired", **fact)
-            self.finish(*finish)
-        return holds.next_look(st, h, now, self.poll)
+            look = holds.look(self.state, self.clock(), self.poll, self.root, req, answer, asked_this_run=True)
+        for type_, fields in look.facts:
+            self._record(h, type_, fields)
+        if look.finish:
+            self.finish(*look.finish)
+        return look.wait
 
     def _stop(self, req: dict) -> None:
         """A person asked to stop: record it, cancel the job if it may still run, then
@@ -230,9 +232,9 @@ class Supervisor:
         st, defn = self.state, self.state.defn
         if defn.get("cwd") and os.path.isdir(defn["cwd"]) and os.getcwd() != defn["cwd"]:
             os.chdir(defn["cwd"])  # sbatch finds the script where the job was defined (many roots: each its own)
-        first_and_bad = st.submitted_in_g == 0 and st.refused_by_test  # the sbatch arguments are wrong
-        if st.submit_failures >= (1 if first_and_bad else SUBMIT_TRIES):
-            self.finish("failed", f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}")
+        why = rules.give_up(st)
+        if why is not None:
+            self.finish("failed", why)
         n = st.retry_n
         if n is None:
             argv, env = sbatch_argv(defn, self.root, st.g, 1, submission_tag(self.root, st.g, 1))
@@ -260,27 +262,20 @@ class Supervisor:
 
     def _recover_intent(self, refused: bool = False) -> float:
         """An intent without a job id: sbatch may or may not have queued the job. Slurm
-        knows (the tag is the job's comment): record the job, or that the intent was lost.
-        After a crash a fresh N is allocated: reusing N for a job that may have run (and
-        been purged since) would give two executions one epoch. Right after sbatch itself
-        refused (``refused``), no job used N, and N is reused. sacct is asked too, for a job
-        that ended and left slurmctld's memory while no supervisor ran; the minute of slack
-        covers clocks that disagree."""
+        knows (the tag is the job's comment): record what rules.recovered makes of its
+        answer (``refused``: right after sbatch itself refused). sacct is asked too, for a
+        job that ended and left slurmctld's memory while no supervisor ran; the minute of
+        slack covers clocks that disagree."""
         st = self.state
         try:
-            found = sorted(self.slurm.jobs_with_comment(st.tag, since=(st.intent_t or 0) - 60),
-                           key=lambda j: j.job_id)
+            found = [j.job_id for j in self.slurm.jobs_with_comment(st.tag, since=(st.intent_t or 0) - 60)]
         except SlurmError as e:
             self._slurm_trouble(e)
             return self.poll
-        if found:
-            self.fact("submitted", g=st.g, n=st.n, job=found[0].job_id, tag=st.tag, recovered=True)
-            for extra in found[1:]:  # cannot happen with one sbatch per intent; say so if it does
-                self.fact("note", text=f"job {extra.job_id} also carries tag {st.tag}; following "
-                                       f"{found[0].job_id} only")
-            return 0
-        self.fact("intent_lost", g=st.g, n=st.n, tag=st.tag, reuse=refused)
-        return self.poll if st.submit_failures else 0
+        got, wait = rules.recovered(st, found, refused)
+        for type_, fields in got:
+            self.fact(type_, **fields)
+        return self.poll if wait else 0
 
     # -- following the job ----------------------------------------------------------------
 
@@ -291,8 +286,9 @@ class Supervisor:
 
     def _follow(self) -> float:
         """Ask Slurm about the job and record what changed (rules.observe); when nothing
-        did, the `run --keep-last` collection's second chance, then wait a poll."""
+        did, say so (``quiet``: rules.next_action may call for the gc's second chance)."""
         st = self.state
+        self.quiet = False
         try:
             j = self.lookup(st.job)
         except SlurmError as e:
@@ -309,7 +305,20 @@ class Supervisor:
                 fields["cancelled_by"] = self.slurm.cancelled_by(j.job_id)
             self.fact(type_, **fields)
             return 0
-        again = self.gc.again(st.defn)
+        self.quiet = True
+        return 0 if rules.next_action(st, True) == "gc_again" else self.poll
+
+    # -- `run --keep-last K` ----------------------------------------------------------------
+
+    def _gc(self) -> None:
+        """After an execution ended, before its rule: gc before the next execution writes more."""
+        self.fact("gc", **self.gc.run(self.state.defn["keep_last"]))
+
+    def _gc_again(self) -> float:
+        """The collection's second chance while the job runs (retention.Collector.again
+        says whether a gc is due), then wait a poll."""
+        self.quiet = False
+        again = self.gc.again(self.state.defn)
         if again:
             self.fact("gc", **again)
         return self.poll
@@ -317,25 +326,25 @@ class Supervisor:
     # -- rules ----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        """Record the rule for the ended execution (rules.decide), then act on it."""
-        st, defn = self.state, self.state.defn
+        """Record the rule for the ended execution (rules.cause_of, rules.decide), then act on it."""
+        st = self.state
         ended = st.pending_decision
-        if defn.get("keep_last"):  # `run --keep-last K`: gc before the next execution writes more
-            self.fact("gc", **self.gc.run(defn["keep_last"]))
         cause = rules.cause_of(ended, self._signalled(ended), os.geteuid())
-        latest = self._latest_step() if rules.RULE_OF[cause] in ("continue", "resubmit") else None
-        d = rules.decide(st, ended, cause, latest, self.root)
+        d = rules.decide(st, ended, cause, self._latest_step() if rules.wants_latest(cause) else None, self.root)
         fact = d.fact
-        if fact["rule"] == "requeue" and defn["shared"]:
-            try:  # Slurm requeued a shared-checkpoint job anyway: keep it from starting
-                self.slurm.hold(ended["job"])
-                fact = {**fact, "held": True, "slurm_held": True}
-            except SlurmError as e:
-                fact = {**fact, "held": False, "warning": f"Slurm requeued this shared-checkpoint job and it "
-                        f"could not be held ({e}); its executions may overlap"}
+        if d.slurm_hold:  # keep it from starting: the hold applies
+            fact = rules.held_in_slurm(fact, self._slurm_hold(ended["job"]))
         self.fact("rule", **fact)
         if d.finish:
             self.finish(*d.finish)
+
+    def _slurm_hold(self, job: int) -> Optional[str]:
+        """`scontrol hold` the job: None when it did, else Slurm's error."""
+        try:
+            self.slurm.hold(job)
+        except SlurmError as e:
+            return str(e)
+        return None
 
     def _signalled(self, ended: dict) -> bool:
         """Whether the ended execution saw a signal and saved for it: its handler's
@@ -366,8 +375,7 @@ class Supervisor:
     def supersede(self, defn: dict) -> None:
         """After open(takeover=True) and start(None): end generation G, begin G+1."""
         st = self.state
-        old_g, old_job, started = st.g, st.job, st.started
-        old_shared = st.defn.get("shared", False)
+        old_g, old_job = st.g, st.job
         cancelled, state = False, None
         if old_job is not None:
             try:
@@ -378,11 +386,37 @@ class Supervisor:
             if j is not None and not j.ended:
                 self.slurm.cancel(old_job)
                 cancelled = True
+        held = rules.supersession(st, defn, state)  # from G's state, before G+1's facts replace it
         self.fact("superseded", from_g=old_g, to_g=old_g + 1, job=old_job, state=state, cancelled=cancelled)
         self.fact("job", **{**defn, "g": old_g + 1})
-        if (old_shared or defn["shared"]) and started is not None and state is not None:
-            # the old execution may still write into the shared folder: the new
-            # generation's first submission is a recovery like any other
-            self.fact("rule", rule="supersede", cause="supersession", held=True, job=old_job,
-                      r=started["r"], execution={k: started.get(k) for k in
-                                                 ("g", "n", "epoch", "attempt", "nodes", "start_time")})
+        if held is not None:
+            self.fact("rule", **held)
+
+
+def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:
+    """Run the site's cessation command for the held execution: exit 0 ceased, 1 not
+    ceased, anything else (or no answer in time) cannot tell."""
+    values = {"job": h["job"], "restart": h["r"], "root": root, "generation": h.get("g"),
+              "submission": h.get("n"), "epoch": h.get("epoch"), "attempt": h.get("attempt"),
+              "cluster": cluster, "nodes": ",".join(h.get("nodes") or []),
+              "started": h.get("start_time")}
+    values = {k: "" if v is None else str(v) for k, v in values.items()}
+    argv = [part.format(**values) for part in shlex.split(h["cessation_cmd"])]
+    if argv[0] == "dispatch-slurm" and shutil.which("dispatch-slurm") is None:
+        argv[:1] = [sys.executable, "-m", "dispatch_slurm"]  # e.g. run from a venv not on PATH
+    timeout = max(30.0, h["interval"])
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError as e:
+        return {"answer": "unknown", "exit": None, "error": f"{argv[0]}: not found ({e})"}
+    except subprocess.TimeoutExpired:
+        return {"answer": "unknown", "exit": None, "error": f"no answer within {timeout:g} s"}
+    answer = {0: "ceased", 1: "not_ceased"}.get(p.returncode, "unknown")
+    out: dict[str, Any] = {"answer": answer, "exit": p.returncode}
+    try:
+        out["evidence"] = json.loads(p.stdout)
+    except ValueError:
+        out["output"] = p.stdout.strip()[-1000:]
+    if p.stderr.strip():
+        out["stderr"] = p.stderr.strip()[-500:]
+    return out

@@ -12,11 +12,10 @@ import os
 import time
 from typing import Callable
 
+from .. import store
 from ..contract.layout import RECORD
 from ..errors import DispatchError
-from ..store.durable import DirFds, append, truncate
-from ..store.posix import open_root
-from ..store.roots import is_s3
+from ..retention.cessation import executions
 
 SCHEMA = 1
 _NUM = (int, float)
@@ -94,14 +93,8 @@ class Record:
         self._writer = False
 
     def _raw(self) -> bytes:
-        if is_s3(self.root):
-            return b""  # the supervisor refuses an S3 root: there is no record to read
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return b""
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
+        """The record as it is (b"" on a store that cannot hold one: the supervisor refuses it)."""
+        return store.at(self.root).read_all(RECORD)
 
     def read(self) -> list[dict]:
         """Every complete fact, in order (a torn last line is not a fact)."""
@@ -125,8 +118,7 @@ class Record:
         facts, tail = self._parse(data)
         self._seq, self._writer = len(facts), True
         if tail:
-            with DirFds() as fds:
-                truncate(RECORD, fds.add(open_root(self.root)), len(data) - len(tail))
+            store.at(self.root).truncate(RECORD, len(data) - len(tail))
             self.append({"type": "torn_tail_dropped", "bytes": tail.decode("utf-8", "replace")})
             facts = self.read()
         return facts
@@ -136,23 +128,9 @@ class Record:
             raise DispatchError("record not opened for appending (a bug)")
         fact = check_fact({"v": SCHEMA, "seq": self._seq + 1, "t": round(self._clock(), 3), **fact},
                           f"new fact for {self.path} (a bug)")
-        with DirFds() as fds:
-            append(RECORD, fds.add(open_root(self.root)), (json.dumps(fact, separators=(",", ":")) + "\n").encode())
+        store.at(self.root).append(RECORD, (json.dumps(fact, separators=(",", ":")) + "\n").encode())
         self._seq += 1
         return fact
-
-
-def executions(facts: list[dict]) -> dict[tuple[int, int], dict]:
-    """(job, R) -> what the facts say about that execution: G, N, epoch, attempt, nodes
-    and start time (what the cessation signal needs)."""
-    out: dict[tuple[int, int], dict] = {}
-    for f in facts:
-        if f["type"] in ("started", "ended", "hold") and isinstance(f.get("job"), int) and isinstance(f.get("r"), int):
-            info = out.setdefault((f["job"], f["r"]), {})
-            for k in ("g", "n", "epoch", "attempt", "nodes", "start_time"):
-                if f.get(k) not in (None, []):
-                    info[k] = f[k]
-    return out
 
 
 def execution(root: str, job_id: int, restart: int) -> dict:

@@ -67,5 +67,8 @@ def render_plan(p: dict) -> str:
         out += [f"  {r['when']}", f"      -> {r['rule']}{sub}: {r['then']}"]
     if p["hold"]:
         out.append(f"HOLD: {p['hold']['text']}")
+        out.append("while a hold stands, the first of:")
+        for s in p["hold"]["stages"]:
+            out += [f"  {s['when']}", f"      -> {s['then']}"]
     out += [f"note: {n}" for n in p["notes"]]
     return "\n".join(out) + "\n"

@@ -11,9 +11,8 @@ import pwd
 import socket
 import time
 
+from .. import store
 from ..contract.layout import REQUESTS
-from ..store.durable import create_new
-from ..store.posix import folder, read_entry
 
 
 def path(root: str, name: str) -> str:
@@ -22,14 +21,14 @@ def path(root: str, name: str) -> str:
 
 def make(root: str, name: str, body: dict) -> str:
     """O_EXCL-create ``<root>/requests/<name>`` (durable); FileExistsError if already made."""
-    with folder(root, REQUESTS, create=True) as fd:
-        create_new(name, fd, json.dumps(body).encode(), mode=0o644)
+    if not store.at(root).create(REQUESTS, name, json.dumps(body).encode(), mode=0o644):
+        raise FileExistsError(path(root, name))
     return path(root, name)
 
 
 def read(root: str, name: str) -> dict | None:
     """The request's body (``entry``: its path), or None if nobody made it."""
-    data = read_entry(root, REQUESTS, name)
+    data = store.at(root).read(REQUESTS, name)
     if data is None:
         return None
     try:

@@ -1,7 +1,10 @@
 """The rules: what the supervisor submits and what it does when an execution ends.
 
-Pure functions of a job definition (the ``job`` fact) and the state: the plan a person
-reads (``plan``) and the supervisor's loop (supervisor/loop.py) apply the same rules."""
+Pure functions of a job definition (the ``job`` fact), the state and what was observed
+(Slurm's answer, the latest publication, sbatch's): the plan a person reads (``plan``),
+the supervisor's loop (supervisor/loop.py, which only reads the inputs, records the facts
+these return and acts) and docs/supervisor.md apply the same rules. The hold's part of
+the table is holds.py."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import NamedTuple, Optional
 from ..contract import epoch, names
 from ..contract.signals import signal_option
 from ..errors import DispatchError
+from . import holds
 from .render import fmt_duration
 from .state import State
 
@@ -159,6 +163,41 @@ def submission_tag(root: str, g: int, n: int) -> str:
     return f"dispatch-slurm:{root}:g{g}:n{n}"
 
 
+def give_up(st: State) -> Optional[str]:
+    """Why the next submission is not tried (the finish's message), or None: SUBMIT_TRIES
+    sbatch failures in a row, or one when `sbatch --test-only` refused the generation's
+    first submission (the sbatch arguments are wrong)."""
+    first_and_bad = st.submitted_in_g == 0 and st.refused_by_test
+    if st.submit_failures >= (1 if first_and_bad else SUBMIT_TRIES):
+        return f"sbatch failed {st.submit_failures} time(s): {st.last_submit_error}"
+    return None
+
+
+def recovered(st: State, found: list[int], refused: bool) -> tuple[tuple[tuple[str, dict], ...], bool]:
+    """The facts for an intent without a job id, given the jobs Slurm holds with its tag
+    (``found``), and whether to wait a poll before the next step. None found: the intent
+    is lost, and its N is used again only when sbatch itself ``refused`` it (no job used
+    it); after a crash a fresh N, since a job that ran with it may have been purged."""
+    ref = {"g": st.g, "n": st.n, "tag": st.tag}
+    if not found:
+        return (("intent_lost", {**ref, "reuse": refused}),), bool(st.submit_failures)
+    first, *extra = sorted(found)
+    notes = tuple(("note", {"text": f"job {j} also carries tag {st.tag}; following {first} only"}) for j in extra)
+    return (("submitted", {"g": st.g, "n": st.n, "job": first, "tag": st.tag, "recovered": True}), *notes), False
+
+
+def supersession(st: State, defn: dict, state: Optional[str]) -> Optional[dict]:
+    """The rule fact a supersession records after generation G's (``st``, ``state``:
+    Slurm's state of its job, None when it had none) when G or G+1 (``defn``) shares the
+    checkpoint and G's job ran: the old execution may still write into the one folder,
+    so G+1's first submission is a recovery like any other, held. None otherwise."""
+    started = st.started
+    if not (st.defn.get("shared") or defn["shared"]) or started is None or state is None:
+        return None
+    return {"rule": "supersede", "cause": "supersession", "held": True, "job": st.job, "r": started["r"],
+            "execution": {k: started.get(k) for k in ("g", "n", "epoch", "attempt", "nodes", "start_time")}}
+
+
 # -- what an ended execution leads to ------------------------------------------------------
 #
 # One table, read three ways: ``cause_of`` + ``decide`` (the loop), ``plan`` (what a person
@@ -195,14 +234,28 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def next_action(st: State) -> Optional[str]:
-    """What the supervisor does next, from the state alone (None: nothing, a bug)."""
+def hold_table() -> str:
+    """The hold's stages as docs/supervisor.md shows them (tests/test_docs.py checks it)."""
+    rows = ["| while a hold stands | then |", "|---|---|"]
+    rows += [f"| {r['when']} | {r['then']} |" for r in holds.stages(
+        f"`--cessation-interval` (default {fmt_duration(DEFAULTS['cessation_interval'])})",
+        f"`--hold-for` (default {fmt_duration(DEFAULTS['hold_for'])})")]
+    return "\n".join(rows)
+
+
+def next_action(st: State, quiet: bool = False) -> Optional[str]:
+    """What the supervisor does next, from the state (None: nothing, a bug) and ``quiet``:
+    Slurm was just asked about the job and said nothing new, the `run --keep-last`
+    collection's turn (its second chance while the job runs; ``gc`` is the one after an
+    execution ended, before its rule)."""
     if st.stopping is not None and not st.intent_open and not st.pending_decision and \
             (st.job is None or st.need_submit or st.hold or st.hold_needed or st.pending_apply):
         return "stopped"
-    for due, action in ((st.hold_needed, "open_hold"), (st.hold, "hold"), (st.pending_decision, "decide"),
-                        (st.pending_apply, "apply_release"), (st.intent_open, "recover_intent"),
-                        (st.need_submit, "submit"), (st.job is not None, "follow")):
+    collects = bool(st.defn.get("keep_last"))
+    for due, action in ((st.hold_needed, "open_hold"), (st.hold, "hold"), (st.gc_pending, "gc"),
+                        (st.pending_decision, "decide"), (st.pending_apply, "apply_release"),
+                        (st.intent_open, "recover_intent"), (st.need_submit, "submit"),
+                        (st.job is not None and quiet and collects, "gc_again"), (st.job is not None, "follow")):
         if due:
             return action
     return None
@@ -245,9 +298,26 @@ def observe(st: State, j) -> Optional[tuple[str, dict]]:
 
 
 class Decision(NamedTuple):
-    """The rule fact to record (``fact``) and, when the job is over, (outcome, message)."""
+    """The rule fact to record (``fact``) and, when the job is over, (outcome, message);
+    ``slurm_hold``: `scontrol hold` the job first, and record the fact ``held_in_slurm``
+    makes of the outcome (Slurm requeued a shared-checkpoint job anyway)."""
     fact: dict
     finish: Optional[tuple[str, str]] = None
+    slurm_hold: bool = False
+
+
+def held_in_slurm(fact: dict, error: Optional[str]) -> dict:
+    """The requeue rule fact once `scontrol hold` was tried: ``error`` None when it held
+    the job (the hold applies as to any recovery), else what Slurm said."""
+    if error is None:
+        return {**fact, "held": True, "slurm_held": True}
+    return {**fact, "held": False, "warning": f"Slurm requeued this shared-checkpoint job and it could not be "
+                                              f"held ({error}); its executions may overlap"}
+
+
+def wants_latest(cause: str) -> bool:
+    """Whether the rule for ``cause`` weighs progress: the latest published step, read for ``decide``."""
+    return RULE_OF[cause] in ("continue", "resubmit")
 
 
 def cause_of(ended: dict, signalled: bool, uid: int) -> str:
@@ -292,7 +362,7 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
                         f"job's own user means stop, so nothing is resubmitted (`dispatch-slurm supersede {root}` "
                         "starts it again)"))
     if rule == "requeue":
-        return Decision({"rule": "requeue", **ref})
+        return Decision({"rule": "requeue", **ref}, slurm_hold=bool(defn["shared"]))
     if rule == "done":
         return Decision({"rule": "done", **ref}, ("done", f"job {job} completed"))
     if rule == "fail":
@@ -344,15 +414,6 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
                        then="cannot happen: submitted with --no-requeue, so Slurm ends the job and the other "
                             "rules apply; should Slurm requeue it anyway, `scontrol hold` and HOLD")
         rows.append(row)
-    hold = None
-    if shared:
-        hold = {"hold_for": defn["hold_for"], "cessation_interval": defn["cessation_interval"],
-                "cessation_cmd": defn["cessation_cmd"],
-                "text": f"the checkpoint is shared, so a new execution must not start while the old one may "
-                        f"still write: each recovery waits up to {fmt_duration(defn['hold_for'])} for "
-                        f"`dispatch-slurm release {root}` or a 'ceased' answer of the cessation signal, asked "
-                        f"every {fmt_duration(defn['cessation_interval'])}: {defn['cessation_cmd']}; "
-                        f"unanswered, the job stays held and the supervisor exits 3"}
     argv, env = sbatch_argv(defn, root, defn["g"], 1, submission_tag(root, defn["g"], 1))
     shown = ["sbatch", "--parsable", *(a.replace("=1", "=<N>") if a.startswith("--dispatch-submission")
                                        else a.replace(":n1", ":n<N>") for a in argv)]
@@ -368,5 +429,18 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
             "resubmit_budget": defn["resubmit"], "budget_left": left,
             "continuations_budget": defn.get("continuations", DEFAULTS["continuations"]), "continuations_left": conts,
             "via": defn["via"],
-            "sbatch": shown, "env": env, "rules": rows, "hold": hold, "notes": notes,
+            "sbatch": shown, "env": env, "rules": rows, "hold": _hold_plan(defn, root) if shared else None,
+            "notes": notes,
             "state": state.summary() if state else "not started"}
+
+
+def _hold_plan(defn: dict, root: str) -> dict:
+    """The plan's hold: the job's values and the stages a hold goes through (holds.STAGES)."""
+    interval, hold_for = fmt_duration(defn["cessation_interval"]), fmt_duration(defn["hold_for"])
+    return {"hold_for": defn["hold_for"], "cessation_interval": defn["cessation_interval"],
+            "cessation_cmd": defn["cessation_cmd"],
+            "text": f"the checkpoint is shared, so a new execution must not start while the old one may "
+                    f"still write: each recovery waits up to {hold_for} for `dispatch-slurm release {root}` or a "
+                    f"'ceased' answer of the cessation signal, asked every {interval}: {defn['cessation_cmd']}; "
+                    f"unanswered, the job stays held and the supervisor exits 3",
+            "stages": holds.stages(interval, hold_for)}

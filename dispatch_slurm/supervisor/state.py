@@ -29,6 +29,7 @@ class State:
     started: Optional[dict] = None
     ended: dict[int, dict] = field(default_factory=dict)
     pending_decision: Optional[dict] = None
+    gc_pending: bool = False  # `run --keep-last`: collect before the ended execution's rule
     hold_needed: Optional[dict] = None
     hold: Optional[dict] = None
     holds: int = 0
@@ -52,7 +53,7 @@ class State:
     def apply(self, f: dict) -> None:
         self.facts += 1
         on = getattr(self, f"_on_{f['type']}", None)
-        if on is not None:  # superseded, hold_expired, note, torn_tail_dropped, gc: for people, no state
+        if on is not None:  # superseded, hold_expired, note, torn_tail_dropped: for people, no state
             on(f)
 
     def _on_supervisor(self, f: dict) -> None:
@@ -66,6 +67,7 @@ class State:
         self.intent_open, self.need_submit = False, True
         self.submitted_in_g = self.used = self.continued = self.stalls = self.submit_failures = 0
         self.pending_decision = self.hold_needed = self.hold = self.pending_apply = None
+        self.gc_pending = False
         self.finished = self.stopping = self.retry_n = None
 
     def _on_intent(self, f: dict) -> None:
@@ -94,9 +96,14 @@ class State:
     def _on_ended(self, f: dict) -> None:
         self.ended[f["r"]] = f
         self.pending_decision = f
+        self.gc_pending = bool(self.defn.get("keep_last"))
+
+    def _on_gc(self, f: dict) -> None:
+        self.gc_pending = False
 
     def _on_rule(self, f: dict) -> None:
         self.pending_decision = self.pending_apply = None
+        self.gc_pending = False
         self.stalls = f.get("stalls", self.stalls)
         if f.get("latest_step") is not None:
             self.last_step = f["latest_step"]

@@ -1,8 +1,8 @@
 """Retention rules: which saves a gc keeps and why, as pure functions (no I/O).
 
-The store reads a root into an ``Inventory`` (store/retention.py) and removes what
-``decide`` says; whoever can ask Slurm says which executions have ceased. A save is
-kept, in this order of reasons, when it is
+The store reads a root into an ``Inventory`` (store/inventory.py) and gc (gc.py) removes
+what ``decide`` says; cessation.py says which executions have ceased. A save is kept, in
+this order of reasons, when it is
 
 1. the latest publication's save (never removed, its publication never retired);
 2. not inside an execution's folder (``exec/<attempt>/``), or behind a symlink;
@@ -20,23 +20,20 @@ publications retired first), unpublished leftovers (entries of the exec folder n
 like a save, e.g. a save cut short by the end of the execution), and the rest of a
 retired save whose removal was interrupted or whose publication a person retired.
 
-Who retired a publication is its ``retired/`` marker's content: gc's markers are empty;
-a person's (``dispatch-slurm retire``) hold one JSON line saying who and why. Only gc's
-prove that an execution ceased (gc retires nothing of an execution before that); a
-person's says only that the publication is not to be resumed from."""
+Who retired a publication is its ``retired/`` marker's content (store/inventory.py): gc's
+markers are empty, a person's say who and why. Only gc's prove that an execution ceased
+(gc retires nothing of an execution before that); a person's says only that the
+publication is not to be resumed from."""
 
 from __future__ import annotations
 
-import json
-import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
+from ..contract import names
+from ..contract.names import STEP_PATTERN, Publication
 from ..errors import DispatchError
-from . import names
-from .layout import EXEC
-from .names import STEP_PATTERN, Publication
+from ..store import Inventory, Save
 
 KEEP, REMOVE, GONE = "keep", "remove", "gone"
 #: what the report and `ls` call each action
@@ -47,27 +44,6 @@ VANISHED = "gone"
 # person, wait for their execution to cease
 #: every state a save can be shown in, in the report's order
 SHOWN = (*STATES.values(), VANISHED)
-
-
-def retirement_record(user: str, reason: str, host: str, t: float | None = None) -> bytes:
-    """The content of a person's ``retired/<name>`` marker: one JSON line."""
-    rec = {"v": 1, "by": user, "reason": reason, "host": host, "t": time.time() if t is None else t}
-    return (json.dumps(rec, separators=(",", ":")) + "\n").encode()
-
-
-def retired_by(content: bytes) -> dict | None:
-    """Who retired a publication, from its marker's content: None for gc (an empty
-    marker), else the person's record (``by``, ``reason``, ``t``; a marker whose line
-    does not parse is still a person's: gc never writes a byte)."""
-    if not content:
-        return None
-    try:
-        rec = json.loads(content.splitlines()[0])
-    except (ValueError, IndexError):
-        rec = None
-    if not isinstance(rec, dict):
-        return {"by": "a person", "reason": "(its record does not parse)", "t": None}
-    return {"by": str(rec.get("by") or "a person"), "reason": str(rec.get("reason") or ""), "t": rec.get("t")}
 
 
 @dataclass(frozen=True)
@@ -93,32 +69,6 @@ class Policy:
 
 
 @dataclass
-class Save:
-    """A save gc knows of: published (``pubs``), retired (``retired``: marker names) or an
-    unpublished leftover (neither; ``step`` from the save pattern)."""
-
-    path: str
-    attempt: Optional[str]
-    pubs: list[Publication] = field(default_factory=list)
-    retired: list[str] = field(default_factory=list)
-    size: int = 0
-    exists: bool = False
-    step: Optional[int] = None
-    problem: Optional[str] = None  # why it cannot be touched (a symlink in the way)
-
-
-@dataclass
-class Inventory:
-    latest: Optional[Publication]
-    saves: dict[str, Save]
-    newest: dict[str, float]  # attempt -> newest mtime in its exec folder
-    retired: set[str]         # every name in retired/
-    pins: set[str]            # every pinned path
-    empty: set[str] = field(default_factory=set)  # attempts whose exec folder is empty
-    by_person: dict[str, dict] = field(default_factory=dict)  # retired/ names a person retired -> retired_by()
-
-
-@dataclass
 class Verdict:
     save: Save
     action: str
@@ -135,38 +85,6 @@ class Verdict:
                 "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
                 "latest": latest is not None and latest.path == s.path}
-
-
-def attempt_of(path: str) -> Optional[str]:
-    """The execution whose folder holds ``path`` (exec/<attempt>/...), or None."""
-    parts = path.split("/")
-    return parts[1] if parts[0] == EXEC and len(parts) > 2 else None
-
-
-def known_saves(pubs: Iterable[Publication], retired: Iterable[str], where: str) -> dict[str, Save]:
-    """The saves pub/ and retired/ name (a store's listings of both), before the store
-    adds its leftovers and measures them."""
-    saves: dict[str, Save] = {}
-    for p in pubs:
-        saves.setdefault(p.path, Save(p.path, attempt_of(p.path))).pubs.append(p)
-    for name in sorted(retired):
-        r = names.parse(name, where)
-        saves.setdefault(r.path, Save(r.path, attempt_of(r.path), step=r.step)).retired.append(name)
-    return saves
-
-
-def leftover_step(entry: str, pattern: re.Pattern) -> Optional[int]:
-    """The step of an exec folder's entry named like a save (``pattern``'s group), or None."""
-    m = pattern.fullmatch(entry)
-    return int(m[1]) if m and m[1].isdigit() else None
-
-
-def markers(s: Save) -> list[str]:
-    """The retired/ names that retire save ``s``: its publications', or for a leftover
-    the name it would have had (its execution's epoch, its step)."""
-    if s.pubs:
-        return [p.name for p in s.pubs]
-    return [names.encode(names.attempt_epoch(s.attempt), s.step, s.path)]
 
 
 def pinned(path: str, pins: Iterable[str]) -> bool:

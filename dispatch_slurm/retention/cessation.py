@@ -1,10 +1,11 @@
 """gc with Slurm's answers: which executions have ceased, then the store's gc.
 
-gc removes saves of ceased executions only (contract/retention.py). The evidence is
+gc removes saves of ceased executions only (policy.py). The evidence is
 the cessation signal's (slurm/cessation.py): Slurm says the execution ended and nothing
 of it is completing, and every node that ran it recorded its Epilog
 (``ceased/<attempt>.<node>``) or booted after it started. Which nodes ran it comes
-from the supervisor's record, else from Slurm while it still shows the job at that
+from the supervisor's record (its facts, which the caller passes: ``facts``), else from
+Slurm while it still shows the job at that
 restart count. When neither knows (a user-level job Slurm has since purged or
 requeued, an execution of another cluster, Slurm not answering), cessation cannot be
 shown and gc keeps the execution's saves and says why. Before any of that, the root
@@ -24,14 +25,26 @@ from typing import Callable, Iterable, Optional
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
-from ..contract.retention import REMOVE, SHOWN, Policy, Verdict, needs
 from ..errors import DispatchError
 from ..slurm import cessation
 from ..slurm.client import Slurm, SlurmError
 from ..store import ceased as ceased_store
 from ..store import events
-from ..store import retention as store_gc
-from .record import Record, executions
+from . import removal
+from .policy import REMOVE, SHOWN, Policy, Verdict, needs
+
+
+def executions(facts: list[dict]) -> dict[tuple[int, int], dict]:
+    """(job, R) -> what the supervisor's facts say about that execution: G, N, epoch,
+    attempt, nodes and start time (what the cessation signal needs)."""
+    out: dict[tuple[int, int], dict] = {}
+    for f in facts:
+        if f["type"] in ("started", "ended", "hold") and isinstance(f.get("job"), int) and isinstance(f.get("r"), int):
+            info = out.setdefault((f["job"], f["r"]), {})
+            for k in ("g", "n", "epoch", "attempt", "nodes", "start_time"):
+                if f.get(k) not in (None, []):
+                    info[k] = f[k]
+    return out
 
 
 def _by_attempt(facts: list[dict]) -> dict[str, dict]:
@@ -40,9 +53,10 @@ def _by_attempt(facts: list[dict]) -> dict[str, dict]:
 
 
 def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, said: Iterable[str] = (),
-           facts: Optional[list[dict]] = None) -> dict[str, tuple[bool, str]]:
+           facts: Iterable[dict] = ()) -> dict[str, tuple[bool, str]]:
     """attempt -> (ceased?, the evidence or why it cannot be shown), asking Slurm only
-    about the attempts not in ``said`` (a person's word)."""
+    about the attempts not in ``said`` (a person's word); ``facts``: the supervisor's record
+    of the root, if one ran (which nodes ran each execution)."""
     said = set(said)
     out = {a: (True, "a person said so (gc --ceased)") for a in attempts if a in said}
     out.update(from_root(root, set(attempts) - said))
@@ -55,7 +69,7 @@ def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, sa
     except SlurmError as e:
         return {**out, **{a: (False, f"Slurm did not answer ({e}); if you know it has ceased: gc --ceased {a}")
                           for a in ask}}
-    recs = _by_attempt(Record(root).read() if facts is None else facts)
+    recs = _by_attempt(list(facts))
     for a in ask:
         parts = names.attempt_parts(a)
         if parts is None:
@@ -91,7 +105,7 @@ def from_root(root: str, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]
 
 
 def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterable[str] = (),
-       dry_run: bool = False) -> list[Verdict]:
+       dry_run: bool = False, facts: Iterable[dict] = ()) -> list[Verdict]:
     """Ask about the executions the policy would remove something of, then collect."""
     said = list(said)
     for a in said:
@@ -100,8 +114,8 @@ def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterab
         if not dry_run:
             events.record("cessation", root=root, attempt=a, answer="ceased", source="person",
                           by=getpass.getuser(), on=socket.gethostname())
-    want = needs(store_gc.scan(root, policy.pattern), policy, time.time())
-    verdicts = store_gc.collect(root, policy, ceased(root, want, slurm, said), dry_run=dry_run)
+    want = needs(store.at(root).inventory(policy.pattern), policy, time.time())
+    verdicts = removal.collect(root, policy, ceased(root, want, slurm, said, facts), dry_run=dry_run)
     gone = [v for v in verdicts if v.action == REMOVE]
     if gone and not dry_run:
         events.record("gc", root=root, attempt="gc", removed=[v.save.path for v in gone],
@@ -109,14 +123,14 @@ def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterab
     return verdicts
 
 
-def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
+def after_execution(root: str, keep_last: int, slurm: Slurm, facts: Iterable[dict] = ()) -> dict:
     """The supervisor's gc (``run --keep-last``): the fields of its ``gc`` fact; ``waiting``
     counts the saves kept only until their execution is shown to have ceased and goes
     quiet, ``latest`` names the latest publication before it ran. A failure is recorded,
     never the supervisor's end."""
     try:
         latest = store.latest(root)
-        verdicts = gc(root, Policy(keep_last=keep_last), slurm=slurm)
+        verdicts = gc(root, Policy(keep_last=keep_last), slurm=slurm, facts=facts)
     except (DispatchError, OSError) as e:
         return {"removed": 0, "freed": 0, "error": str(e)[-500:]}
     gone = [v for v in verdicts if v.action == REMOVE]
@@ -127,18 +141,19 @@ def after_execution(root: str, keep_last: int, slurm: Slurm) -> dict:
 
 
 class Collector:
-    """The supervisor's gc (``run --keep-last K``): once an execution has ended (``run``),
+    """The supervisor's gc (``run --keep-last K``; ``facts``: its record, read when gc runs):
+    once an execution has ended (``run``),
     and while the job runs (``again``) when a new publication pushes an older save out of
     the K kept, and every --cessation-interval while saves wait only for their execution
     to cease and go quiet."""
 
-    def __init__(self, root: str, slurm: Slurm, clock: Callable[[], float]):
-        self.root, self.slurm, self.clock = root, slurm, clock
+    def __init__(self, root: str, slurm: Slurm, clock: Callable[[], float], facts: Callable[[], list[dict]]):
+        self.root, self.slurm, self.clock, self.facts = root, slurm, clock, facts
         self.at, self.waiting, self.latest = 0.0, 0, False  # latest False: no gc yet in this run
 
     def run(self, keep_last: int) -> dict:
         """The fields of a ``gc`` fact."""
-        f = after_execution(self.root, keep_last, self.slurm)
+        f = after_execution(self.root, keep_last, self.slurm, self.facts())
         self.at, self.waiting, self.latest = self.clock(), f.get("waiting", 0), f.get("latest")
         return f
 
@@ -158,18 +173,23 @@ class Collector:
         return f if f.get("retired") or f.get("error") else None
 
 
-def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True) -> dict:
+def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True,
+           facts: Iterable[dict] = (), inv: Optional[store.Inventory] = None) -> dict:
     """The retention state of ROOT for the report: every save gc knows of as kept,
     reclaimable (a gc with ``policy`` would remove it now) or retired, with its size
-    and why, and the totals. ``policy`` defaults to the record's ``run --keep-last``,
-    else none (every published save kept). Slurm is asked which executions ceased,
-    unless ``ask`` is false (from the root alone: what gc retired before, and the
-    executions every node of which recorded its Epilog)."""
+    and why, and the totals. ``policy`` defaults to the supervisor's ``run --keep-last``
+    (its ``facts``), else none (every published save kept). Slurm is asked which
+    executions ceased, unless ``ask`` is false (from the root alone: what gc retired
+    before, and the executions every node of which recorded its Epilog). ``inv``: the
+    root's inventory, if already read with the policy's pattern."""
+    facts = list(facts)
     if policy is None:
-        keep = next((f.get("keep_last") for f in reversed(Record(root).read()) if f["type"] == "job"), None)
+        keep = next((f.get("keep_last") for f in reversed(facts) if f["type"] == "job"), None)
         policy = Policy(keep_last=keep)
-    want = needs(store_gc.scan(root, policy.pattern), policy, time.time())
-    rows = store_gc.state(root, policy, (ceased(root, want, slurm) if ask else from_root(root, want)) if want else {})
+    inv = inv or store.at(root).inventory(policy.pattern)
+    want = needs(inv, policy, time.time())
+    said = (ceased(root, want, slurm, facts=facts) if ask else from_root(root, want)) if want else {}
+    rows = removal.state(root, policy, said, inv=inv)
     totals = {state: {"saves": sum(r["state"] == state for r in rows),
                       "bytes": sum(r["size"] for r in rows if r["state"] == state)} for state in SHOWN}
     return {"root": root, "policy": {"keep_last": policy.keep_last, "keep_every": policy.keep_every,

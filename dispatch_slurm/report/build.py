@@ -1,0 +1,241 @@
+"""The report's data: what happened to a job, read from its root alone.
+
+Every execution (its attempt, epoch, job, nodes, when it started, when it last wrote,
+how it ended), the overlaps between an execution and its replacement, each
+publication, the holds and cessation answers, and the steps lost to each
+interruption. Sources, all under the root, read through the store: its inventory (each
+exec folder's saves and times, the publications, retired/ and pinned/), events/
+(signals, publications, cessation), ceased/ (the Epilog's evidence) and, when a
+supervisor ran, record.jsonl (Slurm's word on how each execution ended). Without a supervisor record, how an execution ended is
+what its events say. The retention section is gc's view from the root alone (the
+record's `run --keep-last`, retired/ and pinned/; Slurm is not asked, so a save waits
+for its execution's cessation until gc has seen it).
+
+Definitions:
+  started      when Slurm or the hooks say it started: the supervisor's `started` fact
+               (Slurm's start time), the Prolog's `execution_started` event (Slurm's
+               start time from 24.11, else when the Prolog ran), whichever is first;
+               without either, the trainer's own `execution_started` event, else its
+               oldest file (`started_by` in --json says which)
+  last write   the newest mtime in its exec folder, or its last event or publication
+               (the hooks' own events are not its writes)
+  ended        how it ended: the supervisor's record (Slurm's word), else its events;
+               `cessation`: the root's own evidence that its processes are gone (every
+               node that ran it, as the Prolog listed them, recorded its Epilog)
+  overlap      how long an execution kept writing after its replacement started
+               (`gap_s`: how long before the replacement started it stopped, if it did)
+  steps lost   the highest step the execution saved minus the step its replacement
+               resumed from (the latest publication when the replacement started)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .. import store
+from ..contract import layout, names
+from ..contract.epoch import decompose
+from ..errors import BadPath, DispatchError
+from ..retention import status
+from ..store import ceased
+from ..store import events as eventsmod
+from ..supervisor.record import Record
+
+RECORD_TYPES = ("started", "ended", "rule", "hold", "cessation", "release", "finished", "stop")
+
+
+def _token(attempt: str) -> dict:
+    """cluster, job and (G, N, R) from an attempt token, read by the contract's parser
+    (an exec folder not named like a token has no cluster or job)."""
+    epoch = names.attempt_epoch(attempt)
+    cluster, job, _ = names.attempt_parts(attempt) or (None, None, None)
+    g, n, r = decompose(epoch) if epoch is not None else (None, None, None)
+    return {"attempt": attempt, "epoch": epoch, "cluster": cluster, "job": job,
+            "generation": g, "submission": n, "restart": r}
+
+
+HOOKS = ("prolog", "epilog", "epilog (rejoined)")  # the `source` of the hooks' own events
+
+
+def _started(folder: dict, mine: list[dict], facts_starts: list[float]) -> tuple[Optional[float], Optional[str]]:
+    """(when the execution started, by whose word): Slurm's or the hooks' evidence first
+    (a save published by the old execution just after the new one started must not count
+    as the new one's resume point), then the trainer's event, then its oldest file."""
+    prolog = [e.get("start_time") if isinstance(e.get("start_time"), (int, float)) else e["t"]
+              for e in mine if e["type"] == "execution_started" and e.get("source") == "prolog"]
+    trainer = [e["t"] for e in mine if e["type"] == "execution_started" and e.get("source") not in HOOKS]
+    for by, ts in (("slurm" if facts_starts else "prolog", facts_starts + prolog),
+                   ("execution_started event", trainer), ("oldest file", [folder["first"]] if folder["first"] else [])):
+        if ts:
+            return min(ts), by
+    return None, None
+
+
+def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], pubs: list,
+               cessation: Optional[dict] = None) -> dict:
+    """One execution as the report shows it: its nodes, publications, signals, start, last
+    write and end, from its folder, the events, the supervisor's record and the Epilogs'."""
+    ex = {**_token(attempt), "nodes": set(), "publications": [], "signals": [], "ended": None, "rule": None}
+    mine = [e for e in evs if e.get("attempt") == attempt]
+    ex["nodes"] |= _event_nodes(mine)
+    facts_starts = _from_record(ex, attempt, facts)
+    ex["publications"] = [{"step": p.step, "path": p.path, "name": p.name, "t": t} for p, t in pubs
+                          if p.path.split("/")[:2] == [layout.EXEC, attempt]]
+    ex["signals"] = [{"t": e["t"], "signal": e.get("signal"), "grace": e.get("grace")}
+                     for e in mine if e["type"] == "preempt_signal"]
+    saved = [e["t"] for e in mine if e["type"] == "checkpoint_complete"]
+    if ex["ended"] is None and saved:
+        ex["ended"] = {"state": "PREEMPTED (grace save)", "at": max(saved), "source": "events"}
+    ex["started_at"], ex["started_by"] = _started(folder, mine, facts_starts)
+    ex["last_write_at"] = _last_write(folder, mine, ex["publications"])
+    _apply_cessation(ex, cessation)
+    ex["saves"] = folder["saves"]
+    ex["max_step"] = max([s["step"] for s in folder["saves"]] + [p["step"] for p in ex["publications"]],
+                         default=None)
+    ex["ceased_on"] = sorted(folder["ceased"])
+    ex["nodes"] = sorted(ex["nodes"] | set(folder["ceased"]))
+    return ex
+
+
+def _own_write(e: dict) -> bool:
+    """An event the execution wrote itself (not the hooks', not the supervisor's holds)."""
+    return e.get("type") not in ("cessation", "hold", "release") and e.get("source") not in HOOKS
+
+
+def _event_nodes(mine: list[dict]) -> set:
+    """The hosts of the execution's own events (the admin side's hosts ran none of it),
+    and the nodes the hooks name."""
+    return ({e["host"] for e in mine if _own_write(e) and e.get("host")}
+            | {e["node"] for e in mine if e.get("source") in HOOKS and isinstance(e.get("node"), str)})
+
+
+def _from_record(ex: dict, attempt: str, facts: list[dict]) -> list[float]:
+    """What the supervisor's record says of the execution: its nodes, its end and the rule
+    decided for it (the last rule about (job, R): a held one is applied later). Returns
+    the start times it recorded."""
+    starts = []
+    for f in facts:
+        if f.get("attempt") != attempt or f["type"] not in ("started", "ended"):
+            continue
+        ex["nodes"] |= set(f.get("nodes") or [])
+        if f["type"] == "started":
+            starts += [f["start_time"]] if f.get("start_time") else []
+            continue
+        ex["ended"] = {"state": f["state"], "reason": f.get("reason"), "at": f["t"],
+                       "cancelled_by": f.get("cancelled_by"), "source": "supervisor record"}
+        ref = (f["job"], f["r"])
+        ex["rule"] = next(({"rule": g["rule"], "cause": g.get("cause"), "held": bool(g.get("held"))}
+                           for g in reversed(facts) if g["type"] == "rule" and (g.get("job"), g.get("r")) == ref),
+                          None)
+    return starts
+
+
+def _last_write(folder: dict, mine: list[dict], publications: list[dict]) -> Optional[float]:
+    lasts = [folder["last"]] + [e["t"] for e in mine if _own_write(e)] + [p["t"] for p in publications]
+    return max((t for t in lasts if t), default=None)
+
+
+def _apply_cessation(ex: dict, cessation: Optional[dict]) -> None:
+    """The Epilogs' evidence: shown, its nodes added, and the end when nothing else says it."""
+    ex["cessation"] = None
+    if cessation is None:
+        return
+    ex["cessation"] = {k: cessation[k] for k in ("ceased", "nodes", "missing", "at", "why")}
+    ex["nodes"] |= set(cessation["nodes"])
+    if ex["ended"] is None and cessation["ceased"]:
+        ex["ended"] = {"state": "ceased", "at": cessation["at"], "source": "epilog"}
+
+
+def _pub_times(st: store.Store, pubs: list, evs: list[dict]) -> list:
+    """(publication, when it was made): the `published` event's time, else when the store
+    says the entry was made (a POSIX mtime; on S3 the event is the only time)."""
+    by_name = {e.get("name"): e["t"] for e in evs if e["type"] == "published" and not e.get("existed")}
+    return [(p, by_name[p.name] if p.name in by_name else st.published_at(p.name)) for p in pubs]
+
+
+def _steps(entries) -> list[dict]:
+    """The saves among an exec folder's entries (named ``checkpoint-<step>``), by step."""
+    out = []
+    for name in sorted(entries):
+        try:
+            out.append({"step": names.step_of(name), "name": name})
+        except BadPath:
+            continue
+    return sorted(out, key=lambda s: s["step"])
+
+
+def _folders(st: store.Store, inv: store.Inventory) -> dict[str, dict]:
+    """attempt -> {first, last (times), saves [{step, name}], ceased [nodes]}: every folder
+    under exec/, from the inventory, with the Epilogs' entries under ceased/."""
+    out = {a: {"first": f.first, "last": f.last, "saves": _steps(f.entries), "ceased": []}
+           for a, f in sorted(inv.folders.items())}
+    for entry in st.listing(layout.CEASED):
+        for attempt, info in out.items():
+            if entry.startswith(attempt + "."):
+                info["ceased"].append(entry[len(attempt) + 1:])
+    return out
+
+
+def _resume_point(pubs: list, before: Optional[float], epoch: int, withdrawn: dict[str, float]) -> Optional[dict]:
+    """The latest publication of a lower epoch that existed when an execution started,
+    less those a person had retired by then (``withdrawn``: name -> when)."""
+    seen = [(p, t) for p, t in pubs if p.epoch < epoch and (before is None or (t is not None and t <= before))
+            and not (p.name in withdrawn and (before is None or withdrawn[p.name] <= before))]
+    if not seen:
+        return None
+    p, t = max(seen, key=lambda pt: (pt[0].epoch, pt[0].step, pt[0].name))
+    return {"step": p.step, "path": p.path, "epoch": p.epoch}
+
+
+def build(root: str) -> dict[str, Any]:
+    """The report's data (what `report --json` prints)."""
+    st = store.at(root)
+    inv = st.inventory()
+    every_fact = Record(root).read()
+    facts = [f for f in every_fact if f["type"] in RECORD_TYPES]
+    pubs = _pub_times(st, sorted((p for s in inv.saves.values() for p in s.pubs), key=lambda p: p.name),
+                      evs := eventsmod.read(root))
+    folders = _folders(st, inv)
+    execs = sorted((_execution(a, folders[a], evs, facts, pubs, _cessation(root, a, evs)) for a in folders),
+                   key=lambda e: (e["epoch"] is None, e["epoch"] or 0, e["attempt"]))
+    interruptions = []
+    withdrawn = {e.get("name"): e["t"] for e in evs if e["type"] == "retired"}
+    for old, new in zip(execs, execs[1:]):
+        resumed = _resume_point(pubs, new["started_at"], new["epoch"] or 0, withdrawn)
+        overlap = gap = None
+        if old["last_write_at"] is not None and new["started_at"] is not None:
+            overlap = max(0.0, old["last_write_at"] - new["started_at"])
+            gap = max(0.0, new["started_at"] - old["last_write_at"])
+        lost = None if old["max_step"] is None else old["max_step"] - (resumed["step"] if resumed else 0)
+        interruptions.append({"old": old["attempt"], "new": new["attempt"], "old_ended": old["ended"],
+                              "overlap_s": overlap, "gap_s": gap, "resumed_from": resumed, "steps_lost": lost})
+    holds = _holds(facts)
+    latest = inv.latest  # what `latest` names
+    return {"root": root, "executions": execs, "interruptions": interruptions, "holds": holds,
+            "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
+                             for p, t in pubs],
+            "latest": None if latest is None else {"step": latest.step, "path": latest.path},
+            "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
+            "retention": status(root, ask=False, facts=every_fact, inv=inv)}
+
+
+def _cessation(root: str, attempt: str, evs: list[dict]) -> Optional[dict]:
+    """The root's own cessation evidence for the execution (store/ceased.py); None when
+    it cannot be read."""
+    try:
+        return ceased.execution(root, attempt, evs)
+    except (OSError, DispatchError):
+        return None
+
+
+def _holds(facts: list[dict]) -> list[dict]:
+    holds: dict[int, dict] = {}
+    for f in facts:
+        if f["type"] == "hold":
+            holds[f["hold"]] = {"hold": f["hold"], "job": f["job"], "r": f["r"], "replaces": f["replaces"],
+                                "attempt": f.get("attempt"), "from": f["t"], "answers": [], "released": None}
+        elif f["type"] == "cessation" and f["hold"] in holds:
+            holds[f["hold"]]["answers"].append({"t": f["t"], "answer": f["answer"]})
+        elif f["type"] == "release" and f["hold"] in holds:
+            holds[f["hold"]]["released"] = {"t": f["t"], "by": f["by"]}
+    return list(holds.values())
