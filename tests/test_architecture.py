@@ -9,7 +9,10 @@
 * The modules of slurm/ reach one another through public names only (issue 21: the
   client imported facts' privates), so each module's private names are its own to change.
 * contract/ does no I/O (issue 21: siteconf read its file and the environment): no open(),
-  os.environ / os.getenv, subprocess or pathlib there; the callers read and pass values in."""
+  os.environ / os.getenv, subprocess or pathlib there; the callers read and pass values in.
+* contract/env.py is the one module that reads DISPATCH_* variables from the environment
+  (issue 21: ~20 reads across runtime, integrations and the store, each with its own
+  message for a missing one); the others ask its view, ``Execution.current()``."""
 
 import ast
 import os
@@ -320,3 +323,58 @@ def test_the_scheme_check_can_fail():
     src = ("if is_s3(root): pass\nif root.startswith('s3://'): pass\nif '://' in d: pass\n"
            "if v.startswith(names.S3_SCHEME): pass\n")
     assert sorted(_scheme_tests(src)) == sorted(["is_s3", "startswith('s3://')", "'://' in d", "S3_SCHEME"])
+
+
+# modules that still read DISPATCH_* from os.environ themselves, and the variables each may read
+ENV_READS_ALLOWED = {
+    # switched to the view when the store interface lands (issue 21)
+    "dispatch_slurm.store.publish": {"DISPATCH_CHECKPOINT", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT"},
+    "dispatch_slurm.store.events": {"DISPATCH_CHECKPOINT", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT"},
+}
+# Not reads of the environment, so not here: a mapping passed in (slurm/hooks.py's environ, the
+# job's as Slurm gave it to the hook; store/jobs.py's; runtime/launch.py's, the launcher's child's).
+
+
+def _is_os(node, attr: str) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+        (node.value.id, node.attr) == ("os", attr)
+
+
+def _dispatch_name(node) -> str | None:
+    ok = isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("DISPATCH_")
+    return node.value if ok else None
+
+
+def _env_reads(source: str) -> set[str]:
+    """The DISPATCH_* variables a module reads from the environment: os.environ.get("DISPATCH_X"),
+    os.environ["DISPATCH_X"], os.getenv("DISPATCH_X"), "DISPATCH_X" in os.environ."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args and (
+                _is_os(node.func, "getenv") or (isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                                                and _is_os(node.func.value, "environ"))):
+            found.add(_dispatch_name(node.args[0]))
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_os(node.value, "environ"):
+            found.add(_dispatch_name(node.slice))
+        elif (isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn))
+              and _is_os(node.comparators[0], "environ")):
+            found.add(_dispatch_name(node.left))
+    return found - {None}
+
+
+def test_only_contract_env_reads_dispatch_variables():
+    reads = {name: _env_reads(path.read_text()) for name, path in _modules() if name != ENV_READER}
+    wrong = {n: sorted(r - ENV_READS_ALLOWED.get(n, set())) for n, r in reads.items()
+             if r - ENV_READS_ALLOWED.get(n, set())}
+    assert not wrong, f"read these through contract/env.py's Execution.current(): {wrong}"
+    stale = {n: sorted(a - reads.get(n, set())) for n, a in ENV_READS_ALLOWED.items() if a - reads.get(n, set())}
+    assert not stale, f"no longer read there: take them out of ENV_READS_ALLOWED: {stale}"
+
+
+def test_the_env_read_check_can_fail():
+    src = ("import os\n"
+           "a = os.environ.get('DISPATCH_A') or os.environ['DISPATCH_B'] + os.getenv('DISPATCH_C', '')\n"
+           "b = 'DISPATCH_D' in os.environ or 'DISPATCH_E' not in os.environ\n"
+           "os.environ['DISPATCH_F'] = '1'\n"  # a write, not a read
+           "def f(environ):\n    return environ.get('DISPATCH_G'), os.environ.get('HOME')\n")  # a mapping passed in
+    assert _env_reads(src) == {"DISPATCH_A", "DISPATCH_B", "DISPATCH_C", "DISPATCH_D", "DISPATCH_E"}

@@ -156,3 +156,54 @@ def test_submit_allocates_and_passes_inputs(root, tmp_path):
     unknown = cli("submit", root, "--nodes=2", "job.sh", env=e)  # sbatch options need `--`
     assert unknown.returncode == 2 and "--nodes" in unknown.stderr
     assert sorted(os.listdir(root / "sub")) == ["000001", "000002"]  # refused: no N spent
+
+
+def test_the_execution_view_reads_the_job_environment_and_arguments_override_it():
+    """Execution.current(): what a process inside the job reads (contract/env.py, issue 21)."""
+    environ = {"DISPATCH_CHECKPOINT": "/ckpt/run1", "DISPATCH_EPOCH": "2000001", "DISPATCH_ATTEMPT": "c.7.2000001",
+               "DISPATCH_EXEC_DIR": "/ckpt/run1/exec/c.7.2000001", "DISPATCH_GRACE_S": "90", "SLURM_JOB_ID": "7",
+               "DISPATCH_PREEMPT_LINGER": "1", "DISPATCH_LOCAL": "0"}
+    ex = env.Execution.current(environ)
+    assert (ex.root, ex.epoch, ex.attempt, ex.exec_dir, ex.grace, ex.job) == (
+        "/ckpt/run1", 2_000_001, "c.7.2000001", "/ckpt/run1/exec/c.7.2000001", 90.0, "7")
+    assert ex.linger and not ex.local and ex.probe_dir is None
+    assert ex.save_path(300) == "/ckpt/run1/exec/c.7.2000001/checkpoint-300"
+    assert ex.need("root") == "/ckpt/run1" and ex.need("epoch", "attempt") == (2_000_001, "c.7.2000001")
+    given = env.Execution.current(environ, root="/other", epoch=5, exec_dir="/x", grace=0)
+    assert (given.root, given.epoch, given.exec_dir, given.grace) == ("/other", 5, "/x", 0.0)
+    bare = env.Execution.current({})
+    assert (bare.root, bare.epoch, bare.attempt, bare.exec_dir, bare.grace) == (None, None, None, None, 60.0)
+    for field, variable in env.FIELDS.items():
+        with pytest.raises(EnvError) as e:
+            bare.need(field)
+        assert str(e.value) == env.MISSING[variable]
+    with pytest.raises(EnvError, match="DISPATCH_EXEC_DIR is not set"):
+        bare.save_path(1)
+
+
+def test_a_bad_value_fails_only_the_reader_of_its_field():
+    ex = env.Execution.current({"DISPATCH_CHECKPOINT": "/r", "DISPATCH_EPOCH": "12x", "DISPATCH_GRACE_S": "301"})
+    assert ex.need("root") == "/r"  # a publication's root is not stopped by a bad grace
+    with pytest.raises(EpochError, match="DISPATCH_EPOCH must be a decimal integer"):
+        ex.need("epoch")
+    assert env.Execution.current({"DISPATCH_EPOCH": str(10**20 - 1)}).epoch == 10**20 - 1  # EPOCH_MAX
+    with pytest.raises(EpochError, match="DISPATCH_EPOCH"):
+        env.Execution.current({"DISPATCH_EPOCH": str(10**20)}).epoch
+    with pytest.raises(EnvError, match=r"DISPATCH_GRACE_S must be 0\.\.300 seconds, got '301'"):
+        ex.grace
+
+
+def test_one_grace_parser_for_the_job_option_and_the_handler():
+    """env.grace (DISPATCH_GRACE, whole seconds as the C plugin reads them) and the handler's
+    grace (DISPATCH_GRACE_S or grace=, fractions allowed) share parse_grace and its cap."""
+    assert env.grace({"DISPATCH_GRACE": "120"}, siteconf.Site()) == 120
+    assert env.Execution.current({"DISPATCH_GRACE_S": "2.5"}).grace == 2.5
+    for bad in ("301", "1e3", "1.5", "-1"):
+        with pytest.raises(EnvError, match="DISPATCH_GRACE"):
+            env.grace({"DISPATCH_GRACE": bad}, siteconf.Site())
+    for bad in ("abc", "301", "-1", "nan"):
+        with pytest.raises(EnvError, match="DISPATCH_GRACE_S"):
+            env.Execution.current({"DISPATCH_GRACE_S": bad}).grace
+    with pytest.raises(EnvError, match=r"^grace must be 0\.\.300"):
+        env.Execution.current({"DISPATCH_GRACE_S": "5"}, grace=1000).grace
+    assert env.parse_grace("x", "300") == env.parse_grace("x", "300", whole=True) == siteconf.GRACE_CAP

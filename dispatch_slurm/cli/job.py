@@ -147,7 +147,7 @@ COMMANDS = (env_, submit, watch)
 
 def _local_inputs() -> dict:
     """The job environment of an execution outside Slurm (`env --local`)."""
-    root = os.environ.get("DISPATCH_CHECKPOINT")
+    root = envmod.Execution.current().root
     if not root:
         root = os.path.abspath(envmod.LOCAL_ROOT)
         os.makedirs(root, mode=0o700, exist_ok=True)  # the default root is ours to create; a named one is not

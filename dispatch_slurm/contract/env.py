@@ -14,14 +14,20 @@ SLURM_JOB_ACCOUNT.
 
 Pure function of its inputs: every node and task of one execution computes the
 same values with no coordination, and the C plugin implements the same rules
-(tests/vectors/env.json holds the cases both must reproduce)."""
+(tests/vectors/env.json holds the cases both must reproduce).
 
+Inside the job, ``Execution.current()`` is the one reader of those values (see it below):
+this is the one module of the package that reads DISPATCH_* from the environment
+(tests/test_architecture.py)."""
+
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..errors import DispatchError, EnvError
 from . import layout, names
-from .epoch import G_MAX, N_MAX, N_MIN, R_MAX, compose, parse_part
-from .siteconf import GRACE_CAP, Site
+from .epoch import EPOCH_MAX, G_MAX, N_MAX, N_MIN, R_MAX, compose, parse_part
+from .siteconf import GRACE_CAP, GRACE_DEFAULT, Site
 
 ORDER = ("DISPATCH_CHECKPOINT", "DISPATCH_GENERATION", "DISPATCH_SUBMISSION", "DISPATCH_RESTART",
          "DISPATCH_EPOCH", "DISPATCH_ATTEMPT", "DISPATCH_EXEC_DIR", "DISPATCH_GRACE_S",
@@ -34,10 +40,32 @@ def _part(environ: Mapping[str, str], key: str, what: str, lo: int, hi: int, def
         if default is None:
             raise EnvError(f"{key} is not set: {what} is required")
         return default
+    return _parse(key, what, text, lo, hi)
+
+
+def _parse(key: str, what: str, text, lo: int, hi: int) -> int:
     try:
         return parse_part(f"{key} ({what})", text, lo, hi)
     except DispatchError as e:
         raise EnvError(str(e)) from None
+
+
+def parse_grace(name: str, value, whole: bool = False) -> float:
+    """The one grace parser: seconds 0..GRACE_CAP, refused (naming ``name``) when not a
+    number or out of range, never capped: a user's value is never silently changed.
+    ``whole``: decimal digits only, the job option's rule (DISPATCH_GRACE, sbatch
+    --dispatch-grace), which the C plugin applies with the same words, so both give the
+    same DISPATCH_GRACE_S; the handler's own grace (DISPATCH_GRACE_S, ``grace=``) may be a
+    fraction."""
+    if whole:
+        return _parse(name, "grace seconds", value, 0, GRACE_CAP)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise EnvError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not 0 <= seconds <= GRACE_CAP:  # NaN too
+        raise EnvError(f"{name} must be 0..{GRACE_CAP} seconds, got {value!r}")
+    return seconds
 
 
 def restart_count(environ: Mapping[str, str]) -> int:
@@ -52,7 +80,7 @@ def grace(environ: Mapping[str, str], site: Site) -> int:
     refused above the cap (a user's value is never silently changed), the site's
     defaults are capped."""
     if environ.get("DISPATCH_GRACE"):
-        return _part(environ, "DISPATCH_GRACE", "grace seconds", 0, GRACE_CAP)
+        return parse_grace("DISPATCH_GRACE", environ["DISPATCH_GRACE"], whole=True)
     return site.default_grace(environ.get("SLURM_JOB_ACCOUNT"))
 
 
@@ -117,6 +145,12 @@ def compute(environ: Mapping[str, str], site: Site | None = None) -> dict[str, s
     return out
 
 
+def site_conf(environ: Mapping[str, str] = os.environ) -> str | None:
+    """$DISPATCH_SITE_CONF: the site file `env`, `submit` and `check-site` read instead of the
+    default one (slurm/sitefile.py; the hooks never ask: a job must not choose the site's settings)."""
+    return environ.get("DISPATCH_SITE_CONF") or None
+
+
 LOCAL_ROOT = "dispatch-local"  # `env --local`'s root when $DISPATCH_CHECKPOINT is not set, under the working dir
 LOCAL_CLUSTER = "local"
 
@@ -138,3 +172,101 @@ def render(values: Mapping[str, str], fmt: str = "sh") -> str:
         return json.dumps(dict(values), indent=2) + "\n"
     prefix = "export " if fmt == "sh" else ""
     return "".join(f"{prefix}{k}={shlex.quote(v)}\n" for k, v in values.items())
+
+
+# What a process inside a job cannot do without, and the one message each gets, whoever
+# asks (publish, watch, the preemption handler, every integration): one wording and the
+# same fixes per variable, instead of one per integration.
+UNSET = {
+    "DISPATCH_CHECKPOINT": "no checkpoint root: pass --root (root= in Python) or set DISPATCH_CHECKPOINT",
+    "DISPATCH_EPOCH": "no epoch: pass --epoch or set DISPATCH_EPOCH",
+    "DISPATCH_EXEC_DIR": "$DISPATCH_EXEC_DIR is not set: this execution has no folder of its own to save into",
+    "DISPATCH_ATTEMPT": "$DISPATCH_ATTEMPT is not set: this process cannot tell which execution it is",
+}
+FIX = ("inside a job: `eval \"$(dispatch-slurm env)\"` in the job script, or sbatch --dispatch-checkpoint=ROOT "
+       "where the site has the plugin (submitit: slurm_additional_parameters={'dispatch-checkpoint': ROOT}, docs/submitit.md); "
+       "outside Slurm: `eval \"$(dispatch-slurm env --local)\"`, or DISPATCH_LOCAL=1 for a plain run of the "
+       "Hugging Face integration")
+FIELDS = {"root": "DISPATCH_CHECKPOINT", "epoch": "DISPATCH_EPOCH", "exec_dir": "DISPATCH_EXEC_DIR",
+          "attempt": "DISPATCH_ATTEMPT"}
+
+
+def missing(*variables: str) -> str:
+    """The message for these unset variables (UNSET's, in order, then the fixes once)."""
+    return "; ".join(UNSET[v] for v in variables) + f" ({FIX})"
+
+
+MISSING = {v: missing(v) for v in UNSET}
+
+
+@dataclass(frozen=True)
+class Execution:
+    """This execution as a process inside its job sees it: the values `dispatch-slurm env`
+    (or the plugin, the TaskProlog) exported, read in one place so each variable has one
+    parser and one message when it is missing, whoever reads it. A field is None when its
+    variable is unset; ``need`` is how a caller that cannot go on without one asks. The
+    epoch and the grace are parsed when read, so a bad value fails the caller that uses it
+    and no other (a bad grace never stops a publication)."""
+
+    root: str | None = None  # DISPATCH_CHECKPOINT
+    attempt: str | None = None  # DISPATCH_ATTEMPT
+    exec_dir: str | None = None  # DISPATCH_EXEC_DIR: where this execution's saves go
+    job: str | None = None  # SLURM_JOB_ID
+    probe_dir: str | None = None  # DISPATCH_PROBE_DIR (runtime/probe.py)
+    local: bool = False  # DISPATCH_LOCAL: a plain run, dispatch-slurm out of the way (integrations/hf.py)
+    local_dir: str | None = None  # DISPATCH_LOCAL_DIR: that run's output folder
+    linger: bool = False  # DISPATCH_PREEMPT_LINGER (runtime/preempt.py)
+    launcher: str | None = None  # DISPATCH_LAUNCHER: set by `dispatch-slurm launch`
+    # (the name a refusal gives, the value given or set): parsed by the properties below
+    _epoch: tuple = field(default=("DISPATCH_EPOCH", None), repr=False)
+    _grace: tuple = field(default=("DISPATCH_GRACE_S", None), repr=False)
+
+    @classmethod
+    def current(cls, environ: Mapping[str, str] = os.environ, *, root: str | None = None,
+                epoch: int | None = None, exec_dir: str | None = None,
+                grace: float | None = None) -> "Execution":
+        """The execution ``environ`` describes; an argument given overrides its variable
+        (``publish(root=, epoch=)``, ``DispatchCallback(root=, epoch=)``, a grace argument)."""
+        def get(key):
+            return environ.get(key) or None
+
+        def on(key):
+            return environ.get(key, "") not in ("", "0")
+        return cls(root=root or get("DISPATCH_CHECKPOINT"), attempt=get("DISPATCH_ATTEMPT"),
+                   exec_dir=exec_dir or get("DISPATCH_EXEC_DIR"), job=get("SLURM_JOB_ID"),
+                   probe_dir=get("DISPATCH_PROBE_DIR"), local=on("DISPATCH_LOCAL"),
+                   local_dir=get("DISPATCH_LOCAL_DIR"), linger=on("DISPATCH_PREEMPT_LINGER"),
+                   launcher=get("DISPATCH_LAUNCHER"),
+                   _epoch=("epoch", epoch) if epoch is not None else ("DISPATCH_EPOCH", get("DISPATCH_EPOCH")),
+                   _grace=("grace", grace) if grace is not None else ("DISPATCH_GRACE_S", get("DISPATCH_GRACE_S")))
+
+    @property
+    def epoch(self) -> int | None:
+        """DISPATCH_EPOCH, 0..EPOCH_MAX (digits only); an epoch given is the caller's, as
+        given (publish refuses one no (G, N, R) composes)."""
+        name, value = self._epoch
+        if value is None or name == "epoch":
+            return value
+        return parse_part(name, value, 0, EPOCH_MAX)
+
+    @property
+    def grace(self) -> float:
+        """Seconds from the first signal to the kill: the grace given, else DISPATCH_GRACE_S
+        (`env` resolved it: job option > account default > site default), else the site
+        default."""
+        name, value = self._grace
+        return float(GRACE_DEFAULT) if value is None else parse_grace(name, value)
+
+    def need(self, *fields: str):
+        """The value of each field named (one name: the value; several: a tuple); EnvError
+        with the message of every one unset (``missing``)."""
+        values = tuple(getattr(self, f) for f in fields)
+        unset = [FIELDS[f] for f, v in zip(fields, values) if v is None]
+        if unset:
+            raise EnvError(missing(*unset))
+        return values[0] if len(values) == 1 else values
+
+    def save_path(self, step: int) -> str:
+        """``<exec folder>/checkpoint-<step>``: this execution's save of ``step``, named as
+        watch, publish and every integration expect (names.STEP_PATTERN)."""
+        return os.path.join(self.need("exec_dir"), f"checkpoint-{step}")

@@ -27,16 +27,14 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       f"pip install 'dispatch-slurm[hf]' ({e})") from e
 
 from .. import store
+from ..contract.env import Execution
 from ..errors import DispatchError
 
 
 def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, int]:
     """``accelerator.save_state`` into ``<exec folder>/checkpoint-<step>``, published once every
     process wrote its part (``publish=False``: the caller publishes, e.g. a preemption)."""
-    exec_dir = os.environ.get("DISPATCH_EXEC_DIR")
-    if not exec_dir:
-        raise DispatchError("$DISPATCH_EXEC_DIR is not set (run `eval \"$(dispatch-slurm env)\"` first)")
-    path = os.path.join(exec_dir, f"checkpoint-{step}")
+    path = Execution.current().save_path(step)
     accelerator.save_state(path)
     accelerator.wait_for_everyone()
     if publish and accelerator.is_main_process:
@@ -49,9 +47,7 @@ def load_state(accelerator, root: str | None = None) -> int | None:
     its step, or None when nothing is published yet."""
     found = [None]
     if accelerator.is_main_process:
-        root = store.env_root(root)
-        pub = store.latest_save(root)  # a vanished save is an error, never None
-        found[0] = None if pub is None else (os.path.join(root, pub.path), pub.step)
+        found[0] = store.resume_point(root)  # a vanished save is an error, never None
     if accelerator.num_processes > 1:
         broadcast_object_list(found)
     if found[0] is None:

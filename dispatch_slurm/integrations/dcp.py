@@ -27,6 +27,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError(f"dispatch_slurm.integrations.dcp needs torch ({e})") from e
 
 from .. import store
+from ..contract.env import Execution
 from ..errors import DispatchError
 from ..runtime.preempt import is_publishing_rank
 
@@ -35,10 +36,7 @@ METADATA = ".metadata"  # DCP's FileSystemWriter writes it last, on the coordina
 
 def checkpoint_dir(step: int, exec_dir: str | None = None) -> str:
     """``<exec folder>/checkpoint-<step>``: this execution's save of ``step``."""
-    exec_dir = exec_dir or os.environ.get("DISPATCH_EXEC_DIR")
-    if not exec_dir:
-        raise DispatchError("$DISPATCH_EXEC_DIR is not set (run `eval \"$(dispatch-slurm env)\"` first)")
-    return os.path.join(exec_dir, f"checkpoint-{step}")
+    return Execution.current(exec_dir=exec_dir).save_path(step)
 
 
 def publish(path: str, step: int) -> None:
@@ -101,8 +99,7 @@ def load(state_dict, root: str | None = None) -> int | None:
     save); its step, or None when nothing is published yet."""
     found = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
-        pub = store.latest_save(store.env_root(root))  # a vanished save is an error, never None
-        found[0] = None if pub is None else (os.path.join(store.env_root(root), pub.path), pub.step)
+        found[0] = store.resume_point(root)  # a vanished save is an error, never None
     if dist.is_initialized():
         dist.broadcast_object_list(found, src=0)
     if found[0] is None:

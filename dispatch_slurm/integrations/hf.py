@@ -65,15 +65,11 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"dispatch_slurm.integrations.hf needs transformers: pip install 'dispatch-slurm[hf]' ({e})") from e
 
 from .. import store
+from ..contract.env import Execution
 from ..errors import DispatchError
 from ..runtime import preempt
 
-NEEDED = ("DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR", "DISPATCH_EPOCH")
 LOCAL_DIR = "dispatch-local-run"  # output_dir() of a plain run (DISPATCH_LOCAL=1), under the working directory
-
-
-def _local() -> bool:
-    return os.environ.get("DISPATCH_LOCAL", "") not in ("", "0")
 
 
 def output_dir() -> str:
@@ -81,27 +77,20 @@ def output_dir() -> str:
     Trainer's rotation can only ever delete this execution's saves. With DISPATCH_LOCAL=1
     and no exec folder (a plain run, dispatch-slurm out of the way): $DISPATCH_LOCAL_DIR,
     by default ./dispatch-local-run (absolute)."""
-    path = os.environ.get("DISPATCH_EXEC_DIR")
-    if not path and _local():
-        return os.path.abspath(os.environ.get("DISPATCH_LOCAL_DIR") or LOCAL_DIR)
-    if not path:
-        raise DispatchError("$DISPATCH_EXEC_DIR is not set (run `eval \"$(dispatch-slurm env)\"` first, "
-                            "`env --local` outside Slurm, or set DISPATCH_LOCAL=1 for a plain run)")
-    return path
+    ex = Execution.current()
+    if not ex.exec_dir and ex.local:
+        return os.path.abspath(ex.local_dir or LOCAL_DIR)
+    return ex.need("exec_dir")
 
 
 def resume_from_checkpoint(root: str | None = None) -> str | None:
     """The save to resume from: the latest publication's folder, or None if nothing is
     published yet. A latest publication whose save is gone is an error, never a silent
     fall-back to an older one (that would quietly drop the progress since)."""
-    root = root or os.environ.get("DISPATCH_CHECKPOINT")
-    if not root:
-        if _local():
-            return None  # a run outside dispatch-slurm: nothing published to resume from
-        raise DispatchError("no checkpoint root: $DISPATCH_CHECKPOINT is not set (run `eval \"$(dispatch-slurm "
-                            "env)\"` first, `env --local` outside Slurm, or set DISPATCH_LOCAL=1 for a plain run)")
-    pub = store.latest_save(root)
-    return None if pub is None else os.path.join(root, pub.path)
+    ex = Execution.current(root=root)
+    if not ex.root and ex.local:
+        return None  # a run outside dispatch-slurm: nothing published to resume from
+    return store.resume_path(ex.root)
 
 
 def _barrier() -> None:
@@ -132,20 +121,16 @@ class DispatchCallback(TrainerCallback):
     def __init__(self, root: str | None = None, epoch: int | None = None, sync: bool = True,
                  local: bool | None = None):
         self.root, self.epoch, self.sync = root, epoch, sync
-        self.local = _local() if local is None else local
+        self.local = Execution.current().local if local is None else local
         self.stopping = False
         self.training = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.local:
             return
-        given = {"DISPATCH_CHECKPOINT": self.root, "DISPATCH_EPOCH": self.epoch}
-        missing = [k for k in NEEDED if given.get(k) is None and not os.environ.get(k)]
-        if missing:
-            raise DispatchError(f"DispatchCallback: ${', $'.join(missing)} not set: run inside a dispatch job "
-                                "(`eval \"$(dispatch-slurm env)\"` or sbatch --dispatch-checkpoint), or pass "
-                                "DispatchCallback(local=True) (or DISPATCH_LOCAL=1) for a run outside Slurm")
-        exec_dir = os.environ["DISPATCH_EXEC_DIR"]
+        # at once, not at the first save; root and epoch kept for every publication of this run
+        self.root, exec_dir, self.epoch = Execution.current(root=self.root, epoch=self.epoch).need(
+            "root", "exec_dir", "epoch")
         out, mine = os.path.realpath(args.output_dir), os.path.realpath(exec_dir)
         if out != mine and not out.startswith(mine + os.sep):
             raise DispatchError(f"output_dir {args.output_dir} is not inside this execution's folder "

@@ -45,6 +45,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       f"pip install 'dispatch-slurm[lightning]' ({e})") from e
 
 from .. import store
+from ..contract.env import Execution
 from ..errors import DispatchError
 from ..runtime import distributed, preempt
 
@@ -53,11 +54,7 @@ _chosen: list = []  # what resume_path() returned in this process, checked acros
 
 def output_dir() -> str:
     """$DISPATCH_EXEC_DIR: use it as ``default_root_dir`` (logs, any hpc_ckpt) and for saves."""
-    path = os.environ.get("DISPATCH_EXEC_DIR")
-    if not path:
-        raise DispatchError("$DISPATCH_EXEC_DIR is not set: run inside a dispatch job "
-                            "(`eval \"$(dispatch-slurm env)\"` or sbatch --dispatch-checkpoint)")
-    return path
+    return Execution.current().need("exec_dir")
 
 
 def plugins() -> list:
@@ -67,9 +64,7 @@ def plugins() -> list:
 
 def resume_path(root: str | None = None) -> str | None:
     """The latest publication's checkpoint file, or None if nothing is published yet."""
-    root = store.env_root(root)
-    pub = store.latest_save(root)  # a vanished save is an error, never None
-    path = None if pub is None else os.path.join(root, pub.path)
+    path = store.resume_path(root)
     _chosen[:] = [path]
     return path
 

@@ -67,6 +67,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       f"pip install 'dispatch-slurm[submitit]' ({e})") from e
 
 from .. import store
+from ..contract.env import Execution
 from ..contract.epoch import decompose
 from ..contract.names import attempt_epoch, attempt_parts, step_of
 from ..errors import DispatchError
@@ -82,14 +83,12 @@ class StaleResult(UncompletedJobError):
 
 def output_dir() -> str:
     """$DISPATCH_EXEC_DIR: this execution's own folder, where its saves go."""
-    return _need("DISPATCH_EXEC_DIR")
+    return Execution.current().need("exec_dir")
 
 
 def resume_path(root: str | None = None) -> str | None:
     """The latest publication's save (absolute), or None if nothing is published yet."""
-    root = store.env_root(root)
-    pub = store.latest_save(root)
-    return None if pub is None else os.path.join(root, pub.path)
+    return store.resume_path(root)
 
 
 def publish(save, step: int | None = None):
@@ -102,15 +101,6 @@ def execution_logs(job, kind: str = "out") -> list[Path]:
     paths = job.paths
     found = paths.folder.glob(f"{paths.job_id}_{paths.task_id}_log.*.{kind}")
     return sorted(found, key=lambda p: int(p.name.split(".")[-2]))
-
-
-def _need(key: str) -> str:
-    value = os.environ.get(key)
-    if not value:
-        raise DispatchError(f"${key} is not set: this submitit job runs without dispatch-slurm; submit it with "
-                            "executor.update_parameters(slurm_additional_parameters={'dispatch-checkpoint': ROOT}) "
-                            "where the site has the plugin (docs/submitit.md)")
-    return value
 
 
 class Checkpointable(_Checkpointable):
@@ -176,8 +166,7 @@ class _Execution:
 
     def __init__(self, job: Checkpointable):
         self.job = job
-        self.root, self.attempt = _need("DISPATCH_CHECKPOINT"), _need("DISPATCH_ATTEMPT")
-        _need("DISPATCH_EXEC_DIR")
+        self.root, self.attempt, _ = Execution.current().need("root", "attempt", "exec_dir")
         self.epoch = attempt_epoch(self.attempt)
         env = JobEnvironment()
         self.paths, self.task = env.paths, env.global_rank

@@ -76,9 +76,9 @@ import time
 import traceback
 
 from .. import store  # imported now: an import inside the handler could deadlock
+from ..contract.env import Execution
 from ..contract.names import step_of
 from ..contract.signals import SENTINEL
-from ..contract.siteconf import GRACE_CAP, GRACE_DEFAULT
 from ..errors import DispatchError
 from ..store import events, write_all
 from . import distributed, probe
@@ -101,17 +101,8 @@ _s = _State()
 
 
 def resolve_grace(grace: float | None = None) -> float:
-    """The argument, else $DISPATCH_GRACE_S, else the site default; 0..GRACE_CAP."""
-    where, value = "grace", grace
-    if value is None:
-        where, value = "DISPATCH_GRACE_S", os.environ.get("DISPATCH_GRACE_S") or GRACE_DEFAULT
-    try:
-        g = float(value)
-    except (TypeError, ValueError):
-        raise DispatchError(f"{where} must be a number of seconds, got {value!r}") from None
-    if not 0 <= g <= GRACE_CAP:
-        raise DispatchError(f"{where} must be 0..{GRACE_CAP} seconds, got {value!r}")
-    return g
+    """The argument, else $DISPATCH_GRACE_S, else the site default; 0..GRACE_CAP (Execution.grace)."""
+    return Execution.current(grace=grace).grace
 
 
 def time_remaining() -> float:
@@ -150,21 +141,20 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     if not sigs or signal.SIGKILL in sigs or signal.SIGSTOP in sigs:
         raise DispatchError(f"signals must be catchable and non-empty, got {signals!r}")
     _refuse_submitits_signal(sigs)
-    if linger is None:
-        linger = os.environ.get("DISPATCH_PREEMPT_LINGER", "") not in ("", "0")
-    _s.fn, _s.grace, _s.publish, _s.linger = fn, resolve_grace(grace), publish, linger
+    ex = Execution.current(grace=grace)
+    _s.fn, _s.grace, _s.publish = fn, ex.grace, publish
+    _s.linger = ex.linger if linger is None else linger
     if _s.ranks is None and distributed.rank() is not None:
         _s.ranks = distributed.Ranks(_s.grace)
     _s.defer = defer or fn is None or _s.ranks is not None  # collectives never run in a signal frame
-    if os.environ.get("DISPATCH_CHECKPOINT"):
-        store.at(os.environ["DISPATCH_CHECKPOINT"]).warm()  # e.g. boto3 imported now, not inside the handler
+    if ex.root:
+        store.at(ex.root).warm()  # e.g. boto3 imported now, not inside the handler
     for sig in sigs:
         signal.signal(sig, _on_signal)
     # A signal blocked in the mask this process inherited (a launcher's, a test runner's
     # thread) would stay pending with the handler installed: the save would never run.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
-    probe.record("installed", signals=[s.name for s in sigs], grace=_s.grace, defer=_s.defer,
-                 launcher=os.environ.get("DISPATCH_LAUNCHER"))
+    probe.record("installed", signals=[s.name for s in sigs], grace=_s.grace, defer=_s.defer, launcher=ex.launcher)
 
 
 def _refuse_submitits_signal(sigs) -> None:
@@ -251,7 +241,7 @@ def conclude(result=None, error: BaseException | None = None):
     probe.record("saved", ok=error is None, error=None if error is None else f"{type(error).__name__}: {error}")
     ok = _everywhere(error is None)
     if ok and result is not None and is_publishing_rank(_s.publish):
-        error = _attempt(lambda: store.publish(*_saved(result), by="preempt"))
+        error = _attempt(_publish, result)
         if error is None:
             probe.record("published", path=_saved(result)[0], step=_saved(result)[1])
     ok = ok and _everywhere(error is None)
@@ -274,6 +264,13 @@ def conclude(result=None, error: BaseException | None = None):
 def _saved(result) -> tuple[str, int]:
     path, step = result if isinstance(result, tuple) else (result, step_of(result))
     return os.fspath(path), step
+
+
+def _publish(result) -> None:
+    """Publish the save at this execution's root and epoch, each refused, when unset, with
+    the message every reader of the execution gives (contract/env.py)."""
+    root, epoch = Execution.current().need("root", "epoch")
+    store.publish(*_saved(result), root=root, epoch=epoch, by="preempt")
 
 
 def _durable(result) -> None:

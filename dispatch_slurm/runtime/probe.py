@@ -26,6 +26,7 @@ import socket
 import time
 
 from .. import store
+from ..contract.env import Execution
 from . import distributed  # now, not inside a signal handler
 
 DIRNAME = "dispatch-probe"
@@ -34,11 +35,11 @@ PHASES = ("installed", "signal", "stop", "saved", "published", "exit")
 
 def directory(environ=os.environ) -> str | None:
     """Where this process's probe records go, or None (see the module doc)."""
-    if environ.get("DISPATCH_PROBE_DIR"):
-        return environ["DISPATCH_PROBE_DIR"]
-    exec_dir = environ.get("DISPATCH_EXEC_DIR")
-    if exec_dir and store.backend(exec_dir).local:  # an exec folder on S3 is no local path: no records there
-        return os.path.join(exec_dir, DIRNAME)
+    ex = Execution.current(environ)
+    if ex.probe_dir:
+        return ex.probe_dir
+    if ex.exec_dir and store.backend(ex.exec_dir).local:  # an exec folder on S3 is no local path: no records there
+        return os.path.join(ex.exec_dir, DIRNAME)
     return None
 
 

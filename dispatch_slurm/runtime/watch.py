@@ -40,6 +40,7 @@ import threading
 
 from .. import store
 from ..contract import names
+from ..contract.env import Execution
 from ..contract.epoch import decompose
 from ..errors import BadPath, DispatchError
 from ..store.publish import owner
@@ -104,7 +105,7 @@ class Watcher:
             raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}")
         self.root, self.rel = root, rel
         decompose(epoch)  # an epoch nothing can be published at fails now, not at the first save
-        why = owner(f"{rel}/save", epoch, os.environ.get("DISPATCH_ATTEMPT") or None)
+        why = owner(f"{rel}/save", epoch, Execution.current().attempt)
         if why:
             raise DispatchError(f"cannot watch {exec_dir} at epoch {epoch}: its saves could not be published: "
                                 f"{why.replace('it was', 'they are')}")

@@ -2,15 +2,14 @@
 and shows the bytes with no I/O (contract/ reads nothing). The hooks and the CLI
 (`env`, `submit`, `check-site`) read the file here, by one rule of which file."""
 
-import os
-
 from ..contract import siteconf
+from ..contract.env import site_conf
 from ..contract.siteconf import SIZE_MAX, Site, SiteConfError
 
 
 def _where(path: str | None, env: bool = True) -> tuple[str, bool]:
     """The file to read and whether it must exist (named by the caller or the env)."""
-    explicit = path or (os.environ.get("DISPATCH_SITE_CONF") if env else None)
+    explicit = path or (site_conf() if env else None)
     return explicit or siteconf.DEFAULT_PATH, bool(explicit)
 
 

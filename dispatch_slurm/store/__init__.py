@@ -5,7 +5,7 @@ object (roots.py chooses it: a path is on the POSIX store, ``s3://bucket/prefix`
 S3 store), whose methods are the interface (base.py: entries of the protocol's folders,
 publications, the inventory gc and the report read, events, removal); the functions below
 are the protocol's operations built on it: ``publish`` (the one publish path),
-``latest``/``latest_save`` (the resume point), ``allocate_submission``, ``events``
+``latest``/``latest_save``, ``resume_point``/``resume_path`` (the resume point), ``allocate_submission``, ``events``
 (what happened, one JSON-lines file per process), ``ceased`` (the Epilog's cessation
 evidence), ``epochs`` (one epoch per execution), ``jobs`` (a plain sbatch job's N).
 The backends (posix.py, s3.py) and the fsync discipline (durable.py) are the store's own."""
@@ -16,10 +16,11 @@ from .durable import write_all
 from .inventory import Folder, Inventory, Save, markers, retired_by, retirement_record
 from .protocol import latest_of
 from .publish import Published, env_epoch, env_root, publish, sync
-from .resume import VanishedSave, latest_save, save_exists
+from .resume import VanishedSave, latest_save, resume_path, resume_point, save_exists
 from .roots import allocate_submission, at, backend, latest, make_exec_dir, publications
 
 __all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publications", "allocate_submission",
-           "make_exec_dir", "env_root", "env_epoch", "sync", "latest_save", "save_exists", "VanishedSave",
+           "make_exec_dir", "env_root", "env_epoch", "sync", "latest_save", "resume_path", "resume_point",
+           "save_exists", "VanishedSave",
            "events", "ceased", "epochs", "jobs", "write_all", "Inventory", "Save", "Folder", "markers",
            "retired_by", "retirement_record", "latest_of"]

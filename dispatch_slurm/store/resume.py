@@ -10,6 +10,7 @@ import os
 import shlex
 
 from ..contract import layout
+from ..contract.env import Execution
 from ..contract.names import Publication
 from ..errors import StoreError
 from .roots import at
@@ -34,3 +35,19 @@ def latest_save(root: str) -> Publication | None:
             f"from the previous publication instead: dispatch-slurm retire {shlex.quote(root)} --latest -m "
             "'save vanished' (or restore the save first)")
     return pub
+
+
+def resume_point(root: str | None = None) -> tuple[str, int] | None:
+    """(path, step) of the save to resume from: the latest publication's save (its root
+    joined to its path: absolute inside a job, whose root is) and its step; None when
+    nothing is published yet; root $DISPATCH_CHECKPOINT by default. Every integration's
+    resume look-up is this one (or resume_path)."""
+    root = Execution.current(root=root).need("root")
+    pub = latest_save(root)  # a vanished save is an error, never None
+    return None if pub is None else (os.path.join(root, pub.path), pub.step)
+
+
+def resume_path(root: str | None = None) -> str | None:
+    """The path of resume_point(root): the save to resume from, or None."""
+    point = resume_point(root)
+    return None if point is None else point[0]
