@@ -326,11 +326,7 @@ def test_the_scheme_check_can_fail():
 
 
 # modules that still read DISPATCH_* from os.environ themselves, and the variables each may read
-ENV_READS_ALLOWED = {
-    # switched to the view when the store interface lands (issue 21)
-    "dispatch_slurm.store.publish": {"DISPATCH_CHECKPOINT", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT"},
-    "dispatch_slurm.store.events": {"DISPATCH_CHECKPOINT", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT"},
-}
+ENV_READS_ALLOWED: dict[str, set[str]] = {}  # none: every reader goes through the view
 # Not reads of the environment, so not here: a mapping passed in (slurm/hooks.py's environ, the
 # job's as Slurm gave it to the hook; store/jobs.py's; runtime/launch.py's, the launcher's child's).
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, replace
 import click
 
 from ..contract import doctor as rules
+from ..contract.siteconf import GRACE_CAP
 from ..errors import DispatchError
 from ..runtime import probe
 
@@ -108,7 +109,7 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
               help="the launcher between Slurm and the ranks  [default: from --script, else none]")
 @click.option("--wrapped/--not-wrapped", default=None, help="the launcher runs under `dispatch-slurm launch`")
 @click.option("--processes", type=click.IntRange(1), help="accelerate launch's --num_processes")
-@click.option("--grace", type=click.FloatRange(0, 300), envvar="DISPATCH_GRACE_S", show_envvar=True,
+@click.option("--grace", type=click.FloatRange(0, GRACE_CAP), envvar="DISPATCH_GRACE_S", show_envvar=True,
               help="the grace the handler counts on")
 @click.option("--save-seconds", type=click.FloatRange(0), help="a save's measured duration (else: "
               "measured by the rehearsal)")

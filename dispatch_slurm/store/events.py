@@ -41,6 +41,7 @@ import re
 import socket
 import time
 
+from ..contract.env import Execution
 from ..contract.layout import EVENTS
 from ..errors import DispatchError
 from .roots import at
@@ -57,17 +58,20 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
     write). Uses only os-level calls, so it is safe inside a signal handler."""
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r} (one of {', '.join(sorted(TYPES))})")
-    root = root or os.environ.get("DISPATCH_CHECKPOINT")
-    if not root:
+    ex = Execution.current(root=root)
+    if not ex.root:
         return None
-    attempt = attempt or os.environ.get("DISPATCH_ATTEMPT") or "unknown"
-    epoch = os.environ.get("DISPATCH_EPOCH")
+    attempt = attempt or ex.attempt or "unknown"
+    try:
+        epoch = ex.epoch
+    except DispatchError:
+        epoch = None  # observability: a bad epoch is the caller's error to report, not this event's
     host = socket.gethostname()
-    rec = {"v": SCHEMA, "t": time.time(), "type": type_, "job": os.environ.get("SLURM_JOB_ID"),
-           "attempt": attempt, "epoch": int(epoch) if epoch and epoch.isdigit() else None,
+    rec = {"v": SCHEMA, "t": time.time(), "type": type_, "job": ex.job,
+           "attempt": attempt, "epoch": epoch,
            "host": host, "pid": os.getpid(), **fields}
     line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
-    at(root).add_event(f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}", line)
+    at(ex.root).add_event(f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}", line)
     return rec
 
 

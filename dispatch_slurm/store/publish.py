@@ -23,9 +23,10 @@ import os
 from typing import NamedTuple
 
 from ..contract import layout, names
-from ..contract.epoch import EPOCH_MAX, decompose, parse_part
+from ..contract.env import Execution
+from ..contract.epoch import decompose
 from ..contract.names import Publication
-from ..errors import BadPath, DispatchError
+from ..errors import BadPath
 from . import epochs, events
 from .roots import at
 
@@ -37,20 +38,13 @@ class Published(NamedTuple):
 
 
 def env_root(root: str | None = None) -> str:
-    root = root or os.environ.get("DISPATCH_CHECKPOINT")
-    if not root:
-        raise DispatchError("no checkpoint root: pass --root (root= in Python) or set DISPATCH_CHECKPOINT "
-                            "(inside a job: eval \"$(dispatch-slurm env)\")")
-    return root
+    """``root``, else this execution's (contract/env.py's view, with its one message when unset)."""
+    return Execution.current(root=root).need("root")
 
 
 def env_epoch(epoch: int | None = None) -> int:
-    if epoch is not None:
-        return epoch
-    text = os.environ.get("DISPATCH_EPOCH")
-    if not text:
-        raise DispatchError("no epoch: pass --epoch or set DISPATCH_EPOCH (run `eval \"$(dispatch-slurm env)\"`)")
-    return parse_part("DISPATCH_EPOCH", text, 0, EPOCH_MAX)
+    """``epoch``, else this execution's $DISPATCH_EPOCH (parsed by the view)."""
+    return Execution.current(epoch=epoch).need("epoch")
 
 
 def owner(rel: str, epoch: int, attempt: str | None) -> str | None:
@@ -136,7 +130,7 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
     root, epoch = env_root(root), env_epoch(epoch)
     decompose(epoch)  # an epoch no (G, N, R) composes is refused before anything else
     step = _step(save, step, pattern, adopt)
-    attempt = os.environ.get("DISPATCH_ATTEMPT") or None
+    attempt = Execution.current().attempt
 
     def decide(rel):
         return _decide(rel, save, epoch, step, attempt, adopt)
