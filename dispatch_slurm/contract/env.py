@@ -22,7 +22,6 @@ this is the one module of the package that reads DISPATCH_* from the environment
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from ..errors import DispatchError, EnvError
 from . import layout, names
@@ -199,27 +198,20 @@ def missing(*variables: str) -> str:
 MISSING = {v: missing(v) for v in UNSET}
 
 
-@dataclass(frozen=True)
 class Execution:
     """This execution as a process inside its job sees it: the values `dispatch-slurm env`
     (or the plugin, the TaskProlog) exported, read in one place so each variable has one
     parser and one message when it is missing, whoever reads it. A field is None when its
-    variable is unset; ``need`` is how a caller that cannot go on without one asks. The
-    epoch and the grace are parsed when read, so a bad value fails the caller that uses it
-    and no other (a bad grace never stops a publication)."""
+    variable is unset; ``need`` is how a caller that cannot go on without one asks. Each
+    variable is read when its field is (publish asks for two of them; reading all of them
+    every time would cost a tenth of a publication), and the epoch and the grace are parsed
+    then, so a bad value fails the caller that uses it and no other (a bad grace never
+    stops a publication)."""
 
-    root: str | None = None  # DISPATCH_CHECKPOINT
-    attempt: str | None = None  # DISPATCH_ATTEMPT
-    exec_dir: str | None = None  # DISPATCH_EXEC_DIR: where this execution's saves go
-    job: str | None = None  # SLURM_JOB_ID
-    probe_dir: str | None = None  # DISPATCH_PROBE_DIR (runtime/probe.py)
-    local: bool = False  # DISPATCH_LOCAL: a plain run, dispatch-slurm out of the way (integrations/hf.py)
-    local_dir: str | None = None  # DISPATCH_LOCAL_DIR: that run's output folder
-    linger: bool = False  # DISPATCH_PREEMPT_LINGER (runtime/preempt.py)
-    launcher: str | None = None  # DISPATCH_LAUNCHER: set by `dispatch-slurm launch`
-    # (the name a refusal gives, the value given or set): parsed by the properties below
-    _epoch: tuple = field(default=("DISPATCH_EPOCH", None), repr=False)
-    _grace: tuple = field(default=("DISPATCH_GRACE_S", None), repr=False)
+    __slots__ = ("_env", "_given")
+
+    def __init__(self, environ: Mapping[str, str], given: dict):
+        self._env, self._given = environ, given
 
     @classmethod
     def current(cls, environ: Mapping[str, str] = os.environ, *, root: str | None = None,
@@ -227,35 +219,69 @@ class Execution:
                 grace: float | None = None) -> "Execution":
         """The execution ``environ`` describes; an argument given overrides its variable
         (``publish(root=, epoch=)``, ``DispatchCallback(root=, epoch=)``, a grace argument)."""
-        def get(key):
-            return environ.get(key) or None
+        given = {"root": root, "epoch": epoch, "exec_dir": exec_dir, "grace": grace}
+        return cls(environ, {k: v for k, v in given.items() if v is not None})
 
-        def on(key):
-            return environ.get(key, "") not in ("", "0")
-        return cls(root=root or get("DISPATCH_CHECKPOINT"), attempt=get("DISPATCH_ATTEMPT"),
-                   exec_dir=exec_dir or get("DISPATCH_EXEC_DIR"), job=get("SLURM_JOB_ID"),
-                   probe_dir=get("DISPATCH_PROBE_DIR"), local=on("DISPATCH_LOCAL"),
-                   local_dir=get("DISPATCH_LOCAL_DIR"), linger=on("DISPATCH_PREEMPT_LINGER"),
-                   launcher=get("DISPATCH_LAUNCHER"),
-                   _epoch=("epoch", epoch) if epoch is not None else ("DISPATCH_EPOCH", get("DISPATCH_EPOCH")),
-                   _grace=("grace", grace) if grace is not None else ("DISPATCH_GRACE_S", get("DISPATCH_GRACE_S")))
+    def _get(self, key: str) -> str | None:
+        return self._env.get(key) or None
+
+    def _on(self, key: str) -> bool:
+        return self._env.get(key, "") not in ("", "0")
+
+    @property
+    def root(self) -> str | None:  # DISPATCH_CHECKPOINT
+        return self._given.get("root") or self._get("DISPATCH_CHECKPOINT")
+
+    @property
+    def attempt(self) -> str | None:  # DISPATCH_ATTEMPT
+        return self._get("DISPATCH_ATTEMPT")
+
+    @property
+    def exec_dir(self) -> str | None:  # DISPATCH_EXEC_DIR: where this execution's saves go
+        return self._given.get("exec_dir") or self._get("DISPATCH_EXEC_DIR")
+
+    @property
+    def job(self) -> str | None:  # SLURM_JOB_ID
+        return self._get("SLURM_JOB_ID")
+
+    @property
+    def probe_dir(self) -> str | None:  # DISPATCH_PROBE_DIR (runtime/probe.py)
+        return self._get("DISPATCH_PROBE_DIR")
+
+    @property
+    def local(self) -> bool:  # DISPATCH_LOCAL: a plain run, dispatch-slurm out of the way (integrations/hf.py)
+        return self._on("DISPATCH_LOCAL")
+
+    @property
+    def local_dir(self) -> str | None:  # DISPATCH_LOCAL_DIR: that run's output folder
+        return self._get("DISPATCH_LOCAL_DIR")
+
+    @property
+    def linger(self) -> bool:  # DISPATCH_PREEMPT_LINGER (runtime/preempt.py)
+        return self._on("DISPATCH_PREEMPT_LINGER")
+
+    @property
+    def launcher(self) -> str | None:  # DISPATCH_LAUNCHER: set by `dispatch-slurm launch`
+        return self._get("DISPATCH_LAUNCHER")
 
     @property
     def epoch(self) -> int | None:
         """DISPATCH_EPOCH, 0..EPOCH_MAX (digits only); an epoch given is the caller's, as
         given (publish refuses one no (G, N, R) composes)."""
-        name, value = self._epoch
-        if value is None or name == "epoch":
-            return value
-        return parse_part(name, value, 0, EPOCH_MAX)
+        if "epoch" in self._given:
+            return self._given["epoch"]
+        value = self._get("DISPATCH_EPOCH")
+        return None if value is None else parse_part("DISPATCH_EPOCH", value, 0, EPOCH_MAX)
 
     @property
     def grace(self) -> float:
         """Seconds from the first signal to the kill: the grace given, else DISPATCH_GRACE_S
         (`env` resolved it: job option > account default > site default), else the site
         default."""
-        name, value = self._grace
-        return float(GRACE_DEFAULT) if value is None else parse_grace(name, value)
+        if "grace" in self._given:
+            return parse_grace("grace", self._given["grace"])
+        value = self._get("DISPATCH_GRACE_S")
+        return float(GRACE_DEFAULT) if value is None else parse_grace("DISPATCH_GRACE_S", value)
 
     def need(self, *fields: str):
         """The value of each field named (one name: the value; several: a tuple); EnvError

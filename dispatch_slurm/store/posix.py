@@ -114,16 +114,12 @@ class PosixStore(Store):
             self._root_fd = None
 
     @contextmanager
-    def _fd(self) -> Iterator[int]:
-        with self:
-            yield self._root_fd
-
-    @contextmanager
     def _folder(self, folder: str, create: bool = False) -> Iterator[Optional[int]]:
         """An fd of ``<root>/<folder>`` (None when it does not exist and not ``create``); kept
         open for the rest of a session (gc reads every marker of retired/ through one fd),
         closed on exit otherwise."""
-        with self._fd() as root_fd:
+        with self:
+            root_fd = self._root_fd
             fd = self._folders_open.get(folder)
             if fd is not None:
                 yield fd
@@ -148,7 +144,8 @@ class PosixStore(Store):
     def owned(self) -> None:
         """Exec folders, submission numbers and gc's removals only under a root the user owns:
         a root someone else controls could be rearranged under the job's feet."""
-        with self._fd() as fd:
+        with self:
+            fd = self._root_fd
             _check_owner(self.root, fd)
 
     # -- entries of protocol folders ----------------------------------------------------
@@ -186,7 +183,8 @@ class PosixStore(Store):
 
     def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444) -> bool:
         """O_EXCL-create, the content fsynced, then the folder and the root."""
-        with self._fd() as root_fd, self._folder(folder, create=True) as fd:
+        with self, self._folder(folder, create=True) as fd:
+            root_fd = self._root_fd
             try:
                 create_new(name, fd, body, mode)
             except FileExistsError:
@@ -230,7 +228,8 @@ class PosixStore(Store):
         return b""
 
     def too_long(self, folder: str, name: str) -> Optional[str]:
-        with self._fd() as fd:
+        with self:
+            fd = self._root_fd
             if len(os.fsencode(name)) > os.fpathconf(fd, "PC_NAME_MAX"):
                 return f"its {folder}/ name would be over the filesystem's limit: left alone"
         return None
@@ -254,7 +253,8 @@ class PosixStore(Store):
             if rel == "." or rel == ".." or rel.startswith("../"):
                 raise BadPath(f"save {save} is not inside the checkpoint root {root}")
         names.check_relpath(rel)
-        with self._fd() as root_fd:
+        with self:
+            root_fd = self._root_fd
             try:
                 parent = walk_to(rel, root_fd)
             except FileNotFoundError:
@@ -289,7 +289,8 @@ class PosixStore(Store):
             self.sync_save(self.save_relpath(save), save)
 
     def sync_save(self, rel: str, save) -> None:
-        with self._fd() as root_fd, DirFds() as fds:
+        with self, DirFds() as fds:
+            root_fd = self._root_fd
             parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
             try:
                 sync_tree(rel.rsplit("/", 1)[-1], parent)
@@ -298,7 +299,8 @@ class PosixStore(Store):
 
     def publication_fits(self, name: str, rel: str) -> None:
         """Refuse a publication name over the filesystem's limit before anything is created."""
-        with self._fd() as fd:
+        with self:
+            fd = self._root_fd
             limit = os.fpathconf(fd, "PC_NAME_MAX")
         if len(os.fsencode(name)) > limit:
             raise BadPath(f"publication name for {rel!r} is {len(name)} bytes, over this filesystem's "
@@ -306,7 +308,8 @@ class PosixStore(Store):
 
     def create_publication(self, name: str) -> bool:
         """O_EXCL-create pub/<name>, then fsync pub/ and the root."""
-        with self._fd() as root_fd, self._folder(layout.PUB, create=True) as pub_fd:
+        with self, self._folder(layout.PUB, create=True) as pub_fd:
+            root_fd = self._root_fd
             try:
                 create_new(name, pub_fd, sync=False)
                 created = True
@@ -372,7 +375,8 @@ class PosixStore(Store):
 
     def inventory(self, pattern: str = names.STEP_PATTERN) -> inventory.Inventory:
         pubs = self.publications()
-        with self._fd() as root_fd:
+        with self:
+            root_fd = self._root_fd
             marks = self.listing(layout.RETIRED)
             inv = self.finish_inventory(pubs, marks, self._folders(), pattern, self.by_person(marks))
             for s in inv.saves.values():
@@ -418,7 +422,8 @@ class PosixStore(Store):
     def remove(self, rel: str) -> int:
         """Remove the save, then its folders up to exec/<attempt> while they are empty."""
         parts = rel.split("/")
-        with self._fd() as root_fd:
+        with self:
+            root_fd = self._root_fd
             try:
                 fds = walk(rel, root_fd)
             except FileNotFoundError:
@@ -461,7 +466,8 @@ class PosixStore(Store):
     # -- the supervisor's record and claims -----------------------------------------------
 
     def read_all(self, name: str) -> bytes:
-        with self._fd() as root_fd:
+        with self:
+            root_fd = self._root_fd
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
             except FileNotFoundError:
@@ -470,11 +476,13 @@ class PosixStore(Store):
             return f.read()
 
     def append(self, name: str, data: bytes) -> None:
-        with self._fd() as root_fd:
+        with self:
+            root_fd = self._root_fd
             append(name, root_fd, data)
 
     def truncate(self, name: str, length: int) -> None:
-        with self._fd() as root_fd:
+        with self:
+            root_fd = self._root_fd
             truncate(name, root_fd, length)
 
     def mtime(self, folder: str, name: str) -> Optional[float]:

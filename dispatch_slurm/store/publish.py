@@ -127,10 +127,11 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
     return. Defaults: root $DISPATCH_CHECKPOINT, epoch $DISPATCH_EPOCH, step from the
     save's name (``checkpoint-<step>``). See the module doc for whose save may be
     published and what a retry does."""
-    root, epoch = env_root(root), env_epoch(epoch)
+    ex = Execution.current(root=root, epoch=epoch)
+    root, epoch = ex.need("root", "epoch")
     decompose(epoch)  # an epoch no (G, N, R) composes is refused before anything else
     step = _step(save, step, pattern, adopt)
-    attempt = Execution.current().attempt
+    attempt = ex.attempt
 
     def decide(rel):
         return _decide(rel, save, epoch, step, attempt, adopt)
