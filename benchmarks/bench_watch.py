@@ -50,7 +50,7 @@ def cpu_seconds(pid: int) -> float:
 
 def latency(tmp: str, name: str, mode_args: list[str], n: int, size: int, jitter: float) -> list[float]:
     root = os.path.join(tmp, name)
-    exec_dir = os.path.join(root, "exec", f"bench.{name}")
+    exec_dir = os.path.join(root, "exec", f"{name}.1.{EPOCH}")  # an attempt token of epoch EPOCH
     os.makedirs(exec_dir)
     proc = start(root, exec_dir, mode_args)
     out, rng = [], random.Random(0)
@@ -74,7 +74,7 @@ def idle_cpu(tmp: str, modes: dict, seconds: float) -> dict[str, float]:
     procs = {}
     for name, args in modes.items():
         root = os.path.join(tmp, f"idle-{name}")
-        exec_dir = os.path.join(root, "exec", f"idle.{name}")
+        exec_dir = os.path.join(root, "exec", f"{name}.2.{EPOCH}")
         os.makedirs(exec_dir)
         procs[name] = start(root, exec_dir, args)
         save(exec_dir, 1, 16)
