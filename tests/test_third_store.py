@@ -57,7 +57,7 @@ class MemStore(store.Store):
         body = self.keys.get(f"{folder}/{name}")
         return body if body is None or limit is None else body[:limit]
 
-    def create(self, folder, name, body=b"", mode=0o444):
+    def create(self, folder, name, body=b"", mode=0o444, sync_root=True):
         if f"{folder}/{name}" in self.keys:
             return False
         self.put(f"{folder}/{name}", body)

@@ -265,6 +265,10 @@ class Execution:
         return self._get("DISPATCH_LAUNCHER")
 
     @property
+    def save_signals(self) -> str | None:  # DISPATCH_SIGNAL: the signals `launch` passes on
+        return self._get("DISPATCH_SIGNAL")
+
+    @property
     def epoch(self) -> int | None:
         """DISPATCH_EPOCH, 0..EPOCH_MAX (digits only); an epoch given is the caller's, as
         given (publish refuses one no (G, N, R) composes)."""

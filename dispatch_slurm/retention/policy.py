@@ -1,6 +1,6 @@
 """Retention rules: which saves a gc keeps and why, as pure functions (no I/O).
 
-The store reads a root into an ``Inventory`` (store/inventory.py) and gc (gc.py) removes
+The store reads a root into an ``Inventory`` (store/inventory.py) and gc (removal.py) removes
 what ``decide`` says; cessation.py says which executions have ceased. A save is kept, in
 this order of reasons, when it is
 

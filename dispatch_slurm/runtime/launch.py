@@ -24,20 +24,22 @@ Other signals reach the launcher unchanged. Linux only (/proc).
 """
 
 import os
+from collections.abc import Mapping
 import signal
 import subprocess
 import sys
 
+from ..contract.env import Execution
 from . import probe
 from .rehearse import descendants
 
 TORCH_DEFAULT = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
-def save_signals(environ=os.environ) -> list[signal.Signals]:
-    """SIGTERM and $DISPATCH_SIGNAL (USR2, SIGUSR1, 12; comma-separated)."""
+def save_signals(environ: Mapping[str, str]) -> list[signal.Signals]:
+    """SIGTERM and $DISPATCH_SIGNAL of ``environ`` (USR2, SIGUSR1, 12; comma-separated)."""
     out = [signal.SIGTERM]
-    for part in filter(None, (p.strip() for p in environ.get("DISPATCH_SIGNAL", "").split(","))):
+    for part in filter(None, (p.strip() for p in (Execution.current(environ).save_signals or "").split(","))):
         s = signal.Signals(int(part)) if part.isdigit() else getattr(signal, part if part.startswith("SIG")
                                                                        else "SIG" + part)
         if s not in out:

@@ -127,7 +127,7 @@ def _ran_on(out: dict, given: Optional[list[str]], same: bool, root: Optional[st
     if root and attempt:
         try:
             from_root = ceased.execution(root, attempt)["nodes"] or None
-        except OSError:
+        except (OSError, DispatchError):
             from_root = None
         if from_root:
             out["nodes_from"] = "the root (the Prolog's list of the execution's nodes)"
@@ -140,8 +140,8 @@ def _recorded(out: dict, root: Optional[str], attempt: Optional[str]) -> dict[st
         return {}
     try:
         return ceased.entries(root, attempt)
-    except OSError as e:
-        out["ceased_dir_error"] = f"{root}/{layout.CEASED}: {e.strerror or e}"
+    except (OSError, DispatchError) as e:
+        out["ceased_dir_error"] = f"{root}/{layout.CEASED}: {getattr(e, 'strerror', None) or e}"
         return {}
 
 

@@ -76,9 +76,10 @@ class Store:
     def has(self, folder: str, name: str) -> bool:
         return self.read(folder, name, 0) is not None
 
-    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444) -> bool:
+    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444, sync_root: bool = True) -> bool:
         """Create ``folder/name`` with ``body`` only if it does not exist (O_EXCL; on S3 a PUT
-        with If-None-Match: *): True if this call created it. Durable on return."""
+        with If-None-Match: *): True if this call created it. Durable on return; with
+        ``sync_root=False`` (many entries in a row) once the caller's ``flush("")`` returns."""
         raise NotImplementedError
 
     def delete(self, folder: str, name: str) -> bool:
@@ -95,7 +96,7 @@ class Store:
         raise NotImplementedError
 
     def flush(self, folder: str) -> None:
-        """Make what ``folder`` lists durable (POSIX: fsync it; S3: nothing to do)."""
+        """Make what ``folder`` lists durable (POSIX: fsync it, "" the root; S3: nothing to do)."""
 
     def owned(self) -> None:
         """Refuse a root this user does not own (POSIX); S3 has no owner to check."""
@@ -124,6 +125,11 @@ class Store:
     def sync_save(self, rel: str, save) -> None:
         """``sync``, for a save already checked (``rel``)."""
 
+    def publication_fits(self, name: str, rel: str) -> None:
+        """Refuse a publication name (of the save ``rel``) over the store's limit, naming the
+        limit and the fix, before anything is created."""
+        raise NotImplementedError
+
     def create_publication(self, name: str) -> bool:
         """Create ``pub/<name>`` and make it durable; True if created now. An entry that
         already exists is made durable all the same (a retry confirms what a failed fsync
@@ -148,7 +154,7 @@ class Store:
         """Add one event line to this process's events (``name``: its file, without .jsonl)."""
         raise NotImplementedError
 
-    def event_files(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+    def event_files(self, prefix: str = "") -> list[tuple[str, bytes]]:
         """(name, content) of every events file whose name starts with ``prefix``, in name order."""
         raise NotImplementedError
 
@@ -201,7 +207,8 @@ class Store:
 
     def not_appendable(self, what: str, why: str = "") -> StoreError:
         return StoreError(f"checkpoint root {self.root}: {what} needs a POSIX root{f' ({why})' if why else ''}; "
-                          f"{self.kind} roots serve publish, latest, ls, watch, env, submit, report and gc")
+                          f"{self.kind} roots serve every command but the supervisor's (run, plan, supersede, "
+                          "release, stop)")
 
     # -- the protocol, written once -----------------------------------------------------
 
@@ -255,9 +262,11 @@ class Store:
         has not fsynced ``pub/`` yet, and a crash that lost it while gc's removals stayed
         would bring back as the latest an older publication whose save gc removed (found by
         the model, tests/model/protocol.pml)."""
-        self.flush(layout.PUB)
-        for name in marks:
-            self.create(layout.RETIRED, name)
+        with self:
+            self.flush(layout.PUB)
+            for name in marks:
+                self.create(layout.RETIRED, name, sync_root=False)
+            self.flush("")
 
     def retired_state(self) -> tuple[set[str], dict[str, dict]]:
         """Every retired/ name, and those a person retired (with who and why)."""

@@ -16,7 +16,7 @@ Epilog ran there (slurmd revokes the job's credential first), so nothing else is
 import json
 
 from ..contract import layout
-from ..errors import BadPath, StoreError
+from ..errors import BadPath, DispatchError, StoreError
 from . import events
 from .roots import at
 
@@ -81,7 +81,7 @@ def execution(root: str, attempt: str, evs: list[dict] | None = None) -> dict:
     if evs is None:
         try:
             evs = events.read(root, attempt, strict=False)
-        except OSError:
+        except (OSError, DispatchError):  # an events file nobody can read is no evidence either way
             evs = []
     mine = [e for e in evs if e.get("attempt") == attempt]
     nodes = set().union(*(_names(ev.get("nodes")) for ev in recorded.values()))

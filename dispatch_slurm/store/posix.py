@@ -181,7 +181,7 @@ class PosixStore(Store):
                 return False
             return True
 
-    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444) -> bool:
+    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444, sync_root: bool = True) -> bool:
         """O_EXCL-create, the content fsynced, then the folder and the root."""
         with self, self._folder(folder, create=True) as fd:
             root_fd = self._root_fd
@@ -189,7 +189,8 @@ class PosixStore(Store):
                 create_new(name, fd, body, mode)
             except FileExistsError:
                 return False
-            os.fsync(root_fd)
+            if sync_root:
+                os.fsync(root_fd)
             return True
 
     def delete(self, folder: str, name: str) -> bool:
@@ -206,6 +207,8 @@ class PosixStore(Store):
     def fill_empty(self, folder: str, name: str, body: bytes) -> bytes:
         """gc makes its markers read-only: made writable for the write, read-only again after."""
         with self._folder(folder) as dir_fd:
+            if dir_fd is None:
+                raise StoreError(f"{self.where(folder)} does not exist: nothing to fill")
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
                 st = os.fstat(fd)
@@ -235,6 +238,10 @@ class PosixStore(Store):
         return None
 
     def flush(self, folder: str) -> None:
+        if not folder:
+            with self:
+                os.fsync(self._root_fd)
+            return
         with self._folder(folder) as fd:
             if fd is not None:
                 os.fsync(fd)
@@ -363,13 +370,13 @@ class PosixStore(Store):
         with self._folder(layout.EVENTS, create=True) as fd:
             append(f"{name}.jsonl", fd, line, sync=False)
 
-    def event_files(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+    def event_files(self, prefix: str = "") -> list[tuple[str, bytes]]:
+        """Read whole, in one session: a reader that stops at a bad line leaves no fd open."""
         if self.root_missing():
-            return  # nothing has happened there yet
+            return []  # nothing has happened there yet
         with self:
-            for name in sorted(self.listing(layout.EVENTS)):
-                if name.startswith(prefix):
-                    yield name, self.read(layout.EVENTS, name, None) or b""
+            return [(name, self.read(layout.EVENTS, name, None) or b"")
+                    for name in sorted(self.listing(layout.EVENTS)) if name.startswith(prefix)]
 
     # -- gc ------------------------------------------------------------------------------
 

@@ -3,12 +3,13 @@
 the POSIX store (posix.py). Every caller asks ``at(root)`` for the root's store object and
 uses the interface (base.py): a new store is one module and one line here."""
 
+from ..contract.names import S3_SCHEME
 from .base import Store
 from .posix import PosixStore
 from .s3 import S3Store
 
 #: (scheme, the store of roots that start with it); anything else: PosixStore
-SCHEMES: tuple[tuple[str, type[Store]], ...] = (("s3://", S3Store),)
+SCHEMES: tuple[tuple[str, type[Store]], ...] = ((S3_SCHEME, S3Store),)
 
 
 def backend(root) -> type[Store]:

@@ -288,7 +288,7 @@ class S3Store(Store):
     def has(self, folder: str, name: str) -> bool:
         return object_exists(self.where(folder, name))
 
-    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444) -> bool:
+    def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444, sync_root: bool = True) -> bool:
         return create_new(self.bucket, self._key(folder, name), self.where(folder), body)
 
     def delete(self, folder: str, name: str) -> bool:
@@ -357,10 +357,9 @@ class S3Store(Store):
             client().put_object(Bucket=self.bucket, Key=self._key(layout.EVENTS, f"{name}.{time.time_ns()}.jsonl"),
                                 Body=line)
 
-    def event_files(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
-        for name in sorted(self.listing(layout.EVENTS)):
-            if name.startswith(prefix):
-                yield name, read(self.where(layout.EVENTS, name)) or b""
+    def event_files(self, prefix: str = "") -> list[tuple[str, bytes]]:
+        return [(name, read(self.where(layout.EVENTS, name)) or b"")
+                for name in sorted(self.listing(layout.EVENTS)) if name.startswith(prefix)]
 
     # -- gc ------------------------------------------------------------------------------
 
@@ -384,6 +383,10 @@ class S3Store(Store):
     def _by_person(self, listed: list[tuple[str, dict]]) -> dict[str, dict]:
         """gc's markers are empty: only the others are read."""
         return super().by_person([name for name, o in listed if o["Size"]])
+
+    def retired_state(self) -> tuple[set[str], dict[str, dict]]:
+        listed = list(walk(self.root, layout.RETIRED))  # one listing: names and sizes
+        return {name for name, _ in listed}, self._by_person(listed)
 
     def by_person(self, marks: list[str]) -> dict[str, dict]:
         wanted = set(marks)

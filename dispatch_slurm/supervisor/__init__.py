@@ -148,7 +148,7 @@ def _discovered(fleet: Fleet, source: str, options: dict, args: list[str], poll:
                 once: bool) -> None:
     """Roots ``--roots-from`` names that the fleet does not know yet, joined (or failed)."""
     for root in sweep.listed(source):
-        root = names.normalize_root(os.path.abspath(root))
+        root = names.normalize_root(store.backend(root).absolute(root, False))
         if root not in fleet.members and root not in fleet.results:
             _join(fleet, root, options, args, poll, slurm, once)
 

@@ -95,8 +95,7 @@ class Supervisor:
 
     def _lost_claim(self):
         me = self.claim
-        superseded = self.state.g is not None and os.path.exists(
-            requests.path(self.root, f"supersede.{self.state.g + 1}"))
+        superseded = self.state.g is not None and requests.read(self.root, f"supersede.{self.state.g + 1}") is not None
         if me is not None:
             me.exit()
         if superseded:
