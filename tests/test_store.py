@@ -387,3 +387,15 @@ def test_enospc_means_no_success(full_fs):
     assert e.value.errno == 28  # ENOSPC
     assert os.listdir(root / "pub") == []
     assert store.latest(root) is None
+
+
+def test_an_unreadable_events_file_is_no_evidence_either_way(root):
+    """The Epilog's entries say an execution ceased whatever its events say: an events file
+    the store refuses to read (a symlink, which the protocol never follows) is left out,
+    not an error for `dispatch-slurm ceased` (the review of issue 21 found it raised)."""
+    from dispatch_slurm.store import ceased
+    (root / "events").mkdir()
+    (root / "events" / "c.1.1000000.h.1.jsonl").symlink_to("/nonexistent")
+    assert ceased.record(str(root), "c.1.1000000", "n1", {"by": "process scan"}, nodes=["n1"])
+    ev = ceased.execution(str(root), "c.1.1000000")
+    assert ev["ceased"] is True and ev["nodes"] == ["n1"]
