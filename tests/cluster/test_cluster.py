@@ -34,17 +34,27 @@ def log_lines(host_dir, name="log") -> list[str]:
     return p.read_text().splitlines() if p.exists() else []
 
 
+def trapped_step(c: Cluster, host_dir, node: str, marker: str, restart: int = 0) -> list[int]:
+    """The TRAPPING_JOB step's pids once its SIGTERM trap is installed."""
+    c.wait_until(lambda: f"step trapping restart={restart}" in log_lines(host_dir), timeout=30,
+                 what="the step's trap installed")
+    return c.wait_until(lambda: c.pids(node, marker, user="alice"), timeout=30, what="the job's step process")
+
+
 # (The step waits in `wait`, which a trapped signal interrupts at once: behind a foreground
 # `sleep 1` the trap ran only when the sleep ended, which on a loaded host came after KillWait.)
 # A job whose batch shell and whose step both trap SIGTERM and keep running: so
 # Slurm itself must end it (after GraceTime / KillWait), and the log shows which
 # process got which signal. $1 = the log folder, $2 = a unique marker for pgrep.
+# (The step's process shows in pgrep before bash has run its `trap`: a SIGTERM in between
+# killed it untrapped once under load. Wait for its "step trapping" line: trapped_step.)
 TRAPPING_JOB = """#!/bin/bash
 #SBATCH -o /dev/null
 log={dir}/log
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} host=$(hostname) user=$(id -un)" >> $log
 trap 'echo "batch TERM restart=${{SLURM_RESTART_COUNT:-0}}" >> $log' TERM
 srun --quiet bash -c 'trap "echo step TERM restart=${{SLURM_RESTART_COUNT:-0}} >> {dir}/log" TERM; \
+  echo step trapping restart=${{SLURM_RESTART_COUNT:-0}} >> {dir}/log; \
   while :; do sleep 1 & wait $!; done; : {marker}' &
 wait; wait
 """
@@ -154,7 +164,7 @@ def test_cancel_gives_cancelled(slurm_cluster: Cluster, workdir):
     jid = c.submit("alice", TRAPPING_JOB.format(dir=cdir, marker=marker))
     running = c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"])
     node = running.batch_host
-    c.wait_until(lambda: c.pids(node, marker, user="alice"), timeout=30, what="the job's step process")
+    trapped_step(c, hdir, node, marker)
     c.cancel(jid, user="alice")
     job = c.wait_job(jid, lambda j: j.state == "CANCELLED" and not j.flags, timeout=deadlines(c)["end"])
     assert job.state == "CANCELLED" and job.restart_count == 0
@@ -218,7 +228,7 @@ def test_preempt_cancel_mode_gives_preempted(slurm_cluster: Cluster, workdir):
     marker = f"preempt-cancel-{time.time_ns()}"
     jid = c.submit("alice", TRAPPING_JOB.format(dir=cdir, marker=marker), args=["-p", "scavenger"])
     victim = c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"])
-    c.wait_until(lambda: c.pids(victim.batch_host, marker), timeout=30, what="the victim's step process")
+    trapped_step(c, hdir, victim.batch_host, marker)
     t0 = time.monotonic()
     pre = c.preempt(jid)
     job = c.wait_job(jid, lambda j: j.state == "PREEMPTED" and not j.flags, timeout=deadlines(c)["end"])
@@ -240,7 +250,7 @@ def test_preempt_requeue_mode_restarts(slurm_cluster: Cluster, workdir):
     jid = c.submit("alice", TRAPPING_JOB.format(dir=cdir, marker=marker), args=["-p", "normal"])
     victim = c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"])
     assert victim.restart_count == 0
-    c.wait_until(lambda: c.pids(victim.batch_host, marker), timeout=30, what="the victim's step process")
+    trapped_step(c, hdir, victim.batch_host, marker)
     pre = c.preempt(jid)
     # (22.05 shows the requeue as COMPLETING first: its job_state string hides PENDING.)
     requeued = c.wait_job(jid, lambda j: j.restart_count == 1 and j.state == "PENDING", timeout=deadlines(c)["end"])
@@ -299,7 +309,7 @@ def test_partition_requeues_then_heal_returns_node(slurm_cluster: Cluster, workd
     jid = c.submit("alice", TRAPPING_JOB.format(dir=cdir, marker=marker), args=["-p", "normal"])
     first = c.wait_job(jid, "RUNNING", timeout=d["start"])
     node = first.batch_host
-    old = c.wait_until(lambda: c.pids(node, marker, user="alice"), timeout=30, what="the job's step process")
+    old = trapped_step(c, hdir, node, marker)
     c.partition(node)
     try:
         t0 = time.monotonic()
