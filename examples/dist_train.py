@@ -9,7 +9,8 @@ its shards into ``$DISPATCH_EXEC_DIR/checkpoint-<step>/`` every --save-every ste
 (published once DCP's ``.metadata`` is written; --async-save: from the upload's
 completion) and calls ``preemption_point()`` after each step: on SIGTERM to any rank,
 all ranks stop at one step, save, the save is published once, and every rank exits 0.
-Without torchrun, the rank comes from Slurm ($SLURM_PROCID, $SLURM_NTASKS).
+Without torchrun, the rank comes from Slurm ($SLURM_PROCID, $SLURM_NTASKS). At the end,
+``settle()`` then ``destroy_process_group()``: a normal end exits 0, never SIGABRT.
 """
 
 import argparse
@@ -25,6 +26,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from dispatch_slurm import install_preemption_handler, preemption_point
 from dispatch_slurm.integrations import dcp as ddcp
+from dispatch_slurm.runtime.distributed import settle
 from dispatch_slurm.store import events
 
 
@@ -136,12 +138,12 @@ def main(argv=None) -> int:
                 print(f"step {app.step} saved", flush=True)
         preemption_point()  # a signal on any rank: every rank saves this step, one publication, exit 0
     if saver is not None:
-        saver.wait()
+        saver.close()  # the last save published; its group settled
     text = digest(model)
     if rank == 0:
         print(f"done at step {app.step} digest {text}", flush=True)
     events.emit("execution_ended", exit=0)
-    dist.barrier()  # a rank tearing down gloo while another still talks aborts ("terminate called")
+    settle()  # after the last collective; a plain dist.barrier() here made the exit abort (see settle)
     dist.destroy_process_group()
     return 0
 

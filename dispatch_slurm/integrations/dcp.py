@@ -5,7 +5,7 @@ complete, loaded from the latest publication. Every function is called on every 
     step = ddcp.load(state) or 0            # the latest publication, loaded in place
     ddcp.save(state, step)                   # <exec>/checkpoint-<step>/, then published
     saver = ddcp.AsyncSaver()                # or: overlap the writes with training
-    saver.save(state, step); ...; saver.wait()
+    saver.save(state, step); ...; saver.close()   # at the end: the last save published
 
 Complete means DCP's own ``.metadata``: ``dcp.save`` returns on a rank only after the
 coordinator gathered every rank's write results (each rank's files fsynced on its own
@@ -29,6 +29,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 from .. import store
 from ..contract.env import Execution
 from ..errors import DispatchError
+from ..runtime.distributed import settle
 from ..runtime.preempt import is_publishing_rank
 
 METADATA = ".metadata"  # DCP's FileSystemWriter writes it last, on the coordinator
@@ -65,7 +66,8 @@ class AsyncSaver:
     they never interleave with the training's collectives)."""
 
     def __init__(self, process_group=None):
-        self.group = process_group or (dist.new_group(backend="gloo") if dist.is_initialized() else None)
+        self._own = process_group is None and dist.is_initialized()
+        self.group = dist.new_group(backend="gloo") if self._own else process_group
         self._future, self._error = None, None
 
     def save(self, state_dict, step: int) -> str:
@@ -92,6 +94,15 @@ class AsyncSaver:
         error, self._error = self._error, None
         if error is not None:
             raise DispatchError(f"async DCP save failed: {type(error).__name__}: {error}") from error
+
+    def close(self) -> None:
+        """At the end of training, on every rank: wait for the save in flight (``wait``),
+        then settle the group this saver made, whose uploads' collectives would otherwise
+        be released by gloo's threads as late as the interpreter's exit (``settle`` says
+        why that aborts). A group passed in is the caller's to settle."""
+        self.wait()
+        if self._own:
+            settle(self.group)
 
 
 def load(state_dict, root: str | None = None) -> int | None:

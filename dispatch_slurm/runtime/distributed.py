@@ -22,6 +22,10 @@ training backend: NCCL too). Agreement keeps torch's default timeout (ranks may 
 apart by more than the grace in normal training, e.g. an eval on rank 0); confirmation
 times out with the grace, so a rank that died turns into exit 1 on the others within
 the window, never a hang.
+
+At the end of training the program calls ``settle()`` on every rank before
+``destroy_process_group()``, so that the interpreter's exit cannot abort (its doc says why).
+The protocol's own groups need no settling (``Ranks`` says why).
 """
 
 import datetime
@@ -44,7 +48,14 @@ MAX_STRIDE = 16  # steps between two agreements at most, whatever the step time
 
 class Ranks:
     """The protocol's collectives. Create it on every rank, in the same order as any
-    other group (``new_group`` is itself a collective)."""
+    other group (``new_group`` is itself a collective).
+
+    The last point leaves an all-reduce in flight when training ends; that is harmless
+    at exit (see ``settle`` for what is not): every all-reduce works on ``_flag``,
+    which this object keeps for the life of the process, so a gloo worker releasing a
+    finished one never frees a tensor Python has let go of, the one release that takes
+    the GIL; the all-reduce in flight is released with this object when the interpreter
+    clears the modules, when torch no longer takes the GIL."""
 
     def __init__(self, grace: float):
         import torch
@@ -96,3 +107,33 @@ class Ranks:
         except Exception:  # noqa: BLE001 -- a dead peer, a timeout: not every rank is ok
             return False
         return t.item() == 1.0
+
+
+_SETTLED = []  # each settle()'s barrier: released only when the interpreter clears this module
+
+
+def settle(group=None) -> None:
+    """End the program's use of ``group`` (default: the default group) so that the
+    interpreter's exit cannot abort. Call it on every rank after the group's last
+    collective, before ``destroy_process_group()``; a no-op without torch.distributed.
+
+    Why. A gloo worker thread releases a collective only after it has signalled its
+    completion, so the caller may have moved on, even out of the program, by then. If
+    that release frees a tensor Python has let go of (the output of an FSDP all-gather,
+    of ``full_tensor()``, of an object collective), it takes the GIL, and a thread that
+    gets the GIL while the interpreter is finalizing is ended by CPython (pthread_exit),
+    whose unwinding through a noexcept destructor aborts the process: "terminate called
+    without an active exception", SIGABRT, after the program ended normally (torch's
+    gloo, pytorch#190489). Neither ``dist.barrier()`` nor ``destroy_process_group()``
+    prevents it: a barrier is one more collective released the same way, and gloo even
+    keeps the collectives its workers still held when the barrier started until the
+    barrier itself is freed; destroying the group leaves gloo's threads running while
+    anything holds it (FSDP does). Here the barrier is kept until the interpreter clears
+    this module: the collectives it keeps are freed with it there, where torch no longer
+    takes the GIL, and the group's other collectives had been released already."""
+    dist = sys.modules.get("torch.distributed")
+    if not (dist and dist.is_available() and dist.is_initialized()):
+        return
+    work = dist.barrier(group=group, async_op=True)
+    work.wait()
+    _SETTLED.append(work)
