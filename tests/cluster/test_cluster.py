@@ -252,9 +252,17 @@ def test_preempt_requeue_mode_restarts(slurm_cluster: Cluster, workdir):
     assert victim.restart_count == 0
     trapped_step(c, hdir, victim.batch_host, marker)
     pre = c.preempt(jid)
+    # While the requeue completes (the step traps SIGTERM: KillWait at least), slurmctld refuses
+    # a new time limit: the job keeps its preempt_time until its nodes are done. Hence
+    # Cluster.set_time_limit waits that out (the submitit test's update once came in between).
+    c.wait_job(jid, lambda j: j.restart_count == 1 and "COMPLETING" in j.states, timeout=deadlines(c)["end"])
+    refused = c.exec(CONTROLLER, ["scontrol", "update", f"jobid={jid}", "TimeLimit=5"], check=False)
+    assert refused.returncode != 0 and "Job has already finished" in refused.stderr, refused
     # (22.05 shows the requeue as COMPLETING first: its job_state string hides PENDING.)
     requeued = c.wait_job(jid, lambda j: j.restart_count == 1 and j.state == "PENDING", timeout=deadlines(c)["end"])
     assert requeued.restart_count == victim.restart_count + 1
+    c.set_time_limit(jid, 5)
+    assert "TimeLimit=00:05:00" in c.exec(CONTROLLER, ["scontrol", "show", "job", "-o", str(jid)]).stdout
     preemptor = c.wait_job(pre, "RUNNING", timeout=deadlines(c)["start"])
     assert preemptor.nodes == victim.nodes
     # Held back while the preemptor runs; once it is gone the job runs again, restart count 1.

@@ -81,7 +81,7 @@ def test_submitit_job_through_time_limits_preemption_and_a_cut(slurm_cluster: Cl
         c.wait_until(lambda: _step_of(runs()[2]) >= at, timeout=60, what="R=2 to publish")
         preemptor = c.preempt(job)
         c.wait_job(job, lambda j: j.restart_count == 3, timeout=120)
-        c.exec(CONTROLLER, ["scontrol", "update", f"jobid={job}", "TimeLimit=5"])  # the rest in one limit
+        c.set_time_limit(job, 5)  # the rest in one limit
         c.cancel(preemptor)
         c.wait_until(started(3), timeout=120, what="execution R=3 to start")
         node = c.job(job).nodes[0]

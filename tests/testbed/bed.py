@@ -219,6 +219,15 @@ class Bed:
         """``scontrol requeue`` as root: back to PENDING, restart count +1 (what an operator does)."""
         self.slurm.run(["scontrol", "requeue", str(int(job_id))])
 
+    def set_time_limit(self, job_id: int, minutes: int, *, timeout: float = 120.0) -> None:
+        """``scontrol update TimeLimit`` as root, once slurmctld takes it: it refuses a new limit
+        ("Job has already finished") while a preempted job's requeue completes, since the job
+        keeps its preempt_time until its nodes are done (the Epilog); so this waits for the job
+        to be pending or running and not COMPLETING first."""
+        self.wait_job(job_id, lambda j: j.state in ("PENDING", "RUNNING") and "COMPLETING" not in j.states,
+                      timeout=timeout)
+        self.slurm.run(["scontrol", "update", f"jobid={int(job_id)}", f"TimeLimit={int(minutes)}"])
+
     def preempt(self, job_id: int, *, user: str = "bob", hold: str = "sleep 300", timeout: float = 60.0) -> int:
         """Preempt a running job the way a site does: submit a job to the higher-tier
         partition ``high`` that needs the victim's whole nodes. The victim's partition
