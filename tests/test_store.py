@@ -399,3 +399,19 @@ def test_an_unreadable_events_file_is_no_evidence_either_way(root):
     assert ceased.record(str(root), "c.1.1000000", "n1", {"by": "process scan"}, nodes=["n1"])
     ev = ceased.execution(str(root), "c.1.1000000")
     assert ev["ceased"] is True and ev["nodes"] == ["n1"]
+
+
+def test_a_folder_that_cannot_be_created_is_an_error_never_the_current_directory(tmp_path, monkeypatch):
+    """mkdir's ENOENT (the root removed under an open session; /proc, where the CLI fuzz test
+    found it) once gave the folder fd None, and the O_EXCL create then wrote into the current
+    directory: a claim file in whatever folder `run` was started from."""
+    root, cwd = tmp_path / "root", tmp_path / "cwd"
+    root.mkdir()
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    s = store.at(str(root))
+    with s:
+        root.rmdir()
+        with pytest.raises(StoreError, match=r"/supervisor: cannot be created \(No such file or directory\)"):
+            s.create("supervisor", "000001", b"{}")
+    assert list(cwd.iterdir()) == []

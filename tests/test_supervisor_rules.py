@@ -1024,7 +1024,20 @@ def test_run_sets_sbatch_signal_from_the_grace_and_warns_when_saves_do_not_fit(r
 def test_bad_input_is_refused_with_a_message_naming_it(root, args, needle):
     p = cli("run", root, *args)
     assert p.returncode == 2 and needle in p.stderr, p.stderr
-    assert not (root / "sub").exists(), "no submission number spent on bad input"
+    assert list(root.iterdir()) == [], "a new root's bad arguments leave it as it was (no claim, no record, no N)"
+
+
+def test_roots_from_with_bad_arguments_writes_into_no_root(tmp_path):
+    """The fuzz test's `run --roots-from /` as root once left a supervisor/ claim in every
+    folder of / (the claim came before the arguments were read): each new root is refused alone,
+    and none is written to."""
+    parent = tmp_path / "runs"
+    for name in ("a", "b"):
+        (parent / name).mkdir(parents=True)
+    p = cli("run", parent / "a", "--roots-from", parent)
+    assert p.returncode == 2 and p.stderr.count("no sbatch arguments") >= 2, p.stderr
+    assert all(line.startswith("dispatch-slurm: ") for line in p.stderr.splitlines()), p.stderr
+    assert [list(r.iterdir()) for r in sorted(parent.iterdir())] == [[], []]
 
 
 def test_release_without_a_hold_and_ceased_exit_codes(root):

@@ -50,8 +50,12 @@ def open_entry(root: str, root_fd: int, name: str, create: bool = False) -> int 
         if create:
             return ensure_dir(name, root_fd)[0]
         return open_dir(name, dir_fd=root_fd)
-    except FileNotFoundError:
-        return None
+    except FileNotFoundError as e:
+        if not create:
+            return None
+        # mkdir's ENOENT (a root removed meanwhile, a filesystem like /proc): never None here,
+        # which every *at() call would take for the current directory
+        raise StoreError(f"{where}: cannot be created ({e.strerror})") from None
     except PermissionError:
         raise StoreError(f"{where}: permission denied (check its owner and mode)") from None
     except OSError as e:

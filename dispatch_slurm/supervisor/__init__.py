@@ -93,6 +93,8 @@ def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slu
     """A supervisor of ROOT, its claim taken and its record replayed (a new root: the job's
     definition recorded, with ``template``, an array task's ``%a`` root), ready to step."""
     root = normalize(root)
+    if not os.path.exists(Record(root).path):
+        make_defn(options, args)  # a new root's bad arguments: refused before its claim writes anything
     sup = Supervisor(root, slurm, poll=poll)
     try:
         st = sup.open("run --once" if once else "run")
