@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 
 import click
 import pytest
@@ -44,7 +45,7 @@ ODD = st.sampled_from(["\udcff\udcfe", "a\nb", "--", "-", "/proc", "/dev/null", 
 
 
 def _value(root: str):
-    paths = st.sampled_from([root, f"{root}/nope", f"{root}/exec", f"{root}/pub", f"{root}/file", "/nonexistent"])
+    paths = st.sampled_from([root, f"{root}/nope", f"{root}/exec", f"{root}/pub", f"{root}/file", "/proc/nonexistent"])
     return st.one_of(NUMBERS, TEXT, ODD, paths)
 
 
@@ -89,12 +90,22 @@ def _check(argv, code, err):
         assert len(lines) == 1 and lines[0].startswith("dispatch-slurm"), f"{argv}: not one line: {err!r}"
 
 
+def _fresh(root: str) -> None:
+    """The root, and the folder the CLI runs in, as every example starts: one example's
+    writes (a plot saved as ROOT/pub, a file named by a relative path) never become the
+    next one's input, so a failure replays (hypothesis shrinks it) and runs in any order."""
+    cwd = os.path.dirname(root)
+    shutil.rmtree(cwd, ignore_errors=True)
+    os.makedirs(os.path.join(root, "exec", "c.1.1000000", "checkpoint-5"))
+    with open(os.path.join(root, "file"), "w") as f:
+        f.write("x")
+
+
 @pytest.fixture(scope="module")
 def fuzz_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzz") / "root"
-    (root / "exec" / "c.1.1000000" / "checkpoint-5").mkdir(parents=True)
-    (root / "file").write_text("x")
-    return str(root)
+    root = str(tmp_path_factory.mktemp("fuzz") / "root")
+    _fresh(root)
+    return root
 
 
 def _env(root: str) -> dict:
@@ -110,6 +121,7 @@ def test_any_arguments_are_handled_or_refused_in_one_line(path, fuzz_root):
     @given(argv=_argv(path, COMMANDS[path], fuzz_root))
     def case(argv):
         TRIED["argv"] += 1
+        _fresh(fuzz_root)
         code, err = run_cli(argv, _env(fuzz_root), os.path.dirname(fuzz_root))
         _check(argv, code, err)
     before = TRIED["argv"]

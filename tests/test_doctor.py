@@ -337,3 +337,19 @@ def test_the_verdicts_in_docs_signals_are_what_the_doctor_prints(tmp_path):
                             "--preempt-mode", "REQUEUE", "--grace-time", "120", "--script", str(tmp_path / f"{i}.sbatch")],
                            capture_output=True, text=True)
         assert p.stdout == shown and p.returncode == (0 if "verdict: OK" in shown else 1), (script, p.stdout, p.stderr)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--save-seconds", "inf"], "--save-seconds': inf is not a finite number"),
+    (["--kill-wait", "nan"], "--kill-wait': nan is not a finite number"),
+    (["--grace-time", "-inf"], "--grace-time'"),
+    (["--script", "binary"], "binary: not UTF-8 text (byte 0)"),
+])
+def test_what_the_cli_fuzz_test_found_is_refused_in_one_line(tmp_path, args, needle):
+    """An infinite duration once reached int() (OverflowError), a binary --script the UTF-8
+    decoder (UnicodeDecodeError): tracebacks both, now one line each, exit 2."""
+    from support import cli
+    (tmp_path / "binary").write_bytes(b"\x89PNG\r\n")
+    p = cli("doctor", *args, cwd=tmp_path)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and needle in lines[0], p.stderr

@@ -11,6 +11,7 @@ absolute at once (lexically: symlinks are kept), so what a command prints or rec
 absolute; a relative $DISPATCH_CHECKPOINT is refused, as `env` refuses it inside a job
 (every node and task of a job must read the same path)."""
 
+import math
 import os
 import sys
 
@@ -39,9 +40,10 @@ def root_option(help_: str = "checkpoint root"):
 
 
 def finite(ctx, param, value):
-    """A number option must be a real number: nan passes click's range checks."""
-    if value is not None and value != value:
-        raise click.BadParameter(f"{value} is not a number", ctx=ctx, param=param)
+    """A number option must be a finite number: nan passes click's range checks, and inf
+    passes a range without a maximum."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", ctx=ctx, param=param)
     return value
 
 

@@ -21,6 +21,7 @@ from ..contract import doctor as rules
 from ..contract.siteconf import GRACE_CAP
 from ..errors import DispatchError
 from ..runtime import probe
+from . import common
 
 
 def _signal(ctx, param, value):
@@ -54,7 +55,13 @@ def _slurm_conf(partition, use_slurm, job_id=None):
 def _wiring(script, sig, where, launcher, wrapped, processes, command=()):
     stack = rules.Stack()
     if script is not None:
-        found, stack = rules.parse_script(open(script, encoding="utf-8").read())
+        try:
+            with open(script, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise DispatchError(f"--script {script}: not UTF-8 text (byte {e.start}): name the job's batch "
+                                "script") from None
+        found, stack = rules.parse_script(text)
         sig = sig or found
     elif command:  # a rehearsed command plays one step: its launcher read from it
         _, guess = rules.parse_script(shlex.join(command).replace("dispatch_slurm launch", "dispatch-slurm launch"))
@@ -111,14 +118,14 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
 @click.option("--processes", type=click.IntRange(1), help="accelerate launch's --num_processes")
 @click.option("--grace", type=click.FloatRange(0, GRACE_CAP), envvar="DISPATCH_GRACE_S", show_envvar=True,
               help="the grace the handler counts on")
-@click.option("--save-seconds", type=click.FloatRange(0), help="a save's measured duration (else: "
+@click.option("--save-seconds", type=click.FloatRange(0), callback=common.finite, help="a save's measured duration (else: "
               "measured by the rehearsal)")
 @click.option("--partition", help="the partition whose GraceTime and PreemptMode count  "
               "[default: $SLURM_JOB_PARTITION, else the default partition]")
 @click.option("--slurm/--no-slurm", "use_slurm", default=None, help="read scontrol show config/partition  "
               "[default: when scontrol is on PATH]")
-@click.option("--kill-wait", type=click.FloatRange(0), help="KillWait, over Slurm's (30 s without Slurm)")
-@click.option("--grace-time", type=click.FloatRange(0), help="the partition's GraceTime, over Slurm's")
+@click.option("--kill-wait", type=click.FloatRange(0), callback=common.finite, help="KillWait, over Slurm's (30 s without Slurm)")
+@click.option("--grace-time", type=click.FloatRange(0), callback=common.finite, help="the partition's GraceTime, over Slurm's")
 @click.option("--preempt-mode", help="PreemptMode, over Slurm's (OFF without Slurm), e.g. REQUEUE")
 @click.option("--send-user-signal/--no-send-user-signal", default=None,
               help="PreemptParameters=send_user_signal, over Slurm's")
