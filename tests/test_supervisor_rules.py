@@ -1045,3 +1045,13 @@ def test_release_without_a_hold_and_ceased_exit_codes(root):
     assert p.returncode == 1 and "no hold stands" in p.stderr
     p = cli("run", root / "missing", "--", "x.sh")
     assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_roots_from_a_binary_file_is_refused_in_one_line(root, tmp_path):
+    """The CLI fuzz test's --roots-from named a PNG another command had saved: a traceback
+    (UnicodeDecodeError) before."""
+    (tmp_path / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    p = cli("run", root, "--roots-from", tmp_path / "plot.png", "--", "x.sh")
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "plot.png: not UTF-8 text (byte 0)" in lines[0], p.stderr
+    assert list(root.iterdir()) == []

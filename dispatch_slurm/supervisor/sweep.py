@@ -97,10 +97,11 @@ def listed(source: str) -> Iterator[str]:
                 yield path
         return
     try:
-        with open(source) as f:
+        with open(source, encoding="utf-8") as f:
             lines = f.read().splitlines()
-    except OSError as e:
-        raise DispatchError(f"--roots-from {source}: {e.strerror}; name a folder of roots or a file "
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else f"not UTF-8 text (byte {e.start})"
+        raise DispatchError(f"--roots-from {source}: {why}; name a folder of roots or a file "
                             "with one root per line") from None
     for line in lines:
         line = line.strip()
