@@ -208,3 +208,25 @@ def test_every_version_says_the_same():
     assert f"%global pkg_version {version}}}" in spec and re.search(rf"^\* .* - {re.escape(version)}-1$", spec, re.M)
     for page in ("dispatch_env.8", "dispatch-slurm-site.conf.5", "dispatch-slurm.1"):
         assert f'"dispatch-slurm {version}"' in (REPO / "admin/man" / page).read_text().splitlines()[0], page
+
+
+def test_make_deb_builds_with_debians_python3_whatever_python3_is_first_on_path(tree, tmp_path):
+    """Issue 36: a venv's or conda's python3 first on PATH failed `make deb` (pybuild and
+    dh_python3 run the PATH's python3). The build runs with Debian's /usr/bin/python3 first
+    (dpkg-buildpackage stood in for: it records the python3 it would run)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text("#!/bin/sh\necho 'not Debian python3' >&2\nexit 1\n")
+    seen = tmp_path / "seen"
+    (bin_ / "dpkg-buildpackage").write_text(
+        f"#!/bin/sh\ncommand -v python3 >{seen}\narch=$(dpkg --print-architecture)\n"
+        "for x in deb changes buildinfo; do touch ../dispatch-slurm_0.1.0_$arch.$x; done\n")
+    for f in ("python3", "dpkg-buildpackage"):
+        (bin_ / f).chmod(0o755)
+    r = subprocess.run(["make", "-s", "deb", "LINTIAN=:", f"DPKG_BUILDPACKAGE={bin_}/dpkg-buildpackage"], cwd=tree,
+                       capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stderr
+    assert seen.read_text().strip() == "/usr/bin/python3"
+    admin = " ".join((REPO / "docs" / "admin.md").read_text().split())
+    assert "`make deb` builds with Debian's `/usr/bin/python3` whatever `python3` is first on PATH" in admin
