@@ -1,7 +1,8 @@
 # The admin install, included by the top-level Makefile: the same layout as the Debian and
 # RPM packages (admin/README.md), for sites that build from source.
 #   make install [DESTDIR=] [PREFIX=/usr/local] [SYSCONFDIR=/etc] [INSTALL_PYTHON=/usr/bin/python3]
-#   make uninstall            refused while a plugstack file still loads the plugin
+#   make uninstall            refused while a plugstack file still loads the plugin, or (a slurmd
+#                             node) slurm.conf still runs the hooks
 #   make deb | make rpm | make orig | make man
 PKG := dispatch-slurm
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
