@@ -15,7 +15,7 @@ def _dash(value) -> str:
     return "-" if value is None else str(value)
 
 
-_BY = {"epilog": "Epilog", "epilog (rejoined)": "Epilog, node rejoined", "sweep": "a later job's sweep"}
+_BY = {"epilog": "Epilog", "epilog (rejoined)": "Epilog", "sweep": "a later job's sweep"}
 
 
 def _gone(ces: dict) -> str:
