@@ -108,3 +108,12 @@ def preempt_one(proc, out, nproc: int, what: str) -> str:
     finally:
         text = output(proc)
     return text
+
+
+def doc_snippet(page: str, name: str) -> str:
+    """The code block under ``<!-- snippet: NAME ... -->`` in docs/PAGE, as written."""
+    import re
+    text = (REPO / "docs" / page).read_text()
+    m = re.search(rf"<!-- snippet: {name}[;\s].*?-->\n```\w*\n(.*?)^```", text, re.S | re.M)
+    assert m, f"docs/{page} has no snippet {name}"
+    return m[1]
