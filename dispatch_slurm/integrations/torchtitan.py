@@ -58,7 +58,7 @@ def _inside(path: str, folder: str) -> bool:
 
 def choose(root: str) -> tuple[str, int] | None:
     """The latest publication's (path, step), chosen on rank 0 and the same on every rank."""
-    found = [None]
+    found: list[tuple[str, int] | None] = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
         found[0] = store.resume_point(root)  # a vanished save is an error, never None
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -73,9 +73,11 @@ class DispatchCheckpointManager(CheckpointManager):
     class Config(CheckpointManager.Config):
         pass
 
+    folder: str  # torchtitan's: <base_folder>/<config.folder>
+
     def __init__(self, config, *, base_folder: str = "", **kwargs):
         # root and epoch read once: every publication of this manager is this execution's
-        self._published: concurrent.futures.Future | None = None  # the async save in flight, published
+        self._published: concurrent.futures.Future[str] | None = None  # the async save in flight, published
         self._saved: int | None = None  # the step of the last save, the same on every rank
         self.root, exec_dir, self.epoch = Execution.current().need("root", "exec_dir", "epoch")
         if not config.enable:
@@ -121,7 +123,8 @@ class DispatchCheckpointManager(CheckpointManager):
         if self.save_future is None:  # synchronous: DCP returned on every rank after .metadata
             self._publish(path, step)
             return
-        self._published = done = concurrent.futures.Future()
+        done: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self._published = done
 
         def completed(future):
             try:
