@@ -5,7 +5,7 @@ the exec folder, published once every rank's files are written and durable;
     from dispatch_slurm import install_preemption_handler, preemption_point
     from dispatch_slurm.integrations import deepspeed as dds
     resumed = dds.load_checkpoint(engine)          # (step, client_state), or None: nothing published
-    install_preemption_handler(lambda left: dds.save_checkpoint(engine, publish=False))
+    install_preemption_handler(lambda left: dds.save_checkpoint(engine, publish=False), defer=True)
     for batch in data:
         engine.backward(engine(batch)); engine.step()
         if engine.global_steps % 100 == 0:
