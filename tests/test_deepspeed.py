@@ -199,3 +199,12 @@ def test_sigterm_saves_through_deepspeed_publishes_and_a_replacement_resumes(roo
     assert f"resumed at step {pub.step}" in text and f"done at step {pub.step + 25}" in text
     mine = [p.step for p in store.publications(str(root)) if p.epoch == B[1]]
     assert mine == [s for s in range(pub.step + 1, pub.step + 26) if s % 20 == 0], mine
+
+
+def test_the_extra_names_the_tested_deepspeed():
+    """pyproject's [deepspeed] extra: the releases tested here, and this venv has one of them."""
+    import tomllib
+    from importlib.metadata import version
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["deepspeed"]
+    assert "deepspeed>=0.19.8,<0.20" in extra, extra
+    assert version("deepspeed") == "0.19.8"

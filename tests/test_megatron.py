@@ -246,3 +246,12 @@ def test_sigterm_saves_through_megatron_publishes_and_a_replacement_resumes(root
     assert f"started at {pub.step}" in text and f"done at step {pub.step + 25} weight {pub.step + 25}" in text
     mine = [p.step for p in store.publications(str(root)) if p.epoch == B[1]]
     assert mine == [s for s in range(pub.step + 1, pub.step + 26) if s % 20 == 0], mine
+
+
+def test_the_extra_names_the_tested_megatron_core():
+    """pyproject's [megatron] extra: the releases tested here, and this venv has one of them."""
+    import tomllib
+    from importlib.metadata import version
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["megatron"]
+    assert "megatron-core>=0.16.1,<0.17" in extra, extra
+    assert version("megatron-core") == "0.16.1"

@@ -24,7 +24,7 @@ from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
 from dispatch_slurm.integrations.torchtitan import DispatchCheckpointManager  # noqa: E402
 from dispatch_slurm.store import events  # noqa: E402
-from support import doc_snippet as snippet, output, preempt_one, run_script  # noqa: E402
+from support import REPO, doc_snippet as snippet, output, preempt_one, run_script  # noqa: E402
 from testbed.ranks import dispatch_env  # noqa: E402
 
 SENTINEL = "dispatch-checkpoint-complete"
@@ -245,3 +245,12 @@ def test_sigterm_saves_through_torchtitan_publishes_and_a_replacement_resumes(ro
     assert f"started at step {pub.step}" in text and f"done at step {pub.step + 45}" in text
     mine = [p.step for p in store.publications(str(root)) if p.epoch == B[1]]
     assert mine == [s for s in range(pub.step + 1, pub.step + 46) if s % 20 == 0], mine  # the model-only last: not
+
+
+def test_the_extra_names_the_tested_torchtitan():
+    """pyproject's [torchtitan] extra: the releases tested here, and this venv has one of them."""
+    import tomllib
+    from importlib.metadata import version
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["torchtitan"]
+    assert "torchtitan>=0.3.0,<0.4" in extra, extra
+    assert version("torchtitan") == "0.3.0"

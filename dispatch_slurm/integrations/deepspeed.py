@@ -42,6 +42,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from .. import store
 from ..contract.env import Execution
 from ..errors import DispatchError
+from ..runtime import distributed
 from ..runtime.preempt import is_publishing_rank
 
 
@@ -83,14 +84,10 @@ def load_checkpoint(engine: DeepSpeedEngine, root: str | None = None, **kwargs) 
     """``engine.load_checkpoint`` of the latest publication (the same on every rank), with
     ``kwargs`` passed on (``load_optimizer_states``, ...); (its step, the client state), or
     None when nothing is published yet."""
-    found: list[tuple[str, int] | None] = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        found[0] = store.resume_point(root)  # a vanished save is an error, never None
-    if _several():
-        dist.broadcast_object_list(found, src=0)
-    if found[0] is None:
+    found = distributed.resume_point(root)
+    if found is None:
         return None
-    path, step = found[0]
+    path, step = found
     loaded, client_state = engine.load_checkpoint(os.path.dirname(path), tag=os.path.basename(path), **kwargs)
     if loaded is None:
         raise DispatchError(f"DeepSpeed could not load the latest publication {path} (step {step})")

@@ -35,7 +35,6 @@ import multiprocessing
 import os
 
 try:
-    import torch.distributed as dist
     from megatron.core import dist_checkpointing
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"dispatch_slurm.integrations.megatron needs megatron-core: "
@@ -44,6 +43,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from .. import store
 from ..contract.env import Execution
 from ..errors import DispatchError
+from ..runtime import distributed
 from ..runtime.preempt import is_publishing_rank
 
 CONFIG = "metadata.json"  # dist_checkpointing's save_config, written last, on rank 0
@@ -100,14 +100,10 @@ def _end_helpers() -> None:
 def load(sharded_state_dict: dict, root: str | None = None, **load_kwargs) -> tuple[dict, int] | None:
     """``dist_checkpointing.load`` of the latest publication (the same save on every rank):
     (the loaded state dict, its step), or None when nothing is published yet."""
-    found: list[tuple[str, int] | None] = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        found[0] = store.resume_point(root)  # a vanished save is an error, never None
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(found, src=0)
-    if found[0] is None:
+    found = distributed.resume_point(root)
+    if found is None:
         return None
-    path, step = found[0]
+    path, step = found
     if not os.path.isfile(os.path.join(path, CONFIG)):
         raise DispatchError(f"the latest publication names {path}, which has no {CONFIG} (not a Megatron save?)")
     return dist_checkpointing.load(sharded_state_dict, path, **load_kwargs), step

@@ -36,7 +36,6 @@ import os
 from dataclasses import dataclass
 
 try:
-    import torch.distributed as dist
     from torchtitan.components.checkpointer import CheckpointManager
     from torchtitan.components.checkpointer.dcp import AsyncMode
 except ImportError as e:  # pragma: no cover - exercised only without the extra
@@ -46,7 +45,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from .. import store
 from ..contract.env import Execution
 from ..errors import DispatchError
-from ..runtime import preempt
+from ..runtime import distributed, preempt
 
 METADATA = ".metadata"  # DCP's FileSystemWriter writes it last, on the coordinator
 
@@ -54,16 +53,6 @@ METADATA = ".metadata"  # DCP's FileSystemWriter writes it last, on the coordina
 def _inside(path: str, folder: str) -> bool:
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or path.startswith(folder + os.sep)
-
-
-def choose(root: str) -> tuple[str, int] | None:
-    """The latest publication's (path, step), chosen on rank 0 and the same on every rank."""
-    found: list[tuple[str, int] | None] = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        found[0] = store.resume_point(root)  # a vanished save is an error, never None
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(found, src=0)
-    return found[0]
 
 
 class DispatchCheckpointManager(CheckpointManager):
@@ -93,7 +82,7 @@ class DispatchCheckpointManager(CheckpointManager):
 
     def _load(self, step: int = -1) -> bool:
         preempt.install_preemption_handler(None)  # deferred: each save() asks stop_requested()
-        found = choose(self.root)
+        found = distributed.resume_point(self.root)
         if found is None:
             return super()._load(step)  # this exec folder is new: initial_load_path, or a fresh start
         path, step = found
