@@ -34,7 +34,8 @@ import json, os, sys, torch, deepspeed
 from dispatch_slurm.integrations import deepspeed as dds
 from testbed.ranks import dispatch_env
 
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)  # no port
 plain, root = sys.argv[1] == "plain", sys.argv[2]
 EXECUTIONS = {"A": ("c.41.1000000", 1_000_000), "B": ("c.41.1000001", 1_000_001), "C": ("c.41.1000002", 1_000_002)}
 CONFIG = {"train_batch_size": 1, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True}
@@ -89,7 +90,7 @@ def schedule(root, kind: str) -> dict:
     script = root.parent / "schedule.py"
     script.write_text(SCHEDULE)
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
-    proc = subprocess.run([sys.executable, str(script), kind, str(root), str(22000 + os.getpid() % 20000)],
+    proc = subprocess.run([sys.executable, str(script), kind, str(root)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -145,11 +146,13 @@ import os, sys, time, torch, deepspeed
 from dispatch_slurm.runtime.distributed import settle
 
 steps, every = int(sys.argv[1]), int(sys.argv[2])
+if "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:  # one process: a world of one, no port
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
 for ours, slurm in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"), ("LOCAL_RANK", "SLURM_LOCALID")):
-    os.environ.setdefault(ours, os.environ.get(slurm, "0" if ours != "WORLD_SIZE" else "1"))
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", str(23000 + os.getpid() % 20000 if os.environ["WORLD_SIZE"] == "1"
-                                         else 20000 + int(os.environ.get("SLURM_RESTART_COUNT", "0"))))
+    if ours not in os.environ and slurm in os.environ:  # srun: one task per rank
+        os.environ[ours] = os.environ[slurm]
+os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_RESTART_COUNT", "0"))))
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 config = {"train_batch_size": int(os.environ["WORLD_SIZE"]), "zero_optimization": {"stage": 1},

@@ -32,13 +32,11 @@ A, B, C = ("c.40.1000000", 1_000_000), ("c.40.1000001", 1_000_001), ("c.40.10000
 
 
 @pytest.fixture
-def one_rank(monkeypatch):
+def one_rank():
     """A gloo group of one rank in this process (torchtitan's purge asks dist.get_rank()), and
     SIGTERM's handler restored after (the integration's load installs the protocol's)."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(20000 + os.getpid() % 20000))
     before = signal.getsignal(signal.SIGTERM)
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no port to collide on
     yield
     dist.destroy_process_group()
     signal.signal(signal.SIGTERM, before)
