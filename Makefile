@@ -22,7 +22,7 @@ host:
 # test_deepspeed.py, test_megatron.py, test_torchtitan.py) come after it, pinned to the releases
 # tested, with torch pinned so none replaces it: DeepSpeed built from its source against that torch
 # (no compiled ops: it compiles its CPU op when first started, ~30 s, cached in ~/.cache); torchtitan
-# without its dependencies, then the two its checkpointer imports: its own pin of datasets (< 4.8)
+# after the two its checkpointer imports, without its other dependencies: its own pin of datasets (< 4.8)
 # wants huggingface-hub < 2, which transformers 5 refuses.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,8 @@ $(VENV)/.installed: pyproject.toml
 	echo torch==2.13.0 > $(VENV)/torch-pin.txt
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c $(VENV)/torch-pin.txt deepspeed==0.19.8
 	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt megatron-core==0.16.1 -e '.[deepspeed,megatron]'
-	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt --no-deps torchtitan==0.3.0
 	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt tyro spmd_types==0.2.3
+	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt --no-deps torchtitan==0.3.0
 	touch $@
 
 venv: $(VENV)/.installed
