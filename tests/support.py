@@ -124,3 +124,12 @@ def local_run(root, script: str, wait: bool = True):
 
 LOCAL_SAVE = 'mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-$1" && touch "$DISPATCH_EXEC_DIR/checkpoint-$1/model.bin" && ' \
     'python -m dispatch_slurm publish "$DISPATCH_EXEC_DIR/checkpoint-$1" >/dev/null'
+
+
+def doc_snippet(page: str, name: str) -> str:
+    """The code block under ``<!-- snippet: NAME ... -->`` in docs/PAGE, as written."""
+    import re
+    text = (REPO / "docs" / page).read_text()
+    m = re.search(rf"<!-- snippet: {name}[;\s].*?-->\n```\w*\n(.*?)^```", text, re.S | re.M)
+    assert m, f"docs/{page} has no snippet {name}"
+    return m[1]
