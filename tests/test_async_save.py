@@ -96,7 +96,9 @@ def test_a_step_in_flight_or_saved_is_never_written_again(execution, monkeypatch
     path = saver.save(s, 5)
     assert saver.save(s, 5) == path
     assert saver.save_now(s, 5, timeout=60) == (path, 5)  # in flight: waited for, returned
-    assert ddcp.save(s, 5) == path and ddcp.save(s, 5, publish_it=False) == path
+    with pytest.warns(UserWarning, match="checkpoint-5 not written: it is published; it keeps its first save"):
+        assert ddcp.save(s, 5) == path  # a periodic save of a step saved already: said
+    assert ddcp.save(s, 5, publish_it=False) == path  # a preemption's (the recipe before save_now): expected
     assert saver.save_now(s, 6, timeout=60) == (ddcp.checkpoint_dir(6), 6)  # a new step: saved, not published
     saver.close()
     assert writes == [path, ddcp.checkpoint_dir(6)]
@@ -126,7 +128,9 @@ def test_a_folder_published_by_another_process_is_refused(execution):
                    capture_output=True)
     with pytest.raises(store.AlreadySaved, match=r"it is published \(0+1000000-0+4-"):
         once.check(path)
-    assert ddcp.save(state(), 4) == path and os.listdir(path) == []  # skipped: never written into
+    with pytest.warns(UserWarning, match="not written"):
+        assert ddcp.save(state(), 4) == path
+    assert os.listdir(path) == []  # skipped: never written into
 
 
 def test_overlap_staging_waits_at_the_next_optimizer_step(execution):

@@ -41,8 +41,10 @@ def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, in
     path = Execution.current().save_path(step)
     try:
         k = once.claim(path)
-    except once.AlreadySaved:
+    except once.AlreadySaved as e:
         k = None
+        if publish:  # a periodic save of a step saved already (a preemption's is expected)
+            once.skipped(e)
     if k is not None:
         try:
             accelerator.save_state(path)

@@ -71,8 +71,10 @@ def save(state_dict, step: int, *, publish_it: bool = True, process_group=None) 
         saver.wait()
     try:
         k = once.claim(path)
-    except once.AlreadySaved:
-        return path  # the same step's save: written, or published
+    except once.AlreadySaved as e:  # the same step's save: written, or published
+        if publish_it:  # a periodic save of a step saved already (a preemption's is expected)
+            once.skipped(e)
+        return path
     try:
         dcp.save(state_dict, checkpoint_id=path, process_group=process_group)
     except BaseException:
@@ -154,8 +156,8 @@ class AsyncSaver:
         self.wait()
         try:
             self._start(state_dict, step, path, publish_it=True)
-        except once.AlreadySaved:
-            pass
+        except once.AlreadySaved as e:
+            once.skipped(e)
         return path
 
     def save_now(self, state_dict, step: int, timeout: float | None = None) -> tuple[str, int]:

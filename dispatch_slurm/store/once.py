@@ -17,6 +17,7 @@ execution under an elastic launcher).
 
 import os
 import threading
+import warnings
 from typing import Literal
 
 from ..contract.env import Execution
@@ -93,6 +94,12 @@ def release(k: str, ok: bool = True) -> None:
         _record[k] = "written"
     else:
         _record.pop(k, None)
+
+
+def skipped(e: AlreadySaved) -> None:
+    """Say that a periodic save was not written (the same step saved twice in one execution,
+    e.g. a trainer that rolled back in-process): the folder keeps the first save of it."""
+    warnings.warn(f"{e.save} not written: {e.why}; it keeps its first save of that step", stacklevel=3)
 
 
 def refuse_writing(save) -> None:
