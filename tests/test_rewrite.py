@@ -5,10 +5,11 @@ published saved that step again, into the same folder (docs/ranks.md's DCP recip
 ``saver.wait(left)`` let the async save complete and be published, then ``ddcp.save``
 wrote ``checkpoint-<step>/`` again). A SIGKILL inside that rewrite leaves the latest
 publication torn. Each test here runs a real framework under tests/testbed/tripwire.py,
-which SIGKILLs the trainer right after it opens a file of a published save for writing
-(the worst moment of such a rewrite), lands the signal on a periodic-save step, and then
-checks the latest publication: nothing tripped, every file older than the publication, and
-its content loadable and bitwise equal to what the trainer handed its framework to save.
+which SIGKILLs the trainer at its first write into a published save (the file left as that
+write's open leaves it: the worst moment of such a rewrite), lands the signal on a
+periodic-save step, and then checks the latest publication: nothing tripped, every file
+older than the publication, and its content loadable and bitwise equal to what the trainer
+handed its framework to save. submitit's is in tests/test_submitit.py (its test bed).
 """
 
 import os

@@ -84,7 +84,7 @@ def wrap_native_writers() -> None:
     def writer(name, *args, **kwargs):
         check(name, True)
         return real_writer(name, *args, **kwargs)
-    torch._C.PyTorchFileWriter = writer
+    torch._C.PyTorchFileWriter = writer  # type: ignore[misc,assignment]
     try:
         import safetensors.torch
     except ImportError:
