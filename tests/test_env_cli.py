@@ -207,3 +207,24 @@ def test_one_grace_parser_for_the_job_option_and_the_handler():
     with pytest.raises(EnvError, match=r"^grace must be 0\.\.300"):
         env.Execution.current({"DISPATCH_GRACE_S": "5"}, grace=1000).grace
     assert env.parse_grace("x", "300") == env.parse_grace("x", "300", whole=True) == siteconf.GRACE_CAP
+
+
+@pytest.mark.parametrize("link", ["exec", "attempt"])
+def test_env_refuses_an_exec_folder_linked_to_node_local_storage_and_says_so(root, tmp_path, link):
+    """Issue 36 point 6: `env` run again in a step (or a user's `ln -s` before it) finds the exec
+    folder, or exec/, linked to node-local storage: refused, naming the link, its target and why."""
+    allocate(root)
+    e = slurm_env(root)
+    cli("env", env=e, check=True)
+    local = tmp_path / "local-ssd"
+    local.mkdir()
+    where = root / "exec" if link == "exec" else root / "exec" / "linux.42.1000000"
+    if link == "exec":
+        (local / "linux.42.1000000").mkdir()
+        (root / "exec" / "linux.42.1000000").rmdir()
+    where.rmdir()
+    where.symlink_to(local)
+    proc = cli("env", env=e)
+    assert proc.returncode == 2 and proc.stdout.endswith("exit 2\n"), proc
+    assert f"{where} is a symlink to {local}, outside the checkpoint root" in proc.stderr, proc.stderr
+    assert "node-local" in proc.stderr and "refusing to follow it" in proc.stderr

@@ -59,6 +59,7 @@ def latest(root, path_only, as_json, resume):
         srun python train.py ${resume:+--resume-from "$resume"}"""
     pub = store.latest_save(root)
     if pub is None:
+        store.unpublished.check(root, by="latest")  # saves nothing published: said, never silent
         if as_json:
             click.echo("null")
         if not resume:

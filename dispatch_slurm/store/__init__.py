@@ -10,7 +10,7 @@ are the protocol's operations built on it: ``publish`` (the one publish path),
 evidence), ``epochs`` (one epoch per execution), ``jobs`` (a plain sbatch job's N).
 The backends (posix.py, s3.py) and the fsync discipline (durable.py) are the store's own."""
 
-from . import ceased, epochs, events, jobs
+from . import ceased, epochs, events, execdir, jobs, unpublished, whole
 from .base import Store
 from .durable import write_all
 from .inventory import Folder, Inventory, Save, markers, retired_by, retirement_record
@@ -22,5 +22,5 @@ from .roots import allocate_submission, at, backend, latest, make_exec_dir, publ
 __all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publications", "allocate_submission",
            "make_exec_dir", "env_root", "env_epoch", "sync", "latest_save", "resume_path", "resume_point",
            "save_exists", "VanishedSave",
-           "events", "ceased", "epochs", "jobs", "write_all", "Inventory", "Save", "Folder", "markers",
+           "events", "ceased", "epochs", "jobs", "execdir", "unpublished", "whole", "write_all", "Inventory", "Save", "Folder", "markers",
            "retired_by", "retirement_record", "latest_of"]
