@@ -58,9 +58,13 @@ def _eocd(tail: bytes) -> int:
 
 def zip_problem(fd: int, size: int) -> Optional[str]:
     """Why the zip archive in ``fd`` (``size`` bytes) is not whole, or None."""
-    tail_len = min(size, _EOCD_MIN + _COMMENT_MAX)
+    tail_len = min(size, _EOCD_MIN)  # no archive comment (torch.save writes none): one small read
     tail = _read(fd, size - tail_len, tail_len)
     at = _eocd(tail)
+    if at < 0 and size > _EOCD_MIN:  # a comment, or no end record: look through the longest comment
+        tail_len = min(size, _EOCD_MIN + _COMMENT_MAX)
+        tail = _read(fd, size - tail_len, tail_len)
+        at = _eocd(tail)
     if at < 0:
         return "a zip archive without its end of central directory (cut short: still being written, or torn)"
     eocd = size - tail_len + at
