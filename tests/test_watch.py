@@ -161,6 +161,7 @@ def test_marker_mode_folder_saves(root, ex, running, mode):
     (d / "shard-0").write_bytes(b"x")
     hf_save(ex, 4)  # HF-complete, but no marker
     (ex / "checkpoint-6").mkdir()
+    (ex / "checkpoint-6" / "shard-0").write_bytes(b"x")  # a marker alone vouches for nothing yet
     (ex / "checkpoint-6" / "DONE").touch()
     assert w.next() == "published step 6 exec/c.1.1000000/checkpoint-6"
     (d / "DONE").touch()

@@ -45,8 +45,8 @@ def resume_point(root: str | None = None) -> tuple[str, int] | None:
     unpublished.py); root $DISPATCH_CHECKPOINT by default. Every integration's resume
     look-up is this one (or resume_path), so inside an execution it also refuses, before
     training starts, an exec folder no save of which could be published (execdir.py)."""
-    ex = Execution.current(root=root)
-    root = ex.need("root")
+    root = Execution.current(root=root).need("root")
+    ex = Execution.current()  # this execution's own, when the root is its root
     if ex.exec_dir and ex.epoch is not None and root == ex.root:
         execdir.check(ex.exec_dir, root, ex.epoch, ex.attempt, local=at(root).local)
     pub = latest_save(root)  # a vanished save is an error, never None
