@@ -153,3 +153,13 @@ def test_an_integrations_resume_refuses_an_exec_folder_linked_to_node_local_stor
     from dispatch_slurm.errors import DispatchError
     with pytest.raises(DispatchError, match=f"{new} is a symlink to {local}, outside the checkpoint root"):
         store.resume_point()
+
+
+def test_on_an_s3_root_the_saves_left_are_named_too(s3_env, s3_root):
+    """The same look on an S3 root: its exec folders are prefixes, listed by the store."""
+    from dispatch_slurm.contract import names
+    bucket, key = names.split_s3(f"{s3_root}/exec/{OLD}/checkpoint-40/model.bin")
+    s3_env.client().put_object(Bucket=bucket, Key=key, Body=b"w")
+    proc = cli("latest", s3_root, "--resume", check=True)
+    assert proc.stdout == "" and f"exec/{OLD}/checkpoint-40" in proc.stderr, proc.stderr
+    assert f"--epoch {E1} {s3_root}/exec/{OLD}/checkpoint-40" in proc.stderr

@@ -19,6 +19,7 @@ from typing import Callable, NamedTuple
 
 from ..contract import layout, names
 from ..contract.env import Execution
+from ..errors import DispatchError
 from . import events
 from .roots import at
 
@@ -46,7 +47,11 @@ def find(root: str, pattern: str = names.STEP_PATTERN) -> list[Found]:
     budget, out = [BUDGET], []
 
     def walk(folder: str, rel: str, epoch: int, depth: int) -> None:
-        for name, is_dir in sorted(st.entries(folder)):
+        try:
+            listing = sorted(st.entries(folder))
+        except OSError:  # removed meanwhile (gc), unreadable: nothing to name there
+            return
+        for name, is_dir in listing:
             budget[0] -= 1
             if budget[0] < 0:
                 return
@@ -95,11 +100,17 @@ def check(root: str, by: str, attempt: str | None = None, say: Callable[[str], N
     exec folders, said on stderr (``say``) and, inside an execution (``attempt``, else
     $DISPATCH_ATTEMPT), recorded as a ``warning`` event (``by``: who looked: latest, env,
     resume)."""
-    found = find(root)
+    say = say or (lambda t: print(t, file=sys.stderr, flush=True))
+    try:
+        found = find(root)
+    except (OSError, DispatchError) as e:  # a warning's look must never stop the resume it warns about
+        say(f"dispatch-slurm: warning: nothing is published under {root}/{layout.PUB}, and the exec folders could "
+            f"not be listed to tell whether earlier executions left saves ({e})")
+        return []
     if not found:
         return found
     text = message(root, found)
-    (say or (lambda t: print(t, file=sys.stderr, flush=True)))(f"dispatch-slurm: warning: {text}")
+    say(f"dispatch-slurm: warning: {text}")
     attempt = attempt or Execution.current().attempt
     if attempt:
         events.record("warning", root=root, attempt=attempt, kind="unpublished_saves", by=by, message=text,
