@@ -184,7 +184,7 @@ def _unpublished(values: dict) -> None:
     """Nothing published: this execution starts from step 0, so say it if earlier ones left
     saves (a root `latest` cannot read is `latest`'s to report, with its fix)."""
     try:
-        if store.latest(values["DISPATCH_CHECKPOINT"]) is not None:
+        if not store.unpublished.nothing_published(values["DISPATCH_CHECKPOINT"]):
             return
         store.unpublished.check(values["DISPATCH_CHECKPOINT"], by="env", attempt=values["DISPATCH_ATTEMPT"])
     except (DispatchError, OSError):

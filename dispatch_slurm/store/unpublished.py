@@ -73,6 +73,16 @@ def find(root: str, pattern: str = names.STEP_PATTERN) -> list[Found]:
     return out
 
 
+def nothing_published(root: str) -> bool:
+    """Whether ``pub/`` is empty: one entry listed at most (a caller that need not know which
+    publication is the latest, such as `env`, must not list a million of them)."""
+    st = at(root)
+    try:
+        return next(iter(st.entries(f"{st.root.rstrip('/')}/{layout.PUB}")), None) is None
+    except FileNotFoundError:
+        return True
+
+
 def message(root: str, found: list[Found]) -> str:
     """The warning: what was found, what happens now, and the fixes."""
     shown = ", ".join(f.path for f in found[-SHOWN:]) + (f" ({len(found)} in all)" if len(found) > SHOWN else "")
