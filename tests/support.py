@@ -108,3 +108,19 @@ def preempt_one(proc, out, nproc: int, what: str) -> str:
     finally:
         text = output(proc)
     return text
+
+
+def local_run(root, script: str, wait: bool = True):
+    """`eval "$(dispatch-slurm env --local)"` then ``script``, in bash, as the Quickstart runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    env.update(DISPATCH_CHECKPOINT=str(root), PATH=f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin")
+    full = f'eval "$({sys.executable} -m dispatch_slurm env --local)"\n{script}'
+    p = subprocess.Popen(["bash", "-euo", "pipefail", "-c", full], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    if wait:
+        assert p.wait(timeout=120) == 0
+    return p
+
+
+LOCAL_SAVE = 'mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-$1" && touch "$DISPATCH_EXEC_DIR/checkpoint-$1/model.bin" && ' \
+    'python -m dispatch_slurm publish "$DISPATCH_EXEC_DIR/checkpoint-$1" >/dev/null'

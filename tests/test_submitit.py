@@ -294,3 +294,14 @@ def test_the_submitit_extra_names_submitit():
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["submitit"]
     assert extra == ["submitit>=1.5,<2"]
     assert version("submitit").split(".")[0] == "1" and int(version("submitit").split(".")[1]) >= 5
+
+
+def test_the_docs_job_result_line_says_submitit_blocks(bed):
+    """Issue 36: submitit's job.result() waits (Job.wait: a second's poll) until the result
+    file exists or Slurm says the job is over; StaleResult can come only then. The docs'
+    comment says so, instead of suggesting StaleResult at once while the job runs."""
+    line = next(ln for ln in snippet("submitit-submit").splitlines() if "job.result()" in ln)
+    assert "blocks until" in line and "StaleResult" in line, line
+    bed.submit(Count(5, 1, 0.0))
+    bed.restarts(0)
+    assert not bed.result_file().exists() and not bed.job().done(), "result() would not wait here"
