@@ -108,8 +108,8 @@ def message(root: str, found: list[Found]) -> str:
 def check(root: str, by: str, attempt: str | None = None, say: Callable[[str], None] | None = None) -> list[Found]:
     """When nothing is published under ``root`` (the caller knows): the saves left in its
     exec folders, said on stderr (``say``) and, inside an execution (``attempt``, else
-    $DISPATCH_ATTEMPT), recorded as a ``warning`` event (``by``: who looked: latest, env,
-    resume)."""
+    $DISPATCH_ATTEMPT) by its first rank, recorded as a ``warning`` event (``by``: who
+    looked: latest, env, resume)."""
     say = say or (lambda t: print(t, file=sys.stderr, flush=True))
     try:
         found = find(root)
@@ -121,8 +121,9 @@ def check(root: str, by: str, attempt: str | None = None, say: Callable[[str], N
         return found
     text = message(root, found)
     say(f"dispatch-slurm: warning: {text}")
-    attempt = attempt or Execution.current().attempt
-    if attempt:
+    ex = Execution.current()
+    attempt = attempt or ex.attempt
+    if attempt and ex.rank in (None, 0):  # said on every rank, recorded once per execution
         events.record("warning", root=root, attempt=attempt, kind="unpublished_saves", by=by, message=text,
                       paths=[f.path for f in found[-20:]], count=len(found))
     return found
