@@ -5,10 +5,19 @@ fsync(root). publish() adds the validation (walk to the save, whose save it is, 
 encoding, NAME_MAX) and its event line; the save's own fsync is left out of both
 (sync=False) as it costs the same either way. Goal: ratio <= 1.3. Runs alternate so drift hits both.
 
+Then the check that every file of a save is whole (store/whole.py: a torn torch.save zip or
+safetensors file is never published), on a save shaped like a Hugging Face checkpoint (a
+safetensors model, torch.save'd optimizer, scheduler and RNG state, JSON files): the save's
+fsync walk (what publish ran before the check) and the check alone, alternating. The files
+are already on disk, so the fsyncs are cheap and the check's share is the largest it gets.
+Goal: ratio <= 1.1.
+
     python benchmarks/bench_publish.py [--n 2000] [--dir DIR]   (DIR on the disk you care about)
 """
 
 import argparse
+import io
+import json
 import os
 import statistics
 import tempfile
@@ -16,6 +25,7 @@ import time
 
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
+from dispatch_slurm.store.durable import open_dir, sync_tree
 
 FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -35,6 +45,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--dir", default=os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--model-mb", type=int, default=64, help="the weights of the save the whole check walks")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir, prefix=".bench-publish-") as tmp:
         r1, r2 = os.path.join(tmp, "bare"), os.path.join(tmp, "dispatch")
@@ -63,6 +74,68 @@ def main():
         print(f"  publish  median {mp * 1e6:9.1f} us   mean {statistics.fmean(t_pub) * 1e6:9.1f} us")
         print(f"  ratio    median {mp / mb:.2f}x   mean {statistics.fmean(t_pub) / statistics.fmean(t_bare):.2f}x"
               f"   (goal <= 1.3x)")
+        whole_check(tmp, max(50, a.n // 10), a.model_mb)
+
+
+def hf_like_save(path: str, model_mb: int) -> None:
+    """A checkpoint folder as the Trainer writes it, with real formats (torch.save's zip when
+    torch is installed, else a zip of the same shape)."""
+    os.makedirs(path)
+    data = os.urandom(model_mb * 2**20)
+    header = json.dumps({"w": {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}}).encode()
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header + data)
+    for name, size in (("optimizer.pt", 2 * len(data)), ("scheduler.pt", 1000), ("rng_state.pth", 15000),
+                       ("training_args.bin", 5000)):
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(_zip_bytes(size))
+    for name in ("trainer_state.json", "config.json", "generation_config.json"):
+        with open(os.path.join(path, name), "w") as f:
+            json.dump({"global_step": 1}, f)
+
+
+def _zip_bytes(size: int) -> bytes:
+    try:
+        import torch
+        buf = io.BytesIO()
+        torch.save({"w": torch.zeros(size // 4, dtype=torch.float32)}, buf)
+        return buf.getvalue()
+    except ImportError:
+        import zipfile
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            z.writestr("archive/data/0", b"\0" * size)
+        return buf.getvalue()
+
+
+def whole_check(tmp: str, n: int, model_mb: int) -> None:
+    """The check's added time, measured apart from the fsyncs it rides along with (their time
+    varies far more than the check's): publish's walk is the fsync walk plus, per file, the
+    check; the walk with the check alone (fsync=False) is that added time, and a little more
+    (its own walk down the save)."""
+    root = os.path.join(tmp, "check")
+    rel = "exec/linux.1.1000000/checkpoint-1"
+    hf_like_save(os.path.join(root, rel), model_mb)
+    st = store.at(root)
+    parent = open_dir(os.path.join(root, "exec", "linux.1.1000000"))
+    t_fsync, t_check = [], []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            sync_tree("checkpoint-1", parent)  # publish's walk before the check: every file and folder fsynced
+            t1 = time.perf_counter()
+            st.sync_save(rel, os.path.join(root, rel), fsync=False)  # the check alone: each file whole?
+            t2 = time.perf_counter()
+            t_fsync.append(t1 - t0)
+            t_check.append(t2 - t1)
+    finally:
+        os.close(parent)
+    mf, mc = statistics.median(t_fsync), statistics.median(t_check)
+    print(f"the whole-file check of a Hugging Face-shaped save ({len(os.listdir(os.path.join(root, rel)))} files, "
+          f"{model_mb} MiB of weights), {n} times each")
+    print(f"  fsync walk (before)  median {mf * 1e6:9.1f} us")
+    print(f"  check alone          median {mc * 1e6:9.1f} us")
+    print(f"  ratio    (fsync walk + check) / fsync walk {(mf + mc) / mf:.3f}x   (goal <= 1.1x)")
 
 
 if __name__ == "__main__":

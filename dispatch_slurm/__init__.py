@@ -15,7 +15,8 @@ from .contract.names import Publication
 from .errors import BadName, BadPath, DispatchError, EpochError, StoreError
 from .runtime.preempt import install_preemption_handler, preemptible, preemption_point, time_remaining
 from .store import Published, allocate_submission, latest, publications, publish
+from .store.saving import saving
 
 __all__ = ["publish", "Published", "latest", "publications", "allocate_submission", "compose_epoch",
            "decompose_epoch", "Publication", "DispatchError", "BadName", "BadPath", "EpochError",
-           "StoreError", "install_preemption_handler", "time_remaining", "preemption_point", "preemptible"]
+           "StoreError", "install_preemption_handler", "time_remaining", "preemption_point", "preemptible", "saving"]

@@ -25,6 +25,17 @@ class BadPath(DispatchError, ValueError):
     """A path refused by the contract (absolute, '..', outside the root...)."""
 
 
+class TornSave(BadPath):
+    """A save holding a file that is not whole (cut short: still being written, or torn by
+    a crash): never published, since no resume could load it. ``detail`` names the file
+    and what is missing."""
+
+    def __init__(self, save, detail: str):
+        self.detail = detail
+        super().__init__(f"refusing to publish {save}: {detail}; a save is published only once every file of it "
+                         "is whole")
+
+
 class StoreError(DispatchError):
     """The checkpoint root is unusable (missing, not a directory, I/O error)."""
 

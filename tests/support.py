@@ -122,7 +122,7 @@ def local_run(root, script: str, wait: bool = True):
     return p
 
 
-LOCAL_SAVE = 'mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-$1" && touch "$DISPATCH_EXEC_DIR/checkpoint-$1/model.bin" && ' \
+LOCAL_SAVE = 'mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-$1" && echo w >"$DISPATCH_EXEC_DIR/checkpoint-$1/model.bin" && ' \
     'python -m dispatch_slurm publish "$DISPATCH_EXEC_DIR/checkpoint-$1" >/dev/null'
 
 

@@ -234,3 +234,24 @@ def test_env_local_refuses_a_named_root_that_does_not_exist_as_the_readme_says(t
     assert res.returncode == 2 and "does not exist" in res.stderr and not (tmp_path / "typo").exists()
     step2 = (REPO / "README.md").read_text().split("**2. ", 1)[1].split("<!-- snippet", 1)[0]
     assert "must exist" in step2 and "./dispatch-local`, created" in " ".join(step2.split()), step2
+
+
+@pytest.mark.parametrize("link", ["exec", "attempt"])
+def test_env_refuses_an_exec_folder_linked_to_node_local_storage_and_says_so(root, tmp_path, link):
+    """Issue 36 point 6: `env` run again in a step (or a user's `ln -s` before it) finds the exec
+    folder, or exec/, linked to node-local storage: refused, naming the link, its target and why."""
+    allocate(root)
+    e = slurm_env(root)
+    cli("env", env=e, check=True)
+    local = tmp_path / "local-ssd"
+    local.mkdir()
+    where = root / "exec" if link == "exec" else root / "exec" / "linux.42.1000000"
+    if link == "exec":
+        (local / "linux.42.1000000").mkdir()
+        (root / "exec" / "linux.42.1000000").rmdir()
+    where.rmdir()
+    where.symlink_to(local)
+    proc = cli("env", env=e)
+    assert proc.returncode == 2 and proc.stdout.endswith("exit 2\n"), proc
+    assert f"{where} is a symlink to {local}, outside the checkpoint root" in proc.stderr, proc.stderr
+    assert "node-local" in proc.stderr and "refusing to follow it" in proc.stderr

@@ -7,6 +7,7 @@ DISPATCH_SKIP_HF=1 says to skip it (the `hf` extra is deliberately not installed
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,6 +162,25 @@ def test_output_dir_outside_the_exec_folder_is_refused(root, monkeypatch):
     with pytest.raises(DispatchError, match="not inside this execution's folder"):
         train(2, None, output_dir=str(shared))
     assert os.listdir(shared) == [] and store.latest(root) is None
+
+
+@pytest.mark.parametrize("how", ["exec folder linked to node-local storage", "DISPATCH_EPOCH changed"])
+def test_an_exec_folder_no_save_of_which_could_be_published_fails_at_train_begin(root, monkeypatch, tmp_path, how):
+    """Issue 36 point 6: before, the callback compared real paths, accepted both at start, trained
+    to the first save and failed there (BadPath: a component is a symlink; an epoch refused)."""
+    exec_dir = execution(monkeypatch, root, "c.12.1000000", E_OLD)
+    if how.startswith("exec folder"):
+        local = tmp_path / "local-ssd"
+        local.mkdir()
+        os.rmdir(exec_dir)
+        os.symlink(local, exec_dir)
+        want = re.escape(f"{exec_dir} is a symlink to {local}, outside the checkpoint root")
+    else:
+        monkeypatch.setenv("DISPATCH_EPOCH", str(E_NEW))
+        want = r"was \$DISPATCH_EPOCH changed after `dispatch-slurm env`"
+    with pytest.raises(DispatchError, match=want):
+        train(4, None)
+    assert not [n for n in os.listdir(exec_dir) if n.startswith("checkpoint-")], "it trained to a save"
 
 
 def test_a_vanished_latest_save_is_an_error(root, monkeypatch):

@@ -3,6 +3,9 @@ published, SIGTERM (one process, or one rank of two under torchrun/DDP) saves an
 publishes the stop step, a replacement resumes from exactly that step."""
 
 
+import os
+import subprocess
+
 import pytest
 
 pytest.importorskip("lightning")
@@ -68,7 +71,9 @@ def test_sigterm_saves_publishes_and_a_replacement_resumes(root, tmp_path, nproc
 
 def test_save_last_and_a_foreign_dirpath_are_refused(root, monkeypatch, tmp_path):
     from dispatch_slurm.integrations import lightning as dl
-    monkeypatch.setenv("DISPATCH_EXEC_DIR", store.make_exec_dir(str(root), "c.21.1000000"))
+    for k, v in {"DISPATCH_EXEC_DIR": store.make_exec_dir(str(root), "c.21.1000000"), "DISPATCH_CHECKPOINT": str(root),
+                 "DISPATCH_EPOCH": "1000000", "DISPATCH_ATTEMPT": "c.21.1000000"}.items():
+        monkeypatch.setenv(k, v)
     with pytest.raises(DispatchError, match="save_last"):
         dl.DispatchCheckpoint(save_last=True)
     with pytest.raises(DispatchError, match="not inside this execution's folder"):
@@ -143,3 +148,52 @@ def test_the_exec_folders_own_files_raise_no_not_empty_warning(root, tmp_path, s
     assert proc.returncode == 0 and "done at step 2" in text, text[-3000:]
     assert ("exists and is not empty" in text) == stale, text[-3000:]
     assert os.path.isdir(exec_dir / "dispatch-probe")
+
+
+# the user kept Lightning's own requeue
+REQUEUE_TRAINER = TRAINER.replace("plugins=dl.plugins()", "plugins=[SLURMEnvironment(auto_requeue=True)]").replace(
+    "import lightning.pytorch as L\n", "import lightning.pytorch as L\n"
+    "from lightning.pytorch.plugins.environments import SLURMEnvironment\n")
+
+
+def test_lightnings_own_requeue_is_said_and_its_hpc_ckpt_named_by_the_next_resume(root, tmp_path):
+    """Issue 36 point 10, without Slurm: Lightning's SLURMEnvironment(auto_requeue=True) under
+    DispatchCheckpoint, SIGUSR1 through Lightning's own handler (hpc_ckpt_1.ckpt in the exec
+    folder, `scontrol requeue`: a stand-in that records it). Before: nothing warned at start,
+    and the next execution, in a new empty folder, started from step 0 without a word."""
+    import signal
+    from testbed import wait
+    from testbed.ranks import dispatch_env, launch
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.log\n")
+    (bin_ / "scontrol").chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+             "PATH": f"{bin_}:{os.environ['PATH']}"}
+    script = tmp_path / "train.py"
+    assert "SLURMEnvironment(auto_requeue=True)" in REQUEUE_TRAINER
+    script.write_text(REQUEUE_TRAINER)
+    runs = []
+    for attempt, epoch in (("c.77.1000000", 1_000_000), ("c.77.1000001", 1_000_001)):
+        out = tmp_path / f"out-{attempt}"
+        out.mkdir()
+        proc = launch([script, 100000, 1000], env=dispatch_env(str(root), attempt, epoch, OUT=str(out), **slurm),
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            ready = wait.until(lambda: proc.poll() is None and os.listdir(out), timeout=180, what="step 3")
+            os.kill(int(ready[0].split("-")[1]), signal.SIGUSR1)  # Slurm's --signal=USR1@90
+            wait.until(lambda: (tmp_path / "scontrol.log").exists() and
+                       len((tmp_path / "scontrol.log").read_text().splitlines()) == len(runs) + 1,
+                       timeout=120, what="Lightning's scontrol requeue")
+            os.killpg(proc.pid, signal.SIGKILL)  # the requeue ends this execution
+        finally:
+            runs.append(output(proc))
+    first, second = runs
+    assert os.path.exists(root / "exec" / "c.77.1000000" / "hpc_ckpt_1.ckpt")
+    assert store.latest(str(root)) is None
+    assert "dispatch-slurm: warning: Lightning's SLURMEnvironment(auto_requeue=True) is active" in first, first[-3000:]
+    assert "Restoring states" not in second  # what Lightning's requeue gives: step 0, in a new folder
+    assert "exec/c.77.1000000/hpc_ckpt_1.ckpt" in second and "starts from step 0" in second, second[-3000:]
+    kinds = [(e["attempt"], e["kind"]) for e in events.read(str(root)) if e["type"] == "warning"]
+    assert ("c.77.1000000", "lightning_auto_requeue") in kinds and ("c.77.1000001", "unpublished_saves") in kinds

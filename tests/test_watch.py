@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from dispatch_slurm import store
 from dispatch_slurm.runtime import watch
 from dispatch_slurm.store import events
 from dispatch_slurm.errors import DispatchError
+from testbed.workload import safetensors
 
 E1, E2 = 1_000_000, 2_000_000
 # inotify: polls so rare that only inotify can publish in time; poll: frequent polls
@@ -24,7 +26,7 @@ MODES = {"inotify": ["--interval", "60"], "poll": ["--poll", "--interval", "0.1"
 def hf_save(exec_dir, step, state=True):
     d = exec_dir / f"checkpoint-{step}"
     d.mkdir()
-    (d / "model.safetensors").write_bytes(b"w" * 1000)
+    (d / "model.safetensors").write_bytes(safetensors(b"w" * 1000))
     if state:
         complete(d)
     return d
@@ -159,6 +161,7 @@ def test_marker_mode_folder_saves(root, ex, running, mode):
     (d / "shard-0").write_bytes(b"x")
     hf_save(ex, 4)  # HF-complete, but no marker
     (ex / "checkpoint-6").mkdir()
+    (ex / "checkpoint-6" / "shard-0").write_bytes(b"x")  # a marker alone vouches for nothing yet
     (ex / "checkpoint-6" / "DONE").touch()
     assert w.next() == "published step 6 exec/c.1.1000000/checkpoint-6"
     (d / "DONE").touch()
@@ -306,3 +309,119 @@ def test_watch_survives_the_trainers_rotation(root, ex, tmp_path, run):
     published = {p.step for p in store.publications(root)}
     assert survivors and survivors <= published, f"not published: {survivors - published}"
     assert store.latest(root).step == max(survivors) == 80
+
+
+# ---- issue 36: unfinished saves named while the watch runs; Ctrl-C; the exec folder checked at start ----
+
+def test_a_save_left_incomplete_is_named_while_the_watch_runs(root, ex, running):
+    """Named once it has been incomplete for --incomplete-after seconds, not before (a save
+    being written is no problem); one line per save, with what it lacks and the fix."""
+    w = running("--incomplete-after", "0.5", "--poll", "--interval", "0.1")
+    (ex / "checkpoint-10").mkdir()
+    (ex / "checkpoint-10" / "model.pt").write_bytes(b"not a zip")
+    hf_save(ex, 20)
+    assert w.next() == "published step 20 exec/c.1.1000000/checkpoint-20"
+    deadline = time.monotonic() + 30
+    err = ""
+    while "checkpoint-10 is not complete after" not in err and time.monotonic() < deadline:
+        err += w.proc.stderr.readline()
+    assert "checkpoint-10 is not complete after" in err and "(no trainer_state.json)" in err, err
+    assert "watch --marker NAME" in err and w.proc.poll() is None, "named while running, not at the end"
+
+
+def test_once_names_a_marker_only_save_as_incomplete(root, ex):
+    """A marker written before anything else: there is nothing yet it could vouch for."""
+    (ex / "checkpoint-3").mkdir()
+    (ex / "checkpoint-3" / "DONE").touch()
+    out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once", "--marker", "DONE"],
+                         env=env_for(root, ex), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "1 incomplete: checkpoint-3" in out.stderr, out.stderr
+    assert store.latest(root) is None
+    (ex / "checkpoint-3" / "state.bin").write_bytes(b"w")
+    subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once", "--marker", "DONE"],
+                   env=env_for(root, ex), check=True, capture_output=True, timeout=60)
+    assert store.latest(root).step == 3
+
+
+JOB = """
+"{py}" -c 'import time; time.sleep(600)' & T=$!
+"{py}" -m dispatch_slurm watch --until-pid $T
+wait $T
+touch "{after}"
+"""
+
+
+def test_ctrl_c_stops_the_job_script_instead_of_running_on(root, ex, tmp_path):
+    """Issue 36 point 7, under job control: the script starts with SIGINT at its default (as in
+    a terminal), Ctrl-C reaches the whole process group. bash makes the `&` trainer ignore it;
+    the watch must die by SIGINT, so bash stops there. Before: watch exited 130 and bash went
+    on to `wait $T` (the trainer trained on, unpublished) and the next line."""
+    after = tmp_path / "ran-on"
+    script = JOB.format(py=sys.executable, after=after)
+    err = tmp_path / "err"
+    with open(err, "w") as e:
+        sh = subprocess.Popen(["bash", "-c", script], env=env_for(root, ex), stderr=e, start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while "dispatch-slurm watch: watching" not in err.read_text():
+            assert time.monotonic() < deadline and sh.poll() is None, err.read_text()
+            time.sleep(0.05)
+        os.killpg(sh.pid, signal.SIGINT)
+        rc = sh.wait(30)
+    finally:
+        trainer = [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_group(int(p), sh.pid)]
+        for pid in trainer:
+            os.kill(pid, signal.SIGKILL)
+        if sh.poll() is None:
+            os.killpg(sh.pid, signal.SIGKILL)
+    assert not after.exists(), "bash ran on after Ctrl-C: the watch did not die by SIGINT"
+    assert rc in (-signal.SIGINT, 128 + signal.SIGINT), rc
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pgid
+    except ProcessLookupError:
+        return False
+
+
+def test_the_watch_itself_dies_by_sigint(root, ex):
+    w = Watch(root, ex)
+    try:
+        assert "watching" in w.proc.stderr.readline()
+        w.proc.send_signal(signal.SIGINT)
+        rc, err = w.exit()
+    finally:
+        w.stop()
+    assert rc == -signal.SIGINT, (rc, err)
+
+
+@pytest.mark.parametrize("how", ["node-local link", "exec/ linked", "another epoch", "outside"])
+def test_an_exec_folder_whose_saves_could_not_be_published_is_refused_at_start(root, ex, tmp_path, how):
+    """Issue 36 point 6: before, a symlinked exec folder was refused as "not inside the checkpoint
+    root", which is not what is wrong."""
+    local = tmp_path / "node-local"
+    local.mkdir()
+    env = env_for(root, ex)
+    if how == "node-local link":
+        ex.rmdir()
+        ex.symlink_to(local)
+        want = [f"{ex} is a symlink to {local}, outside the checkpoint root", "node-local"]
+    elif how == "exec/ linked":
+        (local / ex.name).mkdir()
+        ex.rmdir()
+        (root / "exec").rmdir()
+        (root / "exec").symlink_to(local)
+        want = [f"{root}/exec is a symlink to {local}", "node-local"]
+    elif how == "another epoch":
+        env["DISPATCH_EPOCH"] = str(E2)
+        want = ["could not be published at epoch 2000000", "was $DISPATCH_EPOCH changed after `dispatch-slurm env`"]
+    else:
+        env["DISPATCH_EXEC_DIR"] = str(local)
+        want = ["is not inside the checkpoint root", "the folder `dispatch-slurm env` made"]
+    out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", "--once"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+    for w in want:
+        assert w in out.stderr, out.stderr

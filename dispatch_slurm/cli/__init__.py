@@ -5,12 +5,13 @@ not ceased); 2 an error, printed as one line on stderr naming what was wrong and
 to fix it, never a traceback (a traceback is a bug)."""
 
 import os
+import signal
 import sys
 
 import click
 
 from ..errors import DispatchError
-from . import admin, doctor, job, protocol, report, retention, supervise
+from . import admin, common, doctor, job, protocol, report, retention, supervise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,8 +52,10 @@ def main(argv=None) -> None:
     except click.ClickException as e:
         sys.stderr.write(f"dispatch-slurm: error: {_one_line(e.format_message())}\n")
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
         sys.stderr.write("dispatch-slurm: aborted\n")
+        if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+            common.die_by(signal.SIGINT)
         sys.exit(130)
     except DispatchError as e:
         sys.stderr.write(f"dispatch-slurm: error: {_one_line(e)}\n")

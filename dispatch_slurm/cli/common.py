@@ -13,6 +13,7 @@ absolute; a relative $DISPATCH_CHECKPOINT is refused, as `env` refuses it inside
 
 import math
 import os
+import signal
 import sys
 
 import click
@@ -129,3 +130,17 @@ def retention_summary(saves) -> str:
             f"gone (the trainer's rotation removed them, not retired): {gone[0]}; "
             f"retired: {retired[0]}, {retired[1]} still on disk; reclaimable now: {reclaimable[0]}, "
             f"{reclaimable[1]}")
+
+
+def die_by(signum: int) -> None:
+    """End this process by ``signum`` (after its cleanup), not by exit(128+n): a shell
+    running a script stops at Ctrl-C only when its foreground child died of SIGINT;
+    one that exited 130 is a command that failed, and the script runs on."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    sys.exit(128 + signum)  # only if the signal is blocked

@@ -52,6 +52,7 @@ def env_(fmt, no_mkdir, local):
         if fmt == "sh" and not sys.stdout.isatty():
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
         raise
+    _unpublished(values)
     click.echo(envmod.render(values, fmt), nl=False)
 
 
@@ -107,14 +108,18 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
 @click.option("--once", is_flag=True, help="one scan, then exit")
 @click.option("--until-pid", type=click.IntRange(1, 2**22), help="exit after a final scan once process PID has "
               "exited (refused if it does not exist at the start); SIGTERM is then ignored, so the trainer's last "
-              "save (in its grace window) is published")
+              "save (in its grace window) is published. Exit 1 when saves were left unpublished above the last "
+              "one published")
 @click.option("--poll", is_flag=True, help="poll instead of inotify")
 @click.option("--interval", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               callback=common.finite, help="seconds between polls")
 @click.option("--timeout", type=click.FloatRange(min=0.01, max=86400), default=300.0, show_default=True,
               callback=common.finite, help="a scan (listing, fsync, publication) taking longer is an error")
+@click.option("--incomplete-after", type=click.FloatRange(min=0, max=86400), default=300.0, show_default=True,
+              callback=common.finite, help="seconds a save may stay incomplete before it is named on stderr")
 @click.option("--no-sync", is_flag=True, help="do not fsync a save's files before publishing it")
-def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interval, timeout, no_sync):
+def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interval, timeout, incomplete_after,
+          no_sync):
     """Publish each complete save in the exec folder, in step order, at this execution's
     epoch; one line per publication on stdout. Stops at the first error (exit 2).
 
@@ -124,7 +129,15 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
     \b
         python train.py --output-dir "$DISPATCH_EXEC_DIR" & T=$!
         dispatch-slurm watch --until-pid $T
-        wait $T"""
+        wait $T
+
+    A save is never published before it is complete (see --marker), nor while one of its
+    files is torn (a torch.save zip without its central directory, a safetensors file
+    shorter than its header says): it stays pending, named on stderr once it has been so
+    for --incomplete-after seconds, and again when the watch ends. With --until-pid the
+    watch exits 1 when the trainer ended leaving such saves above the last step published,
+    so the job fails instead of ending with its progress unkept. Ctrl-C (SIGINT) ends it
+    by that signal, after it names what it left unpublished."""
     from ..runtime import watch as watchmod
     if until_pid is not None:
         watchmod.check_pid(until_pid)
@@ -138,13 +151,46 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
     click.echo(f"dispatch-slurm watch: {w.describe()}", err=True)
     if until_pid is not None:  # Slurm signals the watch too; it must outlive the trainer
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    watchmod.run(w, poll=poll, interval=interval, once=once, until_pid=until_pid, timeout=timeout)
-    if once and not w.published:
-        incomplete = f" ({len(w.pending)} incomplete: {', '.join(sorted(w.pending)[:3])})" if w.pending else ""
-        click.echo(f"dispatch-slurm watch: nothing complete to publish in {exec_dir}{incomplete}", err=True)
+    try:
+        watchmod.run(w, poll=poll, interval=interval, once=once, until_pid=until_pid, timeout=timeout,
+                     incomplete_after=incomplete_after)
+    except KeyboardInterrupt:
+        _unfinished(w, root)
+        raise  # main() dies by SIGINT, as the shell expects
+    if once:
+        if not w.published:
+            incomplete = f" ({len(w.pending)} incomplete: {', '.join(sorted(w.pending)[:3])})" if w.pending else ""
+            click.echo(f"dispatch-slurm watch: nothing complete to publish in {exec_dir}{incomplete}", err=True)
+        return
+    if _unfinished(w, root) and until_pid is not None:
+        sys.exit(1)
+
+
+def _unfinished(w, root: str) -> bool:
+    """Name the saves the watch leaves unpublished (stderr, and a ``warning`` event); whether
+    any of them is above the last step published (progress nothing keeps)."""
+    text = w.summary()
+    if text is None:
+        return False
+    lost = w.stranded()
+    click.echo(f"dispatch-slurm watch: {'error' if lost else 'warning'}: {text}", err=True)
+    store.events.record("warning", root=root, kind="never_complete", by="watch", message=text,
+                        paths=[f"{w.rel}/{n}" for n in sorted(w.unfinished)][:20], count=len(w.unfinished))
+    return bool(lost)
 
 
 COMMANDS = (env_, submit, watch)
+
+
+def _unpublished(values: dict) -> None:
+    """Nothing published: this execution starts from step 0, so say it if earlier ones left
+    saves (a root `latest` cannot read is `latest`'s to report, with its fix)."""
+    try:
+        if not store.unpublished.nothing_published(values["DISPATCH_CHECKPOINT"]):
+            return
+        store.unpublished.check(values["DISPATCH_CHECKPOINT"], by="env", attempt=values["DISPATCH_ATTEMPT"])
+    except (DispatchError, OSError):
+        return
 
 
 def _local_inputs() -> dict:

@@ -61,6 +61,7 @@ def latest(root, path_only, as_json, resume):
     if resume:
         store.resumed(root, pub, "latest --resume")
     if pub is None:
+        store.unpublished.check(root, by="latest")  # saves nothing published: said, never silent
         if as_json:
             click.echo("null")
         if not resume:

@@ -21,6 +21,9 @@ STEP_MAX = 10**20 - 1
 #: a save's name and its step: ``checkpoint-<step>``, the Hugging Face Trainer's, which
 #: watch, publish, the integrations and the trial trainer all use unless told otherwise
 STEP_PATTERN = r"checkpoint-([0-9]+)"
+#: the file ``dispatch_slurm.saving`` writes into a save before the save gets its name: watch
+#: takes a save holding it as complete, whatever marker it waits for otherwise
+COMPLETE_MARKER = ".dispatch-complete"
 _B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 # base32 -> the digits int(x, 32) reads, so decoding runs in C, not in a Python loop
 _TO_INT32 = str.maketrans(_B32, "0123456789abcdefghijklmnopqrstuv")

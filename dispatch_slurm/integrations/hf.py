@@ -132,8 +132,7 @@ class DispatchCallback(TrainerCallback):
         if self.local:
             return
         # at once, not at the first save; root and epoch kept for every publication of this run
-        self.root, exec_dir, self.epoch = Execution.current(root=self.root, epoch=self.epoch).need(
-            "root", "exec_dir", "epoch")
+        self.root, exec_dir, self.epoch = store.execdir.current(self.root, self.epoch)  # saves it could publish
         out, mine = os.path.realpath(args.output_dir), os.path.realpath(exec_dir)
         if out != mine and not out.startswith(mine + os.sep):
             raise DispatchError(f"output_dir {args.output_dir} is not inside this execution's folder "

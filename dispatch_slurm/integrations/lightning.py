@@ -37,6 +37,7 @@ overlapping execution publishing in between), instead of silently diverging.
 """
 
 import os
+import sys
 import warnings
 
 try:
@@ -48,6 +49,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       f"pip install 'dispatch-slurm[lightning]' ({e})") from e
 
 from .. import store
+from ..store import events
 from ..contract.env import Execution
 from ..errors import DispatchError
 from ..runtime import distributed, preempt
@@ -72,6 +74,23 @@ def resume_path(root: str | None = None) -> str | None:
     return path
 
 
+AUTO_REQUEUE = ("Lightning's SLURMEnvironment(auto_requeue=True) is active: on SIGUSR1 it saves hpc_ckpt_<N>.ckpt into "
+                "this execution's folder and runs `scontrol requeue`; the next execution has a new, empty folder, "
+                "never reads that file (nothing publishes it), and starts from step 0. Pass plugins=dl.plugins() "
+                "(auto_requeue=False): DispatchCheckpoint saves and publishes on SIGTERM, and requeue is Slurm's "
+                "(--requeue) or dispatch-slurm run's")
+
+
+def _warn_auto_requeue(trainer) -> None:
+    """Say it (stderr, a ``warning`` event) when Lightning's own requeue is on under this
+    callback: the cluster environment the Trainer registers its signal handlers from
+    (``_accelerator_connector.cluster_environment``, read in Lightning 2.x's signal connector)."""
+    env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+    if isinstance(env, SLURMEnvironment) and env.auto_requeue and trainer.is_global_zero:
+        print(f"dispatch-slurm: warning: {AUTO_REQUEUE}", file=sys.stderr, flush=True)
+        events.record("warning", kind="lightning_auto_requeue", by="lightning", message=AUTO_REQUEUE)
+
+
 class DispatchCheckpoint(ModelCheckpoint):
     """ModelCheckpoint into the exec folder, each save published; save + publish on SIGTERM."""
 
@@ -84,6 +103,7 @@ class DispatchCheckpoint(ModelCheckpoint):
         kwargs.setdefault("auto_insert_metric_name", False)
         super().__init__(**kwargs)
         self._saved = None  # the step of the last save, the same on every rank
+        store.execdir.current()  # an exec folder none of whose saves could be published: refused now
         mine, out = os.path.realpath(output_dir()), os.path.realpath(self.dirpath)
         if out != mine and not out.startswith(mine + os.sep):
             raise DispatchError(f"dirpath {self.dirpath} is not inside this execution's folder {mine}: "
@@ -94,6 +114,7 @@ class DispatchCheckpoint(ModelCheckpoint):
             if not self._holds_checkpoints():  # the folder is this execution's: its probes, its logs
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)
+        _warn_auto_requeue(trainer)
         if _chosen and distributed.rank() is not None:
             import torch.distributed as dist
             choices = [None] * dist.get_world_size()

@@ -276,7 +276,19 @@ def build(root: str, slurm: Any = None, ask_slurm: bool = True) -> dict[str, Any
             "latest": None if latest is None else {"step": latest.step, "path": latest.path, "name": latest.name,
                                                    "exists": inv.saves[latest.path].exists},
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
+            "warnings": _warnings(evs),
             "retention": status(root, ask=False, facts=every_fact, inv=inv)}
+
+
+def _warnings(evs: list[dict]) -> list[dict]:
+    """What the executions warned of (``warning`` events: saves left unpublished, Lightning's
+    own requeue), once per execution and kind, the first time it was said."""
+    seen: dict[tuple, dict] = {}
+    for e in evs:
+        if e["type"] == "warning":
+            seen.setdefault((e.get("attempt"), e.get("kind")), {k: e.get(k) for k in (
+                "t", "attempt", "kind", "by", "message", "paths", "count")})
+    return list(seen.values())
 
 
 def _interruption(old: dict, new: dict, pubs: list, withdrawn: dict[str, float]) -> dict:

@@ -90,6 +90,7 @@ def text(r: dict) -> str:
     out += _section("holds", [_hold(h, t0) for h in r["holds"]])
     out += _section("publications", [f"  {_t(p['t'], t0):>10}  step {p['step']:<8} epoch {p['epoch']:<14} {p['path']}"
                                      for p in r["publications"]])
+    out += _section("warnings", [_warning(w) for w in r.get("warnings", [])])
     out += _retention(r.get("retention"))
     if r["finished"]:
         out += ["", f"supervisor: finished, {r['finished']['outcome']}: {r['finished'].get('message', '')}"]
@@ -158,6 +159,21 @@ def _lost(i: dict) -> str:
 
 def _interruption(i: dict) -> str:
     return f"  {i['old']} -> {i['new']}: {_wrote(i)}; {_resume(i)}; {_lost(i)}"
+
+
+WARNINGS = {
+    "unpublished_saves": "started from step 0 while earlier executions had left saves nothing published",
+    "never_complete": "watch ended with saves it never published",
+    "lightning_auto_requeue": "ran with Lightning's SLURMEnvironment(auto_requeue=True): its hpc_ckpt saves are "
+                              "never published",
+}
+
+
+def _warning(w: dict) -> str:
+    paths = w.get("paths") or []
+    shown = f": {', '.join(paths[-3:])}" + (f" ({w['count']} in all)" if (w.get("count") or 0) > 3 else "") \
+        if paths else ""
+    return f"  {w['attempt']}: {WARNINGS.get(w['kind'], w['kind'])}{shown}"
 
 
 def _hold(h: dict, t0) -> str:

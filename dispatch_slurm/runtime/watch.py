@@ -8,9 +8,20 @@ beside it and publishes every complete save in step order, at the execution's ep
 Completeness: Hugging Face writes ``trainer_state.json`` last in ``checkpoint-<step>/``
 (after weights, optimizer, scheduler, RNG), so the save is complete once that file
 exists *and parses* (a half-written file does not, which also covers polling, which
-cannot see a close). Marker mode: a folder is complete once ``<save>/<marker>`` exists;
-a file save once its sibling ``<save>.<marker>`` exists. Before publishing, every file
-and folder of the save is fsynced, so a publication never outlives its data in a crash.
+cannot see a close). Marker mode: a folder is complete once ``<save>/<marker>`` exists
+beside something else (a marker alone vouches for nothing yet); a file save once its
+sibling ``<save>.<marker>`` exists. A folder holding ``.dispatch-complete`` (written by
+``dispatch_slurm.saving`` before the save got its name) is complete in either mode. Before
+publishing, every file and folder of the save is fsynced and checked whole
+(store/whole.py), so a publication never outlives its data in a crash, and a torn file is
+never published: such a save stays unfinished (it may still be being written).
+
+No save is left unpublished silently: a save unfinished for ``incomplete_after`` seconds is
+said once, with what it lacks and how a trainer makes its saves complete; at the end the
+caller names every unfinished save (``Watcher.summary``) and fails when one lies above the
+last step published (``Watcher.stranded``): the trainer ended and its progress is not kept.
+The exec folder is checked at start (store/execdir.py): one none of whose saves could be
+published (a symlink to node-local storage, another epoch) is refused before the first save.
 
 Waking: inotify (ctypes on libc) on the exec folder and on each unfinished save folder,
 for IN_CREATE, IN_MOVED_TO and IN_CLOSE_WRITE; every batch of events triggers a full
@@ -37,13 +48,14 @@ import signal
 import struct
 import sys
 import threading
+import time
+from dataclasses import dataclass
 
 from .. import store
 from ..contract import names
 from ..contract.env import Execution
-from ..contract.epoch import decompose
-from ..errors import BadPath, DispatchError
-from ..store.publish import owner
+from ..errors import BadPath, DispatchError, TornSave
+from ..store import execdir
 
 HF_STATE = "trainer_state.json"
 IN_CREATE, IN_CLOSE_WRITE, IN_MOVED_TO = 0x100, 0x08, 0x80
@@ -73,17 +85,54 @@ class Layout:
         return int(m[1])
 
     def complete(self, path: str, is_dir: bool, fs: store.Store) -> bool:
-        """On a store whose PUTs are all or nothing (S3) a marker object is never seen
-        half-written; a trainer_state.json is complete once it parses."""
+        return self.missing(path, is_dir, fs) is None
+
+    def missing(self, path: str, is_dir: bool, fs: store.Store) -> str | None:
+        """What the save still lacks to be complete, or None when it is. On a store whose PUTs
+        are all or nothing (S3) a marker object is never seen half-written; a
+        trainer_state.json is complete once it parses. A save ``saving`` made is complete
+        once it has its name, whatever the mode."""
+        if is_dir and fs.exists(os.path.join(path, names.COMPLETE_MARKER)):
+            return None
         if self.marker is not None:
-            return fs.exists(os.path.join(path, self.marker) if is_dir else f"{path}.{self.marker}")
+            if is_dir and not fs.exists(os.path.join(path, self.marker)):
+                return f"no {self.marker} in it"
+            if is_dir:  # a marker written first: nothing else to vouch for yet
+                others = any(name != self.marker for name, _ in fs.entries(path))
+                return None if others else f"nothing but its {self.marker} in it yet"
+            return None if fs.exists(f"{path}.{self.marker}") else f"no {os.path.basename(path)}.{self.marker} beside it"
         if not is_dir:
-            return False
+            return f"a file, not a folder holding {HF_STATE}"
         data = fs.read_path(os.path.join(path, HF_STATE))
+        if data is None:
+            return f"no {HF_STATE}"
         try:
-            return data is not None and json.loads(data) is not None
+            json.loads(data)
+            return None
         except ValueError:  # still being written
-            return False
+            return f"{HF_STATE} does not parse (still being written?)"
+
+    def rule(self) -> str:
+        """What makes a save complete to this watch, and how a trainer meets it."""
+        helper = "or save with dispatch_slurm.saving(step), whose saves are complete when they appear"
+        if self.marker is not None:
+            m = self.marker
+            return (f"watch --marker {m} takes a save as complete once <save>/{m} exists (a file save: <save>.{m}): "
+                    f"write it after every other file of the save, {helper}")
+        return (f"watch takes a save as complete once checkpoint-<step>/{HF_STATE} parses (Hugging Face writes it "
+                "last); a trainer that is not Hugging Face's writes a marker file last in each save and runs "
+                f"watch --marker NAME, {helper}")
+
+
+@dataclass
+class Unfinished:
+    """A save this watch saw but could not publish: not complete, or holding a torn file."""
+
+    step: int
+    is_dir: bool
+    why: str
+    since: float  # time.monotonic() when this watch first saw it unfinished
+    said: bool = False
 
 
 class Watcher:
@@ -96,59 +145,112 @@ class Watcher:
         self.fs = store.at(root)
         if not self.fs.local:  # a prefix exists once something is written under it
             self.exec_dir, root = exec_dir.rstrip("/"), self.fs.root
-            rel = self.exec_dir[len(root) + 1:] if self.exec_dir.startswith(f"{root}/") else ".."
-        elif not os.path.isdir(exec_dir):
+        elif not os.path.isdir(exec_dir) and not os.path.islink(exec_dir):
             raise DispatchError(f"exec folder {exec_dir} does not exist or is not a folder")
-        else:
-            rel = os.path.relpath(os.path.realpath(exec_dir), os.path.realpath(root))
-        if rel == "." or rel.startswith(".."):
-            raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}")
-        self.root, self.rel = root, rel
-        decompose(epoch)  # an epoch nothing can be published at fails now, not at the first save
-        why = owner(f"{rel}/save", epoch, Execution.current().attempt)
-        if why:
-            raise DispatchError(f"cannot watch {exec_dir} at epoch {epoch}: its saves could not be published: "
-                                f"{why.replace('it was', 'they are')}")
-        self.done: set[str] | None = None  # read by the first scan, within its timeout
-        self.pending: list[str] = []  # saves seen but not complete: folders to watch
+        self.rel = execdir.check(self.exec_dir, root, epoch, Execution.current().attempt, local=self.fs.local)
+        self.root = root
+        self.done: set[str] = set()  # filled by the first scan, within its timeout
+        self._first = True
+        self.unfinished: dict[str, Unfinished] = {}  # saves seen but not publishable yet
+        self.top: int | None = None  # the highest step of this folder published at this epoch
         self.published = 0  # by this watch
+
+    @property
+    def pending(self) -> list[str]:
+        """The unfinished saves that are folders: watched for what is written into them."""
+        return [n for n, u in self.unfinished.items() if u.is_dir]
 
     def describe(self) -> str:
         """What this watch does, in one line (watch says it when it starts)."""
         m = self.layout.marker
         done = f"<save>/{m} exists, for a file save <save>.{m}" if m else f"<save>/{HF_STATE} parses"
-        return (f"watching {self.exec_dir} for saves named {self.layout.regex.pattern} (complete when {done}); "
-                f"publishing each at epoch {self.epoch} into {self.root}/pub")
+        return (f"watching {self.exec_dir} for saves named {self.layout.regex.pattern} (complete when {done}, or "
+                f"<save>/{names.COMPLETE_MARKER} exists; each file whole); publishing each at epoch {self.epoch} "
+                f"into {self.root}/pub")
+
+    def _published_before(self) -> None:
+        """Saves this execution published before (an earlier watch, the trainer)."""
+        mine = [p for p in store.publications(self.root)
+                if p.epoch == self.epoch and p.path.rsplit("/", 1)[0] == self.rel]
+        self.done = {p.path.rsplit("/", 1)[-1] for p in mine}
+        self.top = max((p.step for p in mine), default=None)
 
     def scan(self) -> list[names.Publication]:
-        """Publish every complete, unpublished save in step order; the first error raises."""
-        if self.done is None:  # saves this execution published before (an earlier watch, the trainer)
-            self.done = {p.path.rsplit("/", 1)[-1] for p in store.publications(self.root)
-                         if p.epoch == self.epoch and p.path.rsplit("/", 1)[0] == self.rel}
-        found, pending = [], []
+        """Publish every complete, unpublished save in step order; the first error raises.
+        A complete save holding a torn file stays unfinished: it may still be being written."""
+        if self._first:
+            self._published_before()
+            self._first = False
+        found, seen = [], {}
         for name, is_dir in self.fs.entries(self.exec_dir):
             if name in self.done or (step := self.layout.step(name)) is None:
                 continue
-            if self.layout.complete(os.path.join(self.exec_dir, name), is_dir, self.fs):
-                found.append((step, name))
-            elif is_dir:
-                pending.append(name)
+            why = self.layout.missing(os.path.join(self.exec_dir, name), is_dir, self.fs)
+            if why is None:
+                found.append((step, name, is_dir))
+            else:
+                seen[name] = (step, is_dir, why)
         out = []
-        for step, name in sorted(found):
-            path = os.path.join(self.exec_dir, name)
-            try:
-                res = store.publish(path, step, root=self.root, epoch=self.epoch, by="watch", sync=self.sync)
-            except BadPath:
-                if self.fs.present(path):
-                    raise
-                res = None  # rotated away before we got to it: never the latest, nothing to do
-            self.done.add(name)
-            if res is not None and not res.existed:
-                self.published += 1
-                out.append(res.publication)
-                self.on_publish(res.publication)
-        self.pending = pending
+        for step, name, is_dir in sorted(found):
+            pub = self._publish(name, step)
+            if isinstance(pub, str):
+                seen[name] = (step, is_dir, pub)
+            elif pub is not None:
+                out.append(pub)
+        now = time.monotonic()
+        old = self.unfinished
+        self.unfinished = {n: Unfinished(step, is_dir, why, old[n].since if n in old else now,
+                                         old[n].said if n in old else False)
+                           for n, (step, is_dir, why) in seen.items()}
         return out
+
+    def _publish(self, name: str, step: int) -> names.Publication | str | None:
+        """Publish one complete save: its publication (None: published before, or rotated
+        away meanwhile), or why it cannot be yet (a torn file)."""
+        path = os.path.join(self.exec_dir, name)
+        try:
+            res = store.publish(path, step, root=self.root, epoch=self.epoch, by="watch", sync=self.sync)
+        except TornSave as e:
+            return e.detail
+        except BadPath:
+            if self.fs.present(path):
+                raise
+            res = None  # rotated away before we got to it: never the latest, nothing to do
+        self.done.add(name)
+        if res is None:
+            return None
+        self.top = step if self.top is None else max(self.top, step)
+        if res.existed:
+            return None
+        self.published += 1
+        self.on_publish(res.publication)
+        return res.publication
+
+    def overdue(self, after: float) -> list[str]:
+        """A line for each save unfinished for ``after`` seconds, once per save."""
+        now, out = time.monotonic(), []
+        for name, u in sorted(self.unfinished.items(), key=lambda kv: kv[1].step):
+            if not u.said and now - u.since >= after:
+                u.said = True
+                out.append(f"{name} is not complete after {now - u.since:.0f} s ({u.why}); {self.layout.rule()}")
+        return out
+
+    def stranded(self) -> list[str]:
+        """The unfinished saves above the highest step published here: progress nothing keeps."""
+        return [n for n, u in sorted(self.unfinished.items(), key=lambda kv: kv[1].step)
+                if self.top is None or u.step > self.top]
+
+    def summary(self) -> str | None:
+        """At the end: the saves never published, why, and what to do; None when there is none."""
+        if not self.unfinished:
+            return None
+        each = "; ".join(f"{n} ({u.why})" for n, u in sorted(self.unfinished.items(), key=lambda kv: kv[1].step))
+        lost = self.stranded()
+        after = (f"none published after them: the progress since step {self.top if self.top is not None else 0} "
+                 "is not kept" if lost else f"step {self.top} was published after them")
+        return (f"{len(self.unfinished)} save{'s' if len(self.unfinished) != 1 else ''} in {self.exec_dir} never "
+                f"became publishable: {each}; {after}. {self.layout.rule()}; a whole save can be published by hand: "
+                "dispatch-slurm publish PATH")
 
 
 class Inotify:
@@ -253,10 +355,12 @@ def _scan(w: Watcher, ino: Inotify | None, timeout: float | None) -> None:
 
 def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
         once: bool = False, until_pid: int | None = None, timeout: float | None = 300.0,
-        say=lambda text: print(text, file=sys.stderr)) -> None:
+        say=lambda text: print(text, file=sys.stderr), incomplete_after: float = 300.0) -> None:
     """Scan, then wait for a change and scan again, until ``once`` or ``until_pid``'s exit
     (after one final scan). Errors raise; a scan longer than ``timeout`` raises ScanTimeout
-    (enforced with SIGALRM, so only from the main thread)."""
+    (enforced with SIGALRM, so only from the main thread). A save unfinished for
+    ``incomplete_after`` seconds is said once, with what it lacks (a save being written is
+    not a problem; one that never completes is)."""
     ino = _open_inotify(w, interval, say) if not poll and not once and w.fs.local else None  # local writes only
     pidfd, alive = _open_pidfd(until_pid)
     if threading.current_thread() is not threading.main_thread():
@@ -269,14 +373,23 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
     try:
         while True:
             _scan(w, ino, timeout)
+            for line in w.overdue(incomplete_after):
+                say(f"dispatch-slurm watch: warning: {line}")
             if once or not alive:
                 return
-            ready, _, _ = select.select(fds, [], [], wait)
+            ready, _, _ = select.select(fds, [], [], _until_due(w, wait, incomplete_after))
             if ino is not None and ino.fd in ready:
                 ino.drain()
             alive = _still_alive(until_pid, pidfd, ready)
     finally:
         _close(old, ino, pidfd)
+
+
+def _until_due(w: Watcher, wait: float, after: float) -> float:
+    """``wait``, or less when an unfinished save becomes overdue sooner."""
+    now = time.monotonic()
+    due = [u.since + after - now for u in w.unfinished.values() if not u.said]
+    return max(0.01, min([wait, *due]))
 
 
 def _still_alive(pid: int | None, pidfd: int | None, ready: list) -> bool:

@@ -11,7 +11,7 @@ evidence), ``epochs`` (one epoch per execution), ``jobs`` (a plain sbatch job's 
 (a save folder is written once: never again once published or being written).
 The backends (posix.py, s3.py) and the fsync discipline (durable.py) are the store's own."""
 
-from . import ceased, epochs, events, jobs, once
+from . import ceased, epochs, events, execdir, jobs, once, unpublished, whole
 from .base import Store
 from .durable import write_all
 from .once import AlreadySaved
@@ -24,6 +24,6 @@ from .roots import allocate_submission, at, backend, latest, make_exec_dir, publ
 __all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publications", "allocate_submission",
            "make_exec_dir", "env_root", "env_epoch", "sync", "latest_save", "resume_path", "resume_point",
            "resumed", "save_exists", "VanishedSave",
-           "events", "ceased", "epochs", "jobs", "once", "AlreadySaved", "write_all", "Inventory", "Save", "Folder",
-           "markers",
+           "events", "ceased", "epochs", "jobs", "once", "AlreadySaved", "execdir", "unpublished", "whole",
+           "write_all", "Inventory", "Save", "Folder", "markers",
            "retired_by", "retirement_record", "latest_of"]

@@ -122,8 +122,10 @@ class Store:
         """Make a save's data durable without publishing it (POSIX: fsync its files and
         folders; S3: nothing, its PUTs were durable when they returned)."""
 
-    def sync_save(self, rel: str, save) -> None:
-        """``sync``, for a save already checked (``rel``)."""
+    def sync_save(self, rel: str, save, fsync: bool = True) -> None:
+        """``sync``, for a save already checked (``rel``), refusing (TornSave) a save holding a
+        file that is not whole (store/whole.py); ``fsync=False``: that check alone. S3: nothing
+        to do, an object is whole once it is visible at all."""
 
     def publication_fits(self, name: str, rel: str) -> None:
         """Refuse a publication name (of the save ``rel``) over the store's limit, naming the

@@ -11,7 +11,7 @@ import errno
 import os
 import stat
 from contextlib import contextmanager
-from typing import Optional
+from typing import Callable, Optional
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -128,34 +128,42 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def sync_tree(name: str, parent_fd: int) -> None:
+def sync_tree(name: str, parent_fd: int, check: Optional[Callable[[str, int], None]] = None,
+              fsync: bool = True) -> None:
     """fsync every file and folder of a save (never following a symlink), then the
     folder holding it, so a publication can never outlive its save's data in a crash.
+    ``check(path, fd)`` sees each regular file first (``path`` from the save's own name
+    down) and raises to refuse the save; ``fsync=False`` only checks.
 
     Raises FileNotFoundError if the save itself is gone; a file removed while the tree
     is walked (a trainer's rotation racing us) is skipped: it is not part of the save
     any more, and the caller decides whether the save still exists."""
-    _sync_entry(name, parent_fd)
-    _sync_directory(parent_fd)
+    _sync_entry(name, parent_fd, name, check, fsync)
+    if fsync:
+        _sync_directory(parent_fd)
 
 
-def _sync_entry(name: str, dir_fd: int) -> None:
+def _sync_entry(name: str, dir_fd: int, path: str, check, fsync: bool) -> None:
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISDIR(st.st_mode):
         fd = open_dir(name, dir_fd=dir_fd)
         try:
             for entry in os.listdir(fd):
                 try:
-                    _sync_entry(entry, fd)
+                    _sync_entry(entry, fd, f"{path}/{entry}", check, fsync)
                 except FileNotFoundError:
                     continue  # removed while we walked: no longer part of the save
-            _sync_directory(fd)
+            if fsync:
+                _sync_directory(fd)
         finally:
             os.close(fd)
-    elif stat.S_ISREG(st.st_mode):
+    elif stat.S_ISREG(st.st_mode) and (fsync or check is not None):
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
-            os.fsync(fd)
+            if check is not None:
+                check(path, fd)
+            if fsync:
+                os.fsync(fd)
         finally:
             os.close(fd)
 

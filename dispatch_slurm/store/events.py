@@ -36,6 +36,9 @@ Type-specific fields:
                          person's word to gc (gc --ceased) is a cessation with source "person"
     gc                   removed (paths: removed, or retired when already gone), freed (bytes on
                          disk), keep_last, keep_every
+    warning              kind ("unpublished_saves": a resume found nothing published but saves in
+                         the exec folders; "never_complete": watch ended with saves it could not
+                         publish; "lightning_auto_requeue"), by, message, paths, count
 """
 
 import json
@@ -51,7 +54,7 @@ from .roots import at
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
-                   "execution_ended", "cessation", "hold", "release", "gc", "retired", "resumed"})
+                   "execution_ended", "cessation", "hold", "release", "gc", "retired", "resumed", "warning"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from ..contract import layout, names
-from ..errors import BadPath, StoreError
-from . import inventory
+from ..errors import BadPath, StoreError, TornSave
+from . import inventory, whole
 from .base import Store
 from .durable import (DirFds, append, create_new, ensure_dir, in_the_way, open_dir, remove_tree, rmdir_empty,
                       sync_tree, times, truncate, usage, walk, walk_to)
@@ -296,15 +296,26 @@ class PosixStore(Store):
         return os.path.lexists(os.path.join(self.root, rel))
 
     def sync(self, save) -> None:
+        """fsync only: a rank syncing its own part while another rank still writes its own
+        must not be refused for that rank's file."""
         with self:
-            self.sync_save(self.save_relpath(save), save)
+            self._sync(self.save_relpath(save), save, None, True)
 
-    def sync_save(self, rel: str, save) -> None:
+    def sync_save(self, rel: str, save, fsync: bool = True) -> None:
+        leaf = rel.rsplit("/", 1)[-1]
+
+        def whole_file(path: str, fd: int) -> None:
+            why = whole.problem(path, fd)
+            if why:
+                raise TornSave(save, f"{path[len(leaf) + 1:] if path != leaf else 'it'} is {why}")
+        self._sync(rel, save, whole_file, fsync)
+
+    def _sync(self, rel: str, save, check, fsync: bool) -> None:
         with self, DirFds() as fds:
             root_fd = self._root_fd
             parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
             try:
-                sync_tree(rel.rsplit("/", 1)[-1], parent)
+                sync_tree(rel.rsplit("/", 1)[-1], parent, check, fsync)
             except FileNotFoundError:
                 raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
 
@@ -358,7 +369,9 @@ class PosixStore(Store):
                 exec_fd = fds.add(ensure_dir(layout.EXEC, root_fd)[0])
                 att_fd = fds.add(ensure_dir(attempt, exec_fd, mode)[0])
             except NotADirectoryError:
-                raise BadPath(f"{path}: a symlink or non-directory is in the way; refusing to follow it") from None
+                from .execdir import symlink_on_the_way  # execdir reads the publish rules, which need this store
+                why = symlink_on_the_way(root, layout.exec_relpath(attempt)) or f"{path}: not a folder"
+                raise BadPath(f"{why}; refusing to follow it") from None
             except PermissionError:
                 raise StoreError(f"{path}: permission denied") from None
             st = os.fstat(att_fd)

@@ -94,8 +94,7 @@ def _create(st, save, decide, claim, sync: bool) -> tuple[str, str, str | None, 
         name, why = decide(rel)
         st.publication_fits(name, rel)
         claim(rel, why)
-        if sync:
-            st.sync_save(rel, save)
+        st.sync_save(rel, save, fsync=sync)  # every file whole (whole.py), then durable
         if not why:
             return rel, name, why, st.create_publication(name)
         with st.adopting(rel):  # another execution's save: gc may be removing it

@@ -13,7 +13,7 @@ from ..contract import layout
 from ..contract.env import Execution
 from ..contract.names import Publication
 from ..errors import StoreError
-from . import events
+from . import events, execdir, unpublished
 from .roots import at
 
 
@@ -41,12 +41,20 @@ def latest_save(root: str) -> Publication | None:
 def resume_point(root: str | None = None) -> tuple[str, int] | None:
     """(path, step) of the save to resume from: the latest publication's save (its root
     joined to its path: absolute inside a job, whose root is) and its step; None when
-    nothing is published yet; root $DISPATCH_CHECKPOINT by default. Every integration's
-    resume look-up is this one (or resume_path)."""
+    nothing is published yet (said loudly when the exec folders hold saves nonetheless:
+    unpublished.py); root $DISPATCH_CHECKPOINT by default. Every integration's resume
+    look-up is this one (or resume_path), so inside an execution it also refuses, before
+    training starts, an exec folder no save of which could be published (execdir.py)."""
     root = Execution.current(root=root).need("root")
+    ex = Execution.current()  # this execution's own, when the root is its root
+    if ex.exec_dir and ex.epoch is not None and root == ex.root:
+        execdir.check(ex.exec_dir, root, ex.epoch, ex.attempt, local=at(root).local)
     pub = latest_save(root)  # a vanished save is an error, never None
     resumed(root, pub, "resume_point")
-    return None if pub is None else (os.path.join(root, pub.path), pub.step)
+    if pub is None:
+        unpublished.check(root, by="resume")
+        return None
+    return os.path.join(root, pub.path), pub.step
 
 
 def resume_path(root: str | None = None) -> str | None:

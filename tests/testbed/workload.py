@@ -53,14 +53,21 @@ class Log:
         os.write(self.fd, (json.dumps(rec) + "\n").encode())
 
 
+def safetensors(data: bytes) -> bytes:
+    """A whole safetensors file holding ``data`` as one uint8 tensor: its 8-byte header
+    length, the JSON header, the data (publish refuses one whose lengths disagree)."""
+    header = json.dumps({"w": {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}}).encode()
+    return len(header).to_bytes(8, "little") + header + data
+
+
 def save(folder: str, step: int, lineage: str, log: Log, payload: int = 4096, shards: int = 0) -> str:
     path = os.path.join(folder, f"checkpoint-{step}")
     os.makedirs(path, exist_ok=True)  # as the Trainer does: an existing folder is reused
     for name in ("model.safetensors", "optimizer.pt", *(f"shard-{i:05d}.bin" for i in range(shards)), STATE):
-        body = (json.dumps({"global_step": step, "lineage": lineage}) if name == STATE
-                else lineage.encode().hex() * (payload // (2 * len(lineage)) + 1))
-        with open(os.path.join(path, name), "w") as f:
-            f.write(body)
+        body = (json.dumps({"global_step": step, "lineage": lineage}).encode() if name == STATE
+                else lineage.encode().hex().encode() * (payload // (2 * len(lineage)) + 1))
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(safetensors(body) if name.endswith(".safetensors") else body)
         log("write", path=os.path.join(path, name), step=step)
     return path
 

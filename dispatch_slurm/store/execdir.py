@@ -1,0 +1,111 @@
+"""Is ``$DISPATCH_EXEC_DIR`` this execution's own folder, where its saves can be published?
+
+Checked when a trainer or a watch starts, so what would refuse every save is refused
+before the first step instead of at the first save (``save_steps`` of work lost per
+attempt): a folder outside the root, a symlink on the way (an exec folder linked to
+node-local storage), another execution's folder, a ``DISPATCH_EPOCH`` changed after
+``dispatch-slurm env``.
+
+Node-local exec folders are refused, not supported: a save on one node's local disk
+cannot be read by the next execution, which may run on another node, so it could never
+be resumed from; and the protocol never follows a symlink under the root (a link
+planted there could send a publication's save anywhere). A trainer that stages its
+saves on local disk copies each one into the exec folder before it is published."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..contract import layout
+from ..contract.env import Execution
+from ..contract.epoch import decompose
+from ..errors import DispatchError
+from .publish import owner
+from .roots import at
+
+NODE_LOCAL = ("dispatch-slurm refuses an exec folder on node-local storage: the next execution, possibly on "
+              "another node, could not read its saves, so none could be resumed from. Save into the real folder "
+              "under the root on the shared filesystem (remove the link; `dispatch-slurm env` creates the folder "
+              "again), and copy a save staged on local disk into it before it is published")
+
+
+def symlink_on_the_way(root: str, rel: str) -> str | None:
+    """Why a component of ``root``/``rel`` (below the root) is not a real folder: a symlink
+    (named with its target), a file, or missing; None when every one is a real folder."""
+    path = root.rstrip("/") or "/"
+    for part in rel.split("/"):
+        path = f"{path}/{part}"
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return f"{path} does not exist (`dispatch-slurm env` creates the exec folder)"
+        except OSError as e:
+            return f"{path}: {e.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+            real = os.path.realpath(path)
+            where = "" if _inside(real, root) else ", outside the checkpoint root"
+            return f"{path} is a symlink to {target}{where}. {NODE_LOCAL}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a folder"
+    return None
+
+
+def _inside(path: str, root: str) -> bool:
+    rel = os.path.relpath(path, os.path.realpath(root))
+    return not (rel == ".." or rel.startswith("../"))
+
+
+def _relpath(exec_dir: str, root: str, local: bool) -> str:
+    """``exec_dir`` under ``root``: lexically, or (POSIX) through another alias of the root;
+    DispatchError when it is neither."""
+    root_abs = root.rstrip("/") if not local else os.path.abspath(root).rstrip("/")
+    path = exec_dir.rstrip("/") if not local else os.path.abspath(exec_dir)
+    if path.startswith(f"{root_abs}/"):
+        return path[len(root_abs) + 1:]
+    if local:  # named through another alias of the root (e.g. its resolved path): publish takes that too
+        rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root))
+        if rel != "." and not rel.startswith(".."):
+            return rel
+        if os.path.islink(path):
+            raise DispatchError(f"exec folder {exec_dir} is a symlink to {os.readlink(path)}, outside the checkpoint "
+                                f"root {root}. {NODE_LOCAL}")
+    raise DispatchError(f"exec folder {exec_dir} is not inside the checkpoint root {root}: $DISPATCH_EXEC_DIR must be "
+                        f"the folder `dispatch-slurm env` made, {root}/{layout.EXEC}/<attempt>")
+
+
+def check(exec_dir: str, root: str, epoch: int, attempt: str | None, local: bool = True) -> str:
+    """The exec folder's path under the root (``exec/<attempt>``), or DispatchError naming
+    what would refuse every save of it, and the fix (``local``: a POSIX root)."""
+    rel = _relpath(exec_dir, root, local)
+    parts = rel.split("/")
+    if len(parts) != 2 or parts[0] != layout.EXEC:
+        raise DispatchError(f"exec folder {exec_dir} is not an execution's folder ({root}/{layout.EXEC}/<attempt>): "
+                            "$DISPATCH_EXEC_DIR must be the folder `dispatch-slurm env` made")
+    if local:
+        why = symlink_on_the_way(root, rel)
+        if why:
+            raise DispatchError(f"exec folder {exec_dir}: {why}")
+    decompose(epoch)  # an epoch nothing can be published at fails now, not at the first save
+    why = owner(f"{rel}/save", epoch, attempt)
+    if why and parts[1] != attempt and attempt:
+        raise DispatchError(f"exec folder {exec_dir} belongs to execution {parts[1]}, not to this one "
+                            f"($DISPATCH_ATTEMPT={attempt}): use the values `dispatch-slurm env` printed")
+    if why:
+        raise DispatchError(f"exec folder {exec_dir}: its saves could not be published at epoch {epoch} "
+                            f"($DISPATCH_EPOCH): {why.replace('it was', 'they are')}; was $DISPATCH_EPOCH changed "
+                            "after `dispatch-slurm env`? Use the values env printed")
+    return rel
+
+
+def current(root: str | None = None, epoch: int | None = None) -> tuple[str, str, int]:
+    """(root, exec folder, epoch) of this execution (an argument given overrides its
+    variable), its exec folder checked (``check``): what a trainer's start hook calls."""
+    ex = Execution.current(root=root, epoch=epoch)
+    root, exec_dir, epoch = ex.need("root", "exec_dir", "epoch")
+    check(exec_dir, root, epoch, ex.attempt, local=at(root).local)
+    return root, exec_dir, epoch
