@@ -294,7 +294,7 @@ def test_report_reads_an_s3_root(s3_env, s3_root):
     assert [(e["attempt"], e["max_step"]) for e in r["executions"]] == [(A1, 20), (a2, 15)]
     assert [p["step"] for p in r["publications"]] == [10, 20, 15]
     assert all(p["t"] is not None for p in r["publications"])
-    assert r["latest"] == {"step": 15, "path": f"exec/{a2}/checkpoint-15"}
+    assert {k: r["latest"][k] for k in ("step", "path", "exists")} == {"step": 15, "path": f"exec/{a2}/checkpoint-15", "exists": True}
 
 
 @pytest.mark.parametrize("root, want", [

@@ -206,6 +206,15 @@ def test_a_big_torch_save_file_and_a_zip64_archive_are_whole(tmp_path):
     assert _problem(tmp_path / "w.pt") is not None
 
 
+def test_a_dcp_shard_of_archives_one_after_another_is_not_judged(tmp_path):
+    """DCP's FileSystemWriter writes each tensor of a shard with torch.save, one archive after
+    another in one .distcp file: the last archive's end record does not describe the file,
+    so a zip check would refuse every DCP save (the archives' own offsets, not the file's)."""
+    f = tmp_path / "__0_0.distcp"
+    f.write_bytes(_torch_bytes(torch.ones(1000)) + _torch_bytes(torch.zeros(3 * 2**16)))
+    assert _problem(f) is None
+
+
 def test_safetensors_files_cut_short_or_grown_are_torn(tmp_path):
     from safetensors.torch import save_file
     f = tmp_path / "model.safetensors"

@@ -7,15 +7,17 @@ directory", and every later execution crashes on the same latest save. Two forma
 be told whole from their own structure, cheaply (a few reads at the file's ends, nothing
 proportional to its size):
 
-* a zip archive (``torch.save``'s format since 1.6, ``.npz``, anything starting with
-  ``PK\\x03\\x04``): whole when its end-of-central-directory record ends the file (with its
-  comment) and the central directory it points to starts with its signature, through the
-  zip64 locator and record where the archive uses them (torch.save always does);
+* a zip archive named as one (``torch.save``'s format since 1.6 in a ``.pt``, ``.pth``,
+  ``.bin`` or ``.ckpt`` file, ``.npz``, ``.zip``) that starts with ``PK\\x03\\x04``: whole
+  when its end-of-central-directory record ends the file (with its comment) and the
+  central directory it points to starts with its signature, through the zip64 locator and
+  record where the archive uses them (torch.save always does);
 * a ``.safetensors`` file: whole when its length is exactly 8 + the header's length + the
   end of the last tensor the header lists.
 
-Any other file (a legacy pickle, a DCP shard, a JSON file) cannot be told whole from its
-bytes: its writer's order (a marker written last, ``.metadata`` last) is what vouches for it.
+Any other file (a legacy pickle, a JSON file, a DCP shard: ``.distcp`` files are
+``torch.save`` archives written one after another, so the last one's end record does not
+describe the file) cannot be told whole from its bytes: its writer's order (a marker written last, ``.metadata`` last) is what vouches for it.
 An empty file named like a checkpoint (``.pt``, ``.pth``, ``.ckpt``, ``.bin``,
 ``.safetensors``) is torn: no such format is empty."""
 
@@ -32,6 +34,7 @@ _Z64_LOCATOR, _Z64_EOCD = b"PK\x06\x07", b"PK\x06\x06"
 _EOCD_MIN, _COMMENT_MAX = 22, 0xFFFF
 _SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024  # safetensors' own limit on the header
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
+ZIP_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".npz", ".zip")  # one archive per file
 
 
 def _read(fd: int, offset: int, n: int) -> bytes:
@@ -114,6 +117,8 @@ def problem(name: str, fd: int) -> Optional[str]:
         return "an empty file, which no checkpoint format is (torn)" if lower.endswith(CHECKPOINT_SUFFIXES) else None
     if lower.endswith(".safetensors"):
         return safetensors_problem(fd, size)
+    if not lower.endswith(ZIP_SUFFIXES):
+        return None
     head = _read(fd, 0, len(ZIP_LOCAL))
     if head == ZIP_LOCAL:
         return zip_problem(fd, size)
