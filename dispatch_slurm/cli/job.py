@@ -142,7 +142,26 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
         click.echo(f"dispatch-slurm watch: nothing complete to publish in {exec_dir}{incomplete}", err=True)
 
 
-COMMANDS = (env_, submit, watch)
+@click.command()
+@click.argument("what", type=click.Choice(["saved", "finished"]))
+def mark(what):
+    """Tell the supervisor how this execution ends: `saved` (it saved on its stop signal: the
+    run goes on), `finished` (training reached its end: the run is done). For a trainer with
+    its own signal handler, or a job script; the preemption handler and the integrations
+    write the same facts themselves. Inside a job only (after `eval "$(dispatch-slurm env)"`).
+
+    \b
+        def on_sigterm(signum, frame):      # your own handler
+            save_checkpoint()
+            subprocess.run(["dispatch-slurm", "mark", "saved"])
+            sys.exit(0)
+
+    Python: dispatch_slurm.mark_saved(), dispatch_slurm.mark_finished()."""
+    from ..runtime import marks
+    (marks.mark_saved if what == "saved" else marks.mark_finished)()
+
+
+COMMANDS = (env_, submit, watch, mark)
 
 
 def _local_inputs() -> dict:

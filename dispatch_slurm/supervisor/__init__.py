@@ -32,15 +32,17 @@ from typing import Optional
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
+from ..contract.signals import JobSignal
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
 from . import requests, sweep
 from .claim import DEFAULT_POLL, Claim
 from .fleet import Fleet, outcome
-from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
+from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor, job_signal_of
 from .record import Record
 from .render import render_plan
-from .rules import DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, parse_duration, plan, resolve_via
+from .rules import (DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, parse_duration, plan,
+                    resolve_via, sbatch_argv, submission_tag)
 from .state import State
 
 
@@ -76,6 +78,13 @@ def signal_warning(root: str, defn: dict) -> Optional[str]:
     from ..contract.signals import fit_warning, slowest_save
     warning = fit_warning(defn["grace"], slowest_save(store.events.read(root)))
     return warning and warning.removeprefix("warning: ")
+
+
+def submission_signal(defn: dict, root: str) -> JobSignal:
+    """The job's --signal as its next submission would read it (what `plan` states)."""
+    n = 1
+    argv, env = sbatch_argv(defn, root, defn["g"], n, submission_tag(root, defn["g"], n))
+    return job_signal_of(defn, argv, env)
 
 
 def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
@@ -233,5 +242,5 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "stop", "open_root", "Fleet", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
+           "release", "stop", "open_root", "Fleet", "NoHold", "signal_warning", "submission_signal", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]
