@@ -14,8 +14,8 @@ import signal
 
 import pytest
 
-from dispatch_slurm.contract.signals import (JobSignal, Signal, cli_signal, job_signal, parse_signal,
-                                             script_options)
+from dispatch_slurm.contract.signals import (JobSignal, Signal, job_signal, lead_problem, parse_signal,
+                                             parse_time_limit, sbatch_options, script_options)
 from dispatch_slurm.supervisor import ends, rules
 from dispatch_slurm.supervisor.ends import Own
 
@@ -203,7 +203,8 @@ def test_only_the_directives_before_the_first_command_count():
     (["-o", "--signal=USR1", "t.sbatch"], (None, "t.sbatch", None)),
 ])
 def test_sbatchs_command_line_is_read_for_the_signal_and_the_script(argv, want):
-    assert cli_signal(argv) == want
+    got = sbatch_options(argv)
+    assert (got.signal, got.script, got.wrap) == want
 
 
 def test_the_command_line_beats_sbatch_signal_which_beats_the_script():
@@ -226,3 +227,56 @@ def test_the_record_keeps_the_signal_and_reads_it_back():
     for js in (TERM90, NONE, UNKNOWN, JobSignal(Signal("USR2", True, 5), "x")):
         assert JobSignal.from_fact(js.as_fact()).as_fact() == js.as_fact()
     assert JobSignal.from_fact(None).unknown  # a record from before: unknown, the safe side
+
+
+@pytest.mark.parametrize("text, seconds", [("1", 60), ("90", 5400), ("2:30", 150), ("1:00:00", 3600),
+                                           ("1-0", 86400), ("1-2:3", 93780), ("1-02:03:04", 93784),
+                                           ("UNLIMITED", None), ("infinite", None)])
+def test_time_limits_read_as_sbatch_reads_them(text, seconds):
+    assert parse_time_limit(text) == seconds
+
+
+def test_a_signal_whose_lead_is_the_whole_limit_is_refused_naming_the_fix():
+    """--signal=TERM@90 with --time=2: Slurm signals at its first check, whatever the trainer
+    does, so a finished run could never be told from a stopped one (it would be continued
+    until the stall rule failed it)."""
+    assert "give --time more than 120 s" in lead_problem(Signal("TERM", False, 90), 120)
+    assert lead_problem(Signal("TERM", False, 90), 121) is None
+    assert lead_problem(Signal("TERM", False, 0), 60) is None and lead_problem(None, 60) is None
+    assert lead_problem(Signal("TERM", False, 5), None) is None  # the partition's default: not known here
+
+
+def test_run_submit_and_doctor_refuse_a_signal_at_once_before_anything_is_submitted(tmp_path):
+    from support import cli
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "t.sbatch").write_text("#!/bin/bash\n#SBATCH --time=2 --signal=TERM@90\nsrun python train.py\n")
+    for argv in (["run", root, "--", "t.sbatch"], ["submit", root, "--", "t.sbatch"]):
+        p = cli(*argv, cwd=tmp_path)
+        assert p.returncode == 2 and "Slurm sends the signal at its first check" in p.stderr, p.stderr
+    assert list(root.iterdir()) == [], "nothing written, no N spent"
+    ok = cli("plan", root, "--", "--time=1:00:00", "t.sbatch", cwd=tmp_path)
+    assert ok.returncode == 0 and "Slurm sends SIGTERM 90 s before the time limit" in ok.stdout, ok.stdout
+    doc = cli("doctor", "--no-slurm", "--script", tmp_path / "t.sbatch", cwd=tmp_path)
+    assert doc.returncode == 1 and "signal-at-once" in doc.stdout
+
+
+def test_mark_writes_this_executions_fact_and_refuses_outside_one(tmp_path, monkeypatch):
+    from support import cli
+    from dispatch_slurm import mark_finished, mark_saved
+    from dispatch_slurm.store import events
+    root = tmp_path / "root"
+    root.mkdir()
+    env = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_ATTEMPT": "c.7.1000000", "DISPATCH_EPOCH": "1000000"}
+    assert cli("mark", "saved", env=env).returncode == 0
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    mark_finished(step=9)
+    got = [(e["attempt"], e["type"], e.get("source"), e.get("step")) for e in events.read(str(root))]
+    assert got == [("c.7.1000000", "checkpoint_complete", "mark", None), ("c.7.1000000", "training_finished", None, 9)]
+    assert ends.own_events(events.read(str(root))).types == {"checkpoint_complete", "training_finished"}
+    monkeypatch.delenv("DISPATCH_ATTEMPT")
+    with pytest.raises(Exception, match="DISPATCH_ATTEMPT"):
+        mark_saved()
+    bare = cli("mark", "finished", env={"DISPATCH_CHECKPOINT": "", "DISPATCH_ATTEMPT": ""})
+    assert bare.returncode == 2 and "DISPATCH_ATTEMPT" in bare.stderr

@@ -81,6 +81,10 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
         sbatch_args = (_signal(inputs["DISPATCH_CHECKPOINT"], sig, grace), *sbatch_args)
     # refuse bad input before a submission number is spent
     envmod.check_inputs(inputs, sitefile.load(), need_submission=False)
+    from ..supervisor import lead_refusal
+    refused = lead_refusal({"cwd": os.getcwd()}, list(sbatch_args), {})
+    if refused:
+        raise DispatchError(refused)
     n = store.allocate_submission(names.submission_dir(inputs["DISPATCH_CHECKPOINT"]))
     inputs["DISPATCH_SUBMISSION"] = str(n)
     export = "--export=ALL," + ",".join(inputs)  # names only: values come from the env

@@ -32,7 +32,7 @@ save in flight with them.
 import re
 from dataclasses import dataclass, field
 
-from .signals import Signal, cli_signal, parse_signal, script_options
+from .signals import Signal, parse_signal, sbatch_options, script_options
 
 TORCHRUN_KILL_S = 30  # torchrun's default --shutdown-timeout
 TORCHRUN_HANDLES = frozenset({"TERM", "INT", "HUP", "QUIT"})  # TORCHELASTIC_SIGNALS_TO_HANDLE's default
@@ -95,7 +95,7 @@ def parse_script(text: str) -> tuple[Signal | None, Stack]:
     """The ``--signal`` of an sbatch script's ``#SBATCH`` lines (read as sbatch reads them)
     and how it starts the trainer, read from its commands (a heuristic: say ``--stack`` when
     it guesses wrong)."""
-    found = cli_signal(script_options(text))[0]
+    found = sbatch_options(script_options(text)).signal
     sig = parse_signal(found) if found is not None else None
     body = [ln.split("#", 1)[0] for ln in text.splitlines() if not ln.lstrip().startswith("#")]
     code = "\n".join(body)

@@ -14,7 +14,7 @@ import re
 import shlex
 import signal as _signal
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 from ..errors import DispatchError
 
@@ -174,47 +174,83 @@ _NO_ARG_LONG = frozenset({"consolidate-segments", "contiguous", "external", "get
 _ARG_SHORT = frozenset("ABCDFGJLMNSabcdeimnopqtwx")
 
 
-def _signal_option(word: str) -> Optional[bool]:
-    """True: ``word`` is --signal (or an abbreviation getopt_long takes for it: --si...),
-    written with its value attached; False: written without; None: another option."""
-    name, eq, _ = word[2:].partition("=")
+class Options(NamedTuple):
+    """What the supervisor needs of sbatch's arguments: the last ``--signal`` and ``--time``
+    values, the batch script (the first word that is not an option: sbatch stops reading
+    options there) and ``--wrap``'s command."""
+    signal: Optional[str] = None
+    time: Optional[str] = None
+    script: Optional[str] = None
+    wrap: Optional[str] = None
+
+
+def _long(name: str) -> Optional[str]:
+    """The option of ours a long option names, as getopt_long takes it (a unique prefix:
+    --si... is --signal; --time only whole, beside --time-min), or None."""
     if len(name) >= 2 and "signal".startswith(name):
-        return bool(eq)
+        return "signal"
+    if name == "time":
+        return "time"
+    if len(name) >= 2 and "wrap".startswith(name):
+        return "wrap"
     return None
 
 
-def cli_signal(argv: Sequence[str]) -> tuple[Optional[str], Optional[str], Optional[str]]:
-    """(the last ``--signal`` value among sbatch's options in ``argv``, the batch script (the
-    first word that is not an option: sbatch stops reading options there), ``--wrap``'s
-    command). Values of options that take one are skipped, so they are never taken for
-    the script."""
-    spec = script = wrap = None
+def sbatch_options(argv: Sequence[str]) -> Options:
+    """``argv`` read as sbatch reads its options (see Options). Values of options that take
+    one are skipped, so they are never taken for the script."""
+    found: dict[str, Optional[str]] = {}
     i = 0
     while i < len(argv):
         word = argv[i]
-        if word == "--":
-            script = argv[i + 1] if i + 1 < len(argv) else None
+        if word == "--" or not word.startswith("-") or word == "-":
+            found["script"] = (argv[i + 1] if i + 1 < len(argv) else None) if word == "--" else word
             break
         if word.startswith("--"):
             name, eq, value = word[2:].partition("=")
-            takes = name not in _NO_ARG_LONG
-            if takes and not eq:
+            if name not in _NO_ARG_LONG and not eq:
                 value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 1
-            if _signal_option(word) is not None:
-                spec = value
-            elif "wrap".startswith(name) and len(name) >= 2:
-                wrap = value
-        elif word.startswith("-") and len(word) > 1:
+            if _long(name):
+                found[str(_long(name))] = value
+        else:
             for k, ch in enumerate(word[1:], 1):
                 if ch in _ARG_SHORT:
-                    if k == len(word) - 1:
-                        i += 1
+                    value = word[k + 1:]
+                    if not value:
+                        value, i = (argv[i + 1] if i + 1 < len(argv) else ""), i + 1
+                    if ch == "t":
+                        found["time"] = value
                     break
-        else:
-            script = word
-            break
         i += 1
-    return spec, script, wrap
+    return Options(**found)
+
+
+def parse_time_limit(text: str) -> Optional[int]:
+    """sbatch's ``--time`` in seconds (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS);
+    None for UNLIMITED/INFINITE; ValueError for anything else."""
+    t = text.strip().upper()
+    if t in ("UNLIMITED", "INFINITE", "-1"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m:
+        raise ValueError(f"--time {text!r} is not a time limit")
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if days is None:  # minutes | MM:SS | HH:MM:SS
+        parts = [x for x in (a, b, c) if x is not None]
+        h, mi, sec = [0] * (3 - len(parts)) + parts if len(parts) > 1 else (0, parts[0], 0)
+        return int(h) * 3600 + int(mi) * 60 + int(sec)
+    return days * 86400 + int(a or 0) * 3600 + int(b or 0) * 60 + int(c or 0)
+
+
+def lead_problem(sig: Optional[Signal], limit: Optional[int]) -> Optional[str]:
+    """Why a --signal with this time limit cannot tell a stop from a finish, or None: its lead
+    (T + 30 s) is as long as the limit, so Slurm sends it at its first check, whenever the
+    trainer ends; every end would look stopped, and a finished run would never be done."""
+    if sig is None or not sig.sent or limit is None or sig.lead() < limit:
+        return None
+    return (f"{sig} with a time limit of {limit} s: Slurm sends the signal at its first check, as its lead "
+            f"({sig.seconds} s + its {PERIODIC_TIMEOUT} s check) is as long as the limit, so an end cannot be told "
+            f"from a stop; give --time more than {sig.lead()} s, or a shorter --signal time")
 
 
 @dataclass(frozen=True)
@@ -255,7 +291,7 @@ def job_signal(argv: Sequence[str], environ: Mapping[str, str], script: Optional
     line's ``--signal`` over ``SBATCH_SIGNAL`` over the script's ``#SBATCH --signal``, as sbatch
     reads them. ``script``: the batch script's text (None: it could not be read, so unless the
     command line or the environment says, the signal is unknown; ``script_name`` names it)."""
-    spec, named, wrap = cli_signal(argv)
+    spec, _, named, wrap = sbatch_options(argv)
     where = "sbatch's command line"
     if spec is None and environ.get("SBATCH_SIGNAL"):
         spec, where = environ["SBATCH_SIGNAL"], "SBATCH_SIGNAL"
@@ -263,7 +299,7 @@ def job_signal(argv: Sequence[str], environ: Mapping[str, str], script: Optional
         if script is None:
             what = script_name or named or "(none given: sbatch would read it from stdin)"
             return JobSignal(None, "", f"the batch script {what} could not be read, so its #SBATCH --signal is unknown")
-        spec = cli_signal(script_options(script))[0]
+        spec = sbatch_options(script_options(script)).signal
         where = f"#SBATCH in {os.path.basename(script_name or named or 'the script')}"
     if spec is None:
         return JobSignal(None, "none on sbatch's command line, in SBATCH_SIGNAL or in the script's #SBATCH lines")
@@ -272,3 +308,16 @@ def job_signal(argv: Sequence[str], environ: Mapping[str, str], script: Optional
     except ValueError as e:
         return JobSignal(None, "", f"{where}: {e}")
     return JobSignal(sig if sig.sent else None, f"{spec!r} from {where}" + ("; @0: never sent" if not sig.sent else ""))
+
+
+def job_time_limit(argv: Sequence[str], environ: Mapping[str, str], script: Optional[str]) -> Optional[int]:
+    """The job's time limit in seconds as sbatch reads it (the command line over
+    SBATCH_TIMELIMIT over the script's #SBATCH lines); None when none is given (the
+    partition's default), it is unlimited, or it cannot be read."""
+    spec = sbatch_options(argv).time or environ.get("SBATCH_TIMELIMIT")
+    if spec is None and script:
+        spec = sbatch_options(script_options(script)).time
+    try:
+        return None if spec is None else parse_time_limit(spec)
+    except ValueError:
+        return None

@@ -105,8 +105,7 @@ def _completed(ended: dict, own: Own, warning: JobSignal, after: Optional[tuple[
     if ended.get("preempt_time"):
         return "preempted", f"Slurm preempted it at {_clock(ended['preempt_time'])}"
     if after is not None:
-        return "signal_time", (f"it ended at {_clock(after[0])}, after its --signal time {_clock(after[1])} "
-                               f"({sig}); if training had finished, the next execution ends at once")
+        return "signal_time", f"it ended at {_clock(after[0])}, after its --signal time {_clock(after[1])} ({sig})"
     if missing is None and sig is not None and end is None:
         missing = "Slurm gave no end time for it"
     if missing is not None:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
-from ..contract.signals import JobSignal, cli_signal, job_signal
+from ..contract.signals import JobSignal, job_signal, job_time_limit, lead_problem, sbatch_options
 from ..errors import DispatchError
 from ..retention import Collector
 from ..slurm.client import JobInfo, Slurm, SlurmError
@@ -396,26 +396,42 @@ class Supervisor:
 SCRIPT_MAX = 1 << 20  # more of a batch script than sbatch itself would take is not read
 
 
-def job_signal_of(defn: dict, argv: list[str], env: dict[str, str]) -> JobSignal:
-    """The job's --signal as sbatch will read it for ``sbatch ARGV`` with ``env`` added to this
-    process's environment (contract/signals.py): the batch script is read where the job was
-    defined (``defn['cwd']``), else found on PATH, as sbatch finds it."""
-    _, script, wrap = cli_signal(argv)
-    if wrap is not None or script is None:
-        return job_signal(argv, {**os.environ, **env}, None if wrap is None else "")
+def batch_script(defn: dict, argv: list[str]) -> tuple[Optional[str], Optional[str]]:
+    """(the text of the batch script ``sbatch ARGV`` submits, or None when it is unreadable or
+    there is none; its name, with why it could not be read). Read where the job was defined
+    (``defn['cwd']``), else found on PATH, as sbatch finds it; ``--wrap`` is an empty script."""
+    _, _, script, wrap = sbatch_options(argv)
+    if wrap is not None:
+        return "", "--wrap"
+    if script is None:
+        return None, None
     cwd = defn.get("cwd") or os.getcwd()
     candidates = [os.path.join(cwd, script)]
     if "/" not in script:
         candidates += [os.path.join(d, script) for d in os.environ.get("PATH", "").split(os.pathsep) if d]
-    text, error = None, "not found"
+    error = "not found"
     for path in candidates:
         try:
             with open(path, "rb") as f:
-                text = f.read(SCRIPT_MAX).decode("utf-8", "replace")
-            break
+                return f.read(SCRIPT_MAX).decode("utf-8", "replace"), script
         except OSError as e:
             error = e.strerror or str(e)
-    return job_signal(argv, {**os.environ, **env}, text, script if text is not None else f"{script} ({error})")
+    return None, f"{script} ({error})"
+
+
+def job_signal_of(defn: dict, argv: list[str], env: dict[str, str]) -> JobSignal:
+    """The job's --signal as sbatch will read it for ``sbatch ARGV`` with ``env`` added to this
+    process's environment (contract/signals.py)."""
+    text, name = batch_script(defn, argv)
+    return job_signal(argv, {**os.environ, **env}, text, name)
+
+
+def lead_refusal(defn: dict, argv: list[str], env: dict[str, str]) -> Optional[str]:
+    """Why ``sbatch ARGV`` asks for a --signal that cannot tell a stop from a finish (its lead
+    as long as the time limit: contract/signals.lead_problem), or None."""
+    text, name = batch_script(defn, argv)
+    environ = {**os.environ, **env}
+    return lead_problem(job_signal(argv, environ, text, name).signal, job_time_limit(argv, environ, text))
 
 
 def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:
