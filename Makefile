@@ -18,12 +18,22 @@ host:
 
 # The hf, lightning and s3 extras' tests (tests/test_hf.py, test_lightning.py; tests/test_s3.py
 # against moto's server) run in `make test`. torch is pinned and installed first: a bare
-# `torch` requirement would resolve to the newest CUDA build (GBs).
+# `torch` requirement would resolve to the newest CUDA build (GBs). The frameworks' (tests/
+# test_deepspeed.py, test_megatron.py, test_torchtitan.py) come after it, pinned to the releases
+# tested, with torch pinned so none replaces it: DeepSpeed built from its source against that torch
+# (no compiled ops: it compiles its CPU op when first started, ~30 s, cached in ~/.cache); torchtitan
+# after the two its checkpointer imports, without its other dependencies: its own pin of datasets (< 4.8)
+# wants huggingface-hub < 2, which transformers 5 refuses.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test,cluster,plot,s3,submitit]'
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[hf,lightning]'
+	echo torch==2.13.0 > $(VENV)/torch-pin.txt
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c $(VENV)/torch-pin.txt deepspeed==0.19.8
+	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt megatron-core==0.16.1 -e '.[deepspeed,megatron]'
+	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt tyro spmd_types==0.2.3
+	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt --no-deps torchtitan==0.3.0
 	touch $@
 
 venv: $(VENV)/.installed

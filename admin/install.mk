@@ -1,7 +1,8 @@
 # The admin install, included by the top-level Makefile: the same layout as the Debian and
 # RPM packages (admin/README.md), for sites that build from source.
 #   make install [DESTDIR=] [PREFIX=/usr/local] [SYSCONFDIR=/etc] [INSTALL_PYTHON=/usr/bin/python3]
-#   make uninstall            refused while a plugstack file still loads the plugin
+#   make uninstall            refused while a plugstack file still loads the plugin, or (a slurmd
+#                             node) slurm.conf still runs the hooks
 #   make deb | make rpm | make orig | make man
 PKG := dispatch-slurm
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -104,10 +105,15 @@ orig:
 	tar -c --exclude=__pycache__ --exclude='*.so' --exclude=test_contract --exclude=test_contexts $(PKG_SOURCES) | tar -x -C $(PKG_BUILD)/$(PKG)-$(VERSION)
 	tar -C $(PKG_BUILD) -czf dist/$(PKG)-$(VERSION).tar.gz --owner=root --group=root $(PKG)-$(VERSION)
 
-# dpkg-buildpackage from the PATH's python3 must be Debian's (pybuild's modules are there).
+# pybuild and dh_python3 run the python3 the PATH names, and only Debian's has their modules: a
+# venv's or conda's python3 first on PATH fails the build deep inside debhelper. The build runs
+# with /usr/bin first, so Debian's python3 is the one used whatever the caller's PATH says.
+DEB_PYTHON := /usr/bin/python3
+DPKG_BUILDPACKAGE ?= dpkg-buildpackage
 deb: orig
+	@test -x $(DEB_PYTHON) || { echo "make deb: needs Debian's $(DEB_PYTHON) (apt-get install python3-all dh-python)" >&2; exit 1; }
 	rm -f dist/$(PKG)_$(VERSION)_*.deb dist/$(PKG)-dbgsym_$(VERSION)_*.deb
-	cd $(PKG_BUILD)/$(PKG)-$(VERSION) && dpkg-buildpackage -us -uc -b
+	cd $(PKG_BUILD)/$(PKG)-$(VERSION) && PATH=$(patsubst %/,%,$(dir $(DEB_PYTHON))):$$PATH $(DPKG_BUILDPACKAGE) -us -uc -b
 	mv $(PKG_BUILD)/$(PKG)*_$(VERSION)_$(DEB_ARCH).* dist/
 	$(LINTIAN) -I --pedantic --fail-on error,warning dist/$(PKG)_$(VERSION)_$(DEB_ARCH).changes
 	@ls dist/$(PKG)_$(VERSION)_$(DEB_ARCH).deb

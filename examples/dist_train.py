@@ -115,8 +115,8 @@ def main(argv=None) -> int:
     def on_preempt(left: float):
         if rank == 0:
             print(f"preempted at step {app.step}: saving with {left:.1f}s left", flush=True)
-        if saver is not None:
-            saver.wait(left)  # the save in flight: published on its completion, or an error
+        if saver is not None:  # this step's save if in flight or published (never written twice), else a new one
+            return saver.save_now(state, app.step, left)
         return ddcp.save(state, app.step, publish_it=False), app.step  # the handler publishes
 
     install_preemption_handler(on_preempt, defer=True)

@@ -108,3 +108,71 @@ def preempt_one(proc, out, nproc: int, what: str) -> str:
     finally:
         text = output(proc)
     return text
+
+
+def local_run(root, script: str, wait: bool = True):
+    """`eval "$(dispatch-slurm env --local)"` then ``script``, in bash, as the Quickstart runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    env.update(DISPATCH_CHECKPOINT=str(root), PATH=f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin")
+    full = f'eval "$({sys.executable} -m dispatch_slurm env --local)"\n{script}'
+    p = subprocess.Popen(["bash", "-euo", "pipefail", "-c", full], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    if wait:
+        assert p.wait(timeout=120) == 0
+    return p
+
+
+LOCAL_SAVE = 'mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-$1" && touch "$DISPATCH_EXEC_DIR/checkpoint-$1/model.bin" && ' \
+    'python -m dispatch_slurm publish "$DISPATCH_EXEC_DIR/checkpoint-$1" >/dev/null'
+
+
+def doc_snippet(page: str, name: str) -> str:
+    """The code block under ``<!-- snippet: NAME ... -->`` in docs/PAGE, as written."""
+    import re
+    text = (REPO / "docs" / page).read_text()
+    m = re.search(rf"<!-- snippet: {name}[;\s].*?-->\n```\w*\n(.*?)^```", text, re.S | re.M)
+    assert m, f"docs/{page} has no snippet {name}"
+    return m[1]
+
+
+# -- no published save is ever written again (tests/testbed/tripwire.py) ----------------
+
+def tripped(log: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def late_files(root, pub) -> list[str]:
+    """Files of the publication's save modified after the publication was created."""
+    published = os.stat(os.path.join(root, "pub", pub.name)).st_mtime_ns
+    save = os.path.join(root, pub.path)
+    found = [save] if os.path.isfile(save) else [os.path.join(d, f) for d, _, fs in os.walk(save) for f in fs]
+    return sorted(os.path.relpath(f, save) for f in found if os.stat(f).st_mtime_ns > published)
+
+
+def same(a, b, where="") -> list[str]:
+    """Where the two nested states differ (tensors bitwise, with their dtype)."""
+    import torch
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        ok = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype \
+            and a.shape == b.shape and torch.equal(a, b)
+        return [] if ok else [where]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{where}: keys {sorted(map(str, set(a) ^ set(b)))}"]
+        return [d for k in a for d in same(a[k], b[k], f"{where}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def assert_intact(root, trips, *, load, saved):
+    """Nothing tripped; the latest publication's files are older than it; ``load(path)``
+    reads it back equal to ``saved(pub)``, what the trainer handed its framework."""
+    from dispatch_slurm import store
+    assert not trips, f"a published save was opened for writing (the trainer was SIGKILLed there): {trips}"
+    pub = store.latest(str(root))
+    assert pub is not None
+    assert late_files(root, pub) == [], f"files of {pub.name} modified after its publication"
+    diff = same(load(os.path.join(root, pub.path)), saved(pub))
+    assert not diff, f"{pub.path} differs from what was saved at step {pub.step}: {diff[:5]}"
+    return pub

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -353,3 +354,80 @@ def test_what_the_cli_fuzz_test_found_is_refused_in_one_line(tmp_path, args, nee
     p = cli("doctor", *args, cwd=tmp_path)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and needle in lines[0], p.stderr
+
+
+def test_a_save_too_long_under_bare_torchrun_names_torchruns_kill_not_the_signal_lead():
+    """Issue 36: --save-seconds 45 under bare torchrun, a job that signals at 150 s: the 30 s
+    that binds is torchrun's kill of its workers after SIGTERM, so the fix is `dispatch-slurm
+    launch`, never `--signal=TERM@57` (the job already signals at 150)."""
+    tr = d.Stack(where="step", launcher="torchrun")
+    found = {f.code: f for f in d.check(d.Signal("TERM", False, 150), tr, d.SlurmConf(kill_wait=30), measured=45)}
+    f = found["save-too-long"]
+    assert "@57" not in f.fix and "--signal" not in f.fix and "dispatch-slurm launch -- torchrun" in f.fix, f
+    assert "torchrun SIGKILLs its workers 30 s after the signal" in f.problem and "180 s Slurm allows" in f.problem
+    # where the signal lead binds, the fix is the lead; where GraceTime does, GraceTime
+    (lead,) = d.check(d.Signal("TERM", False, 30), SRUN, d.SlurmConf(kill_wait=10), measured=45)
+    assert "--signal=TERM@57" in lead.fix and "the job's --signal lead (30 s)" in lead.problem
+    pre = [f for f in d.check(d.Signal("TERM", False, 300), SRUN, d.SlurmConf(10, "REQUEUE", False, 20), measured=45)
+           if f.code == "save-too-long"]
+    assert len(pre) == 1 and pre[0].problem.startswith("preemption") and "GraceTime >= 57 s" in pre[0].fix
+    run = d.verdict([d.Row(0, "h", 1, ["SIGTERM"], delay=0.1, to_stop=0.1)], 1, 30,
+                    binds=d.binding("time limit", d.limits(d.Signal("TERM", False, 150), tr, d.SlurmConf())
+                                    ["time limit"], d.Signal("TERM", False, 150), tr, d.SlurmConf()))
+    (slow,) = [f for f in run if f.code == "save-too-long"]
+    assert "dispatch-slurm launch -- torchrun" in slow.fix and "torchrun SIGKILLs" in slow.problem, slow
+
+
+def test_doctor_on_a_job_waits_for_completing_and_the_ranks_exit_records(tmp_path, monkeypatch):
+    """Issue 36: `doctor --job` read the records as soon as the job "ended", while it was
+    still COMPLETING and its rank was saving in KillWait: "published no" and no-safe-point
+    for a rank whose record then shows its save published. It waits until the job left
+    COMPLETING and every rank's exit record is there (Slurm stood in for: its answers
+    only; the cluster test does it on docker-slurm)."""
+    import dataclasses
+    from dispatch_slurm.cli import doctor as cli_doctor
+    from dispatch_slurm.slurm import client
+    from dispatch_slurm.slurm.facts import JobInfo
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    rec = probe / "n1.4242.jsonl"
+    t0 = time.time()
+
+    def write(phase, t, **kw):
+        with open(rec, "a") as f:
+            f.write(json.dumps({"phase": phase, "t": t, "host": "n1", "pid": 4242, "rank": 0, "world": 1,
+                                "job": "5", **kw}) + "\n")
+    write("installed", t0, signals=["SIGTERM"], grace=60, defer=True, launcher=None)
+    base = JobInfo(5, "RUNNING", frozenset(), "None", 0, ["n1"], "n1", None, None, "p", "alice", "j", {})
+    polls = []
+
+    class FakeSlurm:
+        def find_job(self, job_id):
+            polls.append(time.time())
+            if not any(c[0] == "cancel" for c in calls):
+                return base
+            ended = dataclasses.replace(base, state="COMPLETED", exit_code=0)
+            if len(polls) < 6:  # the batch shell is gone; the rank saves in KillWait
+                if len(polls) == 3:
+                    write("signal", time.time(), signal="SIGTERM")
+                    write("stop", time.time())
+                return dataclasses.replace(ended, flags=frozenset({"COMPLETING"}))
+            if "saved" not in rec.read_text():
+                now = time.time()
+                write("saved", now, ok=True, error=None)
+                write("published", now, path="/r/exec/a/checkpoint-69", step=69)
+                write("exit", now, code=0)
+            return ended
+
+        def cancel(self, job_id, signal=None, **kw):
+            calls.append(("cancel", signal))
+
+    calls: list = []
+    monkeypatch.setattr(client, "Slurm", FakeSlurm)
+    monkeypatch.setattr(time, "sleep", lambda s: None)  # the stand-in answers at once
+    run, table = cli_doctor._on_job(5, d.Signal("TERM", False, 10), d.SlurmConf(kill_wait=5), 1, 5, False,
+                                    str(probe), None)
+    (row,) = table
+    assert row.published and row.exit == 0 and row.to_stop is not None, (row, run.log)
+    assert not [f for f in d.verdict(table, 1, 15) if f.code == "no-safe-point"]
+    assert "every rank's exit record is there" in run.log[-1][1], run.log

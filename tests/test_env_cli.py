@@ -207,3 +207,30 @@ def test_one_grace_parser_for_the_job_option_and_the_handler():
     with pytest.raises(EnvError, match=r"^grace must be 0\.\.300"):
         env.Execution.current({"DISPATCH_GRACE_S": "5"}, grace=1000).grace
     assert env.parse_grace("x", "300") == env.parse_grace("x", "300", whole=True) == siteconf.GRACE_CAP
+
+
+def test_env_local_refuses_an_empty_dispatch_checkpoint(tmp_path):
+    """Issue 36: DISPATCH_CHECKPOINT="" is a mistake (a variable left empty), never a request
+    for ./dispatch-local: refused, naming the variable, nothing created."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    res = subprocess.run([sys.executable, "-m", "dispatch_slurm", "env", "--local"], cwd=tmp_path,
+                         env={**clean, "DISPATCH_CHECKPOINT": ""}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "DISPATCH_CHECKPOINT is set but empty" in res.stderr, res
+    assert not (tmp_path / "dispatch-local").exists()
+    res = subprocess.run([sys.executable, "-m", "dispatch_slurm", "env", "--local"], cwd=tmp_path,
+                         env=clean, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and (tmp_path / "dispatch-local" / "exec").is_dir(), res.stderr
+
+
+def test_env_local_refuses_a_named_root_that_does_not_exist_as_the_readme_says(tmp_path):
+    """A named root is never created (a typo would start a new lineage from step 0, as the
+    plugin, `submit` and `env` in a job refuse it); only ./dispatch-local is. The Quickstart
+    says so."""
+    from test_readme_snippets import REPO
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    res = subprocess.run([sys.executable, "-m", "dispatch_slurm", "env", "--local"], cwd=tmp_path,
+                         env={**clean, "DISPATCH_CHECKPOINT": str(tmp_path / "typo")}, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "does not exist" in res.stderr and not (tmp_path / "typo").exists()
+    step2 = (REPO / "README.md").read_text().split("**2. ", 1)[1].split("<!-- snippet", 1)[0]
+    assert "must exist" in step2 and "./dispatch-local`, created" in " ".join(step2.split()), step2

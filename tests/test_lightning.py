@@ -126,3 +126,23 @@ def test_a_signal_during_validation_saves_there(root, tmp_path, sanity):
     assert (out / "signalled").read_text() == str(step)
     assert [p.step for p in store.publications(root)] == [step]
     assert not (out / "validated").exists()  # saved inside the validation, not after it
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["probe-records", "a-checkpoint-file"])
+def test_the_exec_folders_own_files_raise_no_not_empty_warning(root, tmp_path, stale):
+    """Issue 36: the exec folder is this execution's own, and it holds the handler's probe
+    records (dispatch-probe/, written by whichever rank installed its handler first) or
+    the logger's files: Lightning's "Checkpoint directory ... exists and is not empty"
+    must not fire for those on every run. A checkpoint file already there (which the
+    warning is about) still warns."""
+    import os
+    exec_dir = root / "exec" / "c.22.1000000"
+    (exec_dir / "dispatch-probe").mkdir(parents=True)
+    (exec_dir / "dispatch-probe" / "n1.1.jsonl").write_text("{}\n")
+    if stale:
+        (exec_dir / "checkpoint-1.ckpt").write_bytes(b"x")
+    proc, _ = run_script(TRAINER, tmp_path, root, "c.22.1000000", 1_000_000, 2, 1)
+    text = output(proc)
+    assert proc.returncode == 0 and "done at step 2" in text, text[-3000:]
+    assert ("exists and is not empty" in text) == stale, text[-3000:]
+    assert os.path.isdir(exec_dir / "dispatch-probe")

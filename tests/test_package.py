@@ -208,3 +208,56 @@ def test_every_version_says_the_same():
     assert f"%global pkg_version {version}}}" in spec and re.search(rf"^\* .* - {re.escape(version)}-1$", spec, re.M)
     for page in ("dispatch_env.8", "dispatch-slurm-site.conf.5", "dispatch-slurm.1"):
         assert f'"dispatch-slurm {version}"' in (REPO / "admin/man" / page).read_text().splitlines()[0], page
+
+
+def test_make_deb_builds_with_debians_python3_whatever_python3_is_first_on_path(tree, tmp_path):
+    """Issue 36: a venv's or conda's python3 first on PATH failed `make deb` (pybuild and
+    dh_python3 run the PATH's python3). The build runs with Debian's /usr/bin/python3 first
+    (dpkg-buildpackage stood in for: it records the python3 it would run)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text("#!/bin/sh\necho 'not Debian python3' >&2\nexit 1\n")
+    seen = tmp_path / "seen"
+    (bin_ / "dpkg-buildpackage").write_text(
+        f"#!/bin/sh\ncommand -v python3 >{seen}\narch=$(dpkg --print-architecture)\n"
+        "for x in deb changes buildinfo; do touch ../dispatch-slurm_0.1.0_$arch.$x; done\n")
+    for f in ("python3", "dpkg-buildpackage"):
+        (bin_ / f).chmod(0o755)
+    r = subprocess.run(["make", "-s", "deb", "LINTIAN=:", f"DPKG_BUILDPACKAGE={bin_}/dpkg-buildpackage"], cwd=tree,
+                       capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stderr
+    assert seen.read_text().strip() == "/usr/bin/python3"
+    admin = " ".join((REPO / "docs" / "admin.md").read_text().split())
+    assert "`make deb` builds with Debian's `/usr/bin/python3` whatever `python3` is first on PATH" in admin
+
+
+ADMIN_DOCS = ["docs/admin.md", "debian/README.Debian", "admin/man/dispatch_env.8", "admin/plugstack.conf.in"]
+
+
+def _text(path: str) -> str:
+    """A doc's words on one line, roff escapes dropped."""
+    return " ".join(re.sub(r"\\f[BIRP]|\\(?=-)", "", (REPO / path).read_text()).split())
+
+
+def test_the_admin_docs_name_both_reasons_a_removal_is_refused():
+    """Issue 36: admin/unplug refuses a removal while a plugstack file loads the plugin AND,
+    on a slurmd node, while slurm.conf still runs the hooks; every page that tells the
+    admin about removal names both."""
+    unplug = (REPO / "admin" / "unplug").read_text()
+    assert "still loads dispatch_env.so" in unplug and "still runs the hooks" in unplug
+    for doc in ("docs/admin.md", "debian/README.Debian", "admin/man/dispatch_env.8"):
+        text = _text(doc)
+        assert "still loads" in text and re.search(r"slurm\.conf`? still names (these|the) hooks", text), doc
+
+
+def test_the_plugstack_include_is_read_as_debian_ships_it():
+    """Issue 36: Debian's plugstack.conf says `include /etc/slurm/plugstack.conf.d/*.conf`,
+    so a file there not named *.conf is ignored: the docs say *.conf, and every link they
+    tell the admin to make is named *.conf."""
+    links = []
+    for doc in ADMIN_DOCS + ["README.md", "admin/dispatch-slurm.spec"]:
+        text = _text(doc)
+        assert not re.search(r"plugstack\.conf\.d/\*(?!\.conf)", text), doc
+        links += [(doc, link) for link in re.findall(r"plugstack\.conf\.d/([\w.%{}-]+)", text)]
+    assert len({d for d, _ in links}) >= 4 and all(link.endswith(".conf") for _, link in links), links

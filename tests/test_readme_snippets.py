@@ -355,23 +355,33 @@ def test_the_install_snippet_installs_without_root(tmp_path):
     assert "version 0.1.0" in res.stdout
 
 
-@pytest.mark.parametrize("exit_", [0, 1])
-def test_the_local_user_path_without_slurm(job, exit_):
+@pytest.mark.parametrize("crash", [False, True], ids=["trains", "crashes"])
+def test_the_local_user_path_without_slurm(tmp_path, crash):
     """`eval "$(dispatch-slurm env --local)"` on a machine without Slurm, run twice as the
-    Quickstart says: the second execution resumes from the first one's save and publishes at a
-    higher epoch; a crashing trainer fails the script."""
-    tmp, _, env = job
-    env = {k: v for k, v in env.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
-    env.update(WAIT_WATCH="1")
-    first = bash(block("local-user-path"), env, tmp)
+    Quickstart says, in a checkout (examples/train.py, the real interpreter: no stand-ins):
+    the second execution resumes from the first one's save and publishes at a higher
+    epoch; a trainer that crashes (here: its resume point is corrupt) fails the script."""
+    (tmp_path / "examples").mkdir()
+    shutil.copy(REPO / "examples" / "train.py", tmp_path / "examples" / "train.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    env.update(PATH=f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", HOME=str(tmp_path))
+    first = bash(block("local-user-path"), env, tmp_path)
     assert first.returncode == 0, first.stderr
-    root = tmp / "dispatch-local"
-    assert resumed_from(tmp) is None and store.latest(str(root)).path == "exec/local.1.1000000/checkpoint-10"
-    second = bash(block("local-user-path"), {**env, "TRAINER_EXIT": str(exit_)}, tmp)
-    assert second.returncode == exit_, second.stderr
-    assert resumed_from(tmp) == os.fsencode(root / "exec" / "local.1.1000000" / "checkpoint-10")
+    assert b"starting at step 0" in first.stdout and b"published step 20" in first.stdout, first.stdout
+    root = tmp_path / "dispatch-local"
+    assert store.latest(str(root)).path == "exec/local.1.1000000/checkpoint-20"
+    saved = root / "exec" / "local.1.1000000" / "checkpoint-20"
+    if crash:
+        (saved / "state.json").write_text("not json")
+    second = bash(block("local-user-path"), env, tmp_path)
+    if crash:  # 1 (wait $T), or 2 when it died before the watch started (which then refuses its pid)
+        assert second.returncode in (1, 2) and b"Traceback" in second.stderr, second.stderr
+        assert store.latest(str(root)).step == 20
+        return
+    assert second.returncode == 0, second.stderr
+    assert f"resumed from step 20 ({saved})".encode() in second.stdout, second.stdout
     latest = store.latest(str(root))
-    assert latest.path == "exec/local.2.2000000/checkpoint-20" and latest.epoch == 2_000_000
+    assert latest.path == "exec/local.2.2000000/checkpoint-40" and latest.epoch == 2_000_000
 
 
 def test_the_local_trial_is_the_first_thing_to_try(job):

@@ -5,10 +5,11 @@ real docker-slurm run)."""
 import json
 import os
 import pathlib
+import sys
 import time
 
 import pytest
-from support import cli
+from support import LOCAL_SAVE, cli, local_run
 
 from dispatch_slurm import report, store
 from dispatch_slurm.supervisor.record import Record
@@ -62,7 +63,9 @@ def test_report_tells_the_story(story):
     assert [p["step"] for p in old["publications"]] == [10, 20] and new["nodes"] == ["c2"]
     (i,) = r["interruptions"]
     assert i["overlap_s"] == pytest.approx(3.0)  # the old one wrote until +58, the new started at +55
-    assert i["resumed_from"]["step"] == 20 and i["steps_lost"] == 10  # saved 30, resumed from 20
+    assert i["resumed_from"]["step"] == 20 and i["resumed_by"] == "the latest publication when it started"
+    # saved 30, resumed from 20; what it computed after 30 nothing under the root tells (no handler event)
+    assert i["steps_lost"] is None and i["steps_lost_at_least"] == 10
     (h,) = r["holds"]
     assert [a["answer"] for a in h["answers"]] == ["not_ceased"] and h["released"]["by"] == "cessation signal"
     assert r["latest"]["step"] == 40
@@ -70,7 +73,7 @@ def test_report_tells_the_story(story):
 
 def test_report_cli_text_json_and_png(story, tmp_path):
     text = cli("report", story, check=True).stdout
-    assert "steps lost: 10" in text and "old kept writing 3.0s" in text and "REQUEUED" in text
+    assert "steps lost: unknown, at least 10" in text and "old kept writing 3.0s" in text and "REQUEUED" in text
     j = json.loads(cli("report", story, "--json", check=True).stdout)
     assert len(j["executions"]) == 2
     png = tmp_path / "timeline.png"
@@ -213,3 +216,231 @@ def test_gc_collects_a_plugin_job_from_the_root_alone(plugin_story):
     assert gone == [f"exec/linux.79.1000000/checkpoint-{s}" for s in (60, 70, 80)] + \
         ["exec/linux.79.1000001/checkpoint-90"]
     assert sorted(os.listdir(root / "exec" / "linux.79.1000001")) == ["checkpoint-100"]
+
+
+# ---- issue 36: the report says only what happened --------------------------------------------
+
+@pytest.fixture(autouse=True)
+def no_slurm_here(monkeypatch):
+    """This host has no Slurm: a report asks none (the Slurm tests put a stand-in on PATH)."""
+    monkeypatch.setenv("PATH", f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin")
+
+
+def _record(root, t, *facts):
+    rec = Record(str(root), clock=lambda: t)
+    rec.open_for_append()
+    for f in facts:
+        rec.append(f)
+
+
+def _event(root, attempt, type_, t, **fields):
+    """One event of ``attempt`` at time ``t``, as its process would write it."""
+    from dispatch_slurm.store import events
+    e = events.emit(type_, root=str(root), attempt=attempt, **fields)
+    f = next((root / "events").glob(f"{attempt}.*.{os.getpid()}.jsonl"))
+    lines = f.read_text().splitlines()
+    lines[-1] = json.dumps({**e, "t": t})
+    f.write_text("\n".join(lines) + "\n")
+
+
+def _publish(root, attempt, step, at):
+    d = write_save(root, attempt, step, at)
+    store.publish(d, root=str(root), epoch=int(attempt.rsplit(".", 1)[1]), sync=False)
+    name = [n for n in os.listdir(root / "pub") if f"-{step:020d}-" in n][0]
+    os.utime(root / "pub" / name, (at + 0.5, at + 0.5))
+    for f in (root / "events").iterdir():  # the `published` event at the same time
+        f.write_text("".join(json.dumps({**e, "t": at + 0.5}) + "\n" if e["type"] == "published"
+                             and e.get("step") == step else json.dumps(e) + "\n"
+                             for e in map(json.loads, f.read_text().splitlines())))
+    return d
+
+
+def test_an_execution_that_wrote_nothing_is_not_said_to_have_kept_writing(root, monkeypatch):
+    """Job 100's first execution wrote nothing and ended (Slurm's word) 15 s before the next
+    one started: no "old kept writing - after the new one started"."""
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    (root / "exec" / A1).mkdir(parents=True)
+    (root / "exec" / A2).mkdir(parents=True)
+    ex = {"g": 0, "n": 1, "job": 100, "nodes": ["c1"]}
+    _record(root, T0 + 5, {"type": "started", **ex, "r": 0, "attempt": A1, "start_time": int(T0)},
+            {"type": "ended", **ex, "r": 0, "attempt": A1, "state": "FAILED"})
+    _record(root, T0 + 20, {"type": "started", **ex, "r": 1, "attempt": A2, "start_time": int(T0 + 20)})
+    text = cli("report", root, check=True).stdout
+    assert "old kept writing -" not in text, text
+    assert "old wrote nothing and ended 15.0s before the new one started" in text, text
+    (i,) = report.build(str(root))["interruptions"]
+    assert i["old_wrote"] is False and i["overlap_s"] is None
+
+
+def test_steps_computed_after_the_last_save_are_never_counted_as_0(root, monkeypatch):
+    """The issue's run: R=0 saved and published 300, computed on to 319 and was killed at its
+    time limit (no handler); R=1 resumed from 300. Nothing under the root tells what R=0
+    computed after 300: "unknown", never "steps lost: 0". With the handler's own
+    checkpoint_complete (it saved at its stop and exited), 0 is known."""
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    _publish(root, A1, 300, T0 + 30)
+    (root / "exec" / A2).mkdir()
+    ex = {"g": 0, "n": 1, "job": 100, "nodes": ["c1"]}
+    _record(root, T0 + 60, {"type": "started", **ex, "r": 0, "attempt": A1, "start_time": int(T0)},
+            {"type": "ended", **ex, "r": 0, "attempt": A1, "state": "TIMEOUT"},
+            {"type": "started", **ex, "r": 1, "attempt": A2, "start_time": int(T0 + 70)})
+    text = cli("report", root, check=True).stdout
+    assert "steps lost: 0" not in text and "steps lost: unknown (nothing under the root tells what it computed " \
+        "after its last save (step 300))" in text, text
+    (i,) = report.build(str(root))["interruptions"]
+    assert i["resumed_from"]["step"] == 300 and i["steps_lost"] is None and i["steps_lost_at_least"] == 0
+    _event(root, A1, "checkpoint_complete", T0 + 31, elapsed=1.0, time_remaining=50.0)
+    (i,) = report.build(str(root))["interruptions"]
+    assert i["steps_lost"] == 0, i
+
+
+def test_a_resume_is_dated_by_what_the_execution_resumed_from(root, monkeypatch):
+    """Issue 36 point 11: R=0 published 700, R=1 started at +100, R=0 published 800 at +103.4
+    (3.4 s after that start) and saved on to 1812 (its handler saved at the stop); R=1
+    restored checkpoint-800, as its own resume event says: resumed from 800, 1012 lost (not
+    "resumed from step 700; steps lost: 1112")."""
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    _publish(root, A1, 700, T0 + 50)
+    _publish(root, A1, 800, T0 + 102.9)
+    write_save(root, A1, 1812, T0 + 140)
+    _event(root, A1, "checkpoint_complete", T0 + 141, elapsed=2.0, time_remaining=40.0)
+    write_save(root, A2, 900, T0 + 160)
+    ex = {"g": 0, "n": 1, "job": 100, "nodes": ["c1"]}
+    _record(root, T0 + 100, {"type": "started", **ex, "r": 0, "attempt": A1, "start_time": int(T0)},
+            {"type": "ended", **ex, "r": 0, "attempt": A1, "state": "REQUEUED", "requeued": True},
+            {"type": "started", **ex, "r": 1, "attempt": A2, "start_time": int(T0 + 100)})
+    (i,) = report.build(str(root))["interruptions"]
+    assert i["resumed_from"]["step"] == 700 and i["steps_lost"] is None, "no resume event: 700 or 800"
+    assert [c["step"] for c in i["resume_candidates"]] == [800] and i["steps_lost_at_least"] == 1012
+    pub800 = next(n for n in os.listdir(root / "pub") if f"-{800:020d}-" in n)
+    _event(root, A2, "resumed", T0 + 104, step=800, name=pub800, path=f"exec/{A1}/checkpoint-800",
+           by="latest --resume")
+    text = cli("report", root, check=True).stdout
+    assert f"resumed from step 800 (exec/{A1}/checkpoint-800); steps lost: 1012" in text, text
+    (i,) = report.build(str(root))["interruptions"]
+    assert i["resumed_from"]["step"] == 800 and i["resumed_by"] == "its resume event"
+    assert i["steps_lost"] == 1012, i
+
+
+def test_latest_resume_and_the_integrations_record_what_they_returned(tmp_path, monkeypatch):
+    """`latest --resume` and store.resume_point (every integration's resume call) record a
+    `resumed` event naming the publication they returned (none: from scratch), in an
+    execution's first rank only."""
+    from support import allocate
+    from dispatch_slurm.store import events
+    root = tmp_path / "root"
+    root.mkdir()
+    allocate(root, 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_", "RANK"))}
+    env.update(DISPATCH_CHECKPOINT=str(root), DISPATCH_ATTEMPT="c.7.2000000", DISPATCH_EPOCH="2000000")
+    for k in [k for k in os.environ if k.startswith(("DISPATCH_", "SLURM_", "RANK"))]:
+        monkeypatch.delenv(k)
+    for k in ("DISPATCH_CHECKPOINT", "DISPATCH_ATTEMPT", "DISPATCH_EPOCH"):
+        monkeypatch.setenv(k, env[k])
+    assert cli("latest", "--resume", env=env).stdout == ""
+    d = root / "exec" / "c.6.1000000" / "checkpoint-5"
+    d.mkdir(parents=True)
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.6.1000000")  # the execution that saved it publishes it
+    pub = store.publish(str(d), root=str(root), epoch=1_000_000).publication
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.7.2000000")
+    assert cli("latest", "--resume", env=env).stdout.strip() == str(d)
+    assert store.resume_point(str(root)) == (str(d), 5)
+    cli("latest", "--resume", env={**env, "RANK": "1"})  # another rank: nothing recorded
+    got = [(e["by"], e["step"], e["name"]) for e in events.read(str(root), "c.7.2000000") if e["type"] == "resumed"]
+    assert got == [("latest --resume", None, None), ("latest --resume", 5, pub.name), ("resume_point", 5, pub.name)]
+
+
+def test_the_sweeps_record_is_not_called_an_epilogs(root, monkeypatch):
+    """A node whose Epilog never ran for the execution (cut off) has its cessation recorded
+    by a later job's sweep on that node: the report says so, not "(Epilog)"."""
+    from dispatch_slurm.store import ceased
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    write_save(root, A1, 10, T0 + 10)
+    for node, source in (("n1", "epilog"), ("n2", "sweep")):
+        ceased.record(str(root), A1, node, {"by": "process scan"}, nodes=["n1", "n2"])
+        _event(root, A1, "cessation", T0 + 60, node=node, source=source, nodes=["n1", "n2"])
+    text = cli("report", root, check=True).stdout
+    assert "ceased on n1 (Epilog), n2 (a later job's sweep)" in text, text
+    (e,) = report.build(str(root))["executions"]
+    assert e["cessation"]["sources"] == {"n1": "epilog", "n2": "sweep"}
+
+
+def test_a_latest_whose_save_is_gone_is_said_and_fails_the_report(root, monkeypatch):
+    """`latest` refuses a latest publication whose save is gone (exit 2): the report's header
+    must not say "latest: step 20" and exit 0."""
+    import shutil
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    _publish(root, A1, 10, T0 + 10)
+    shutil.rmtree(_publish(root, A1, 20, T0 + 20))
+    assert cli("latest", root).returncode == 2
+    res = cli("report", root)
+    assert res.returncode == 2, res
+    head = res.stdout.splitlines()[0]
+    assert "latest: step 20" in head and "GONE" in head, head
+    assert "retire" in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+
+
+FAKE_SLURM = r"""#!/usr/bin/env python3
+import json, os, sys
+cmd, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+if cmd == "sacct":
+    print(json.dumps({"jobs": []}))
+elif args == ["--version"]:
+    print("slurm 24.11.5")
+elif args[:2] == ["show", "config"]:
+    print("ClusterName             = linux")
+elif args[:2] == ["show", "job"]:
+    print(open(os.environ["FAKE_SLURM_JOBS"]).read())
+else:
+    sys.exit(f"stand-in: {args}")
+"""
+
+
+def test_a_plugin_job_without_a_supervisor_record_is_read_from_slurm(tmp_path, monkeypatch):
+    """A plugin job nobody supervised, its Epilog not (yet) recorded: its executions' ends
+    come from Slurm (R=0 and R=1 requeued, R=2 COMPLETED), not "running, or unknown"; a job
+    Slurm forgot says so."""
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    root = tmp_path / "root"
+    for r in range(3):
+        write_save(root, f"linux.79.{1_000_000 + r}", 10 * (r + 1), T0 + 100 * r)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("scontrol", "sacct"):
+        (bin_ / name).write_text(FAKE_SLURM)
+        (bin_ / name).chmod(0o755)
+    job = {"job_id": 79, "job_state": ["COMPLETED"], "restart_cnt": 2, "nodes": "n1", "state_reason": "None",
+           "user_name": "alice", "name": "train", "end_time": {"set": True, "number": int(T0 + 300)},
+           "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "number": 0}}, "cluster": "linux"}
+    (tmp_path / "jobs.json").write_text(json.dumps({"jobs": [job]}))
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_JOBS", str(tmp_path / "jobs.json"))
+    text = cli("report", root, check=True).stdout
+    assert "running, or unknown" not in text and "COMPLETED (Slurm)" in text, text
+    r = report.build(str(root))
+    assert [(e["ended"]["state"], e["ended"]["source"]) for e in r["executions"]] == \
+        [("REQUEUED", "slurm"), ("REQUEUED", "slurm"), ("COMPLETED", "slurm")]
+    assert r["executions"][2]["ended"]["at"] == T0 + 300
+    (tmp_path / "jobs.json").write_text(json.dumps({"jobs": []}))
+    gone = report.build(str(root))
+    assert all(e["ended"] is None and "Slurm knows the job no more" in e["end_unknown"] for e in gone["executions"])
+
+
+def test_a_finished_local_execution_is_said_to_have_ended(tmp_path):
+    """`env --local` executions: one that finished (its processes are gone from this host)
+    is "ended", one still running is "running" (the shell that ran `env --local` lives),
+    never "running, or unknown"."""
+    root = tmp_path / "root"
+    root.mkdir()
+    local_run(root, "set -- 10; " + LOCAL_SAVE)
+    live = local_run(root, "set -- 20; " + LOCAL_SAVE + "; echo saved; read -r _", wait=False)
+    try:
+        assert live.stdout.readline().strip() == "saved"
+        text = cli("report", root, check=True).stdout
+        assert "running, or unknown" not in text and f"running: pid {live.pid} still runs" in text, text
+        done, running = report.build(str(root))["executions"]
+        assert (done["ended"]["state"], running["ended"]["state"]) == ("ended", "running"), (done, running)
+    finally:
+        live.kill()
+        live.wait()
+    assert all(e["ended"]["state"] == "ended" for e in report.build(str(root))["executions"])

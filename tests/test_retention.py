@@ -626,3 +626,50 @@ def test_a_big_jobs_node_list_is_read_back_whole(root):
         ceased_store.record(str(root), A, n, {"by": "cgroup v2"}, nodes=nodes)
     ev = ceased_store.execution(str(root), A)
     assert ev["nodes"] == nodes and len(ev["missing"]) == 4998 and ev["ceased"] is False
+
+
+# ---- issue 36 point 11: gc on a local root, gc --dry-run alone -------------------------------
+
+def _slurm_that_must_not_be_asked(tmp_path) -> str:
+    """A PATH whose scontrol/sacct record every call and fail (Slurm is not there)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("scontrol", "sacct", "squeue"):
+        (bin_ / name).write_text(f"#!/bin/sh\necho \"$0 $*\" >>{tmp_path}/asked\nexit 1\n")
+        (bin_ / name).chmod(0o755)
+    return f"{bin_}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+
+
+def test_gc_on_a_local_root_asks_no_slurm_and_knows_its_executions_by_their_processes(tmp_path):
+    """Two finished `env --local` executions and a running one: gc removes what --keep-last
+    does not keep of the finished ones (their processes are gone from this host), keeps the
+    running one's (its shell still runs), asks Slurm nothing and needs no --ceased."""
+    from support import LOCAL_SAVE, local_run
+    root = tmp_path / "root"
+    root.mkdir()
+    for steps in ((10, 20), (30, 40)):
+        local_run(root, "; ".join(f"set -- {s}; {LOCAL_SAVE}" for s in steps))
+    live = local_run(root, f"set -- 50; {LOCAL_SAVE}; set -- 60; {LOCAL_SAVE}; echo saved; read -r _", wait=False)
+    try:
+        assert live.stdout.readline().strip() == "saved"
+        path = _slurm_that_must_not_be_asked(tmp_path)
+        res = cli("gc", root, "--keep-last", "1", "--min-age", "0", env={"PATH": path}, check=True)
+        assert not (tmp_path / "asked").exists(), (tmp_path / "asked").read_text()
+        left = sorted(p.name for p in (root / "exec").glob("*/checkpoint-*"))
+        assert left == ["checkpoint-50", "checkpoint-60"], (left, res.stdout)
+        assert "its processes are gone from" in res.stdout and f"pid {live.pid} still runs" in res.stdout, res.stdout
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_gc_dry_run_alone_shows_the_default_policy(root, three):
+    """`gc ROOT --dry-run` without --keep-last shows what gc would do with the root's own
+    policy (none recorded: every published save kept), instead of refusing; a real gc
+    still needs --keep-last."""
+    age(root / "exec")
+    dry = cli("gc", root, "--dry-run", "--ceased", A, env={"PATH": "/nonexistent"})
+    assert dry.returncode == 0, dry.stderr
+    assert "every published save kept" in dry.stderr and f"exec/{A}/checkpoint-10" in dry.stdout, dry
+    assert all(d.exists() for d in three.values())
+    assert cli("gc", root).returncode == 2

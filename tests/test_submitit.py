@@ -21,7 +21,7 @@ from submitit.slurm.slurm import _make_sbatch_string  # noqa: E402
 from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
 from dispatch_slurm.integrations import submitit as ds  # noqa: E402
-from support import REPO, claim  # noqa: E402
+from support import REPO, assert_intact, claim, tripped  # noqa: E402
 from testbed import wait  # noqa: E402
 from testbed.ranks import dispatch_env  # noqa: E402
 from testbed.submitit_train import Count  # noqa: E402
@@ -70,8 +70,9 @@ class Bed:
             _make_sbatch_string(command="python -u -m submitit.core._submit", folder=self.folder,
                                 additional_parameters=extra))
 
-    def start(self, r: int, **env) -> subprocess.Popen:
-        """Execution R of job 101: claims its epoch (as the plugin's hooks do), then runs."""
+    def start(self, r: int, wrap=(), **env) -> subprocess.Popen:
+        """Execution R of job 101: claims its epoch (as the plugin's hooks do), then runs
+        (``wrap``: a script that runs the module, e.g. tests/testbed/tripwire.py)."""
         attempt, epoch = f"c.{JOB}.{1_000_000 + r}", 1_000_000 + r
         claim(self.root, attempt)
         env = {"PYTHONPATH": f"{REPO}:{REPO}/tests", **env}
@@ -79,7 +80,8 @@ class Bed:
                             SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1",
                             PATH=os.environ["PATH"], STANDIN=str(self.standin), **env)
         log = open(self.folder / f"{JOB}_0_log.out", "a")  # srun --output, open-mode append
-        proc = subprocess.Popen([sys.executable, "-u", "-m", "submitit.core._submit", str(self.folder)], env=base,
+        proc = subprocess.Popen([sys.executable, "-u", *map(str, wrap), "-m", "submitit.core._submit", str(self.folder)],
+                                env=base,
                                 stdout=log, stderr=log, start_new_session=True)
         self.procs.append(proc)
         return proc
@@ -148,6 +150,28 @@ def test_preemption_sigterm_publishes_exits_0_without_a_result_and_the_next_resu
     assert ended(bed.start(1)) == 0
     assert bed.records(1)[0]["resumed"] == saved
     assert bed.job().result()["attempt"] == f"c.{JOB}.1000001"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2], ids=["preemption", "time-limit"])
+def test_a_signal_on_a_save_step_never_rewrites_the_publication(bed, tmp_path, sig):
+    """Count publishes every step, so the signal (Slurm's preemption SIGTERM, or submitit's
+    time-limit USR2: ``checkpoint()``) lands on a step whose save is published; under
+    tests/testbed/tripwire.py a write into it is SIGKILLed at its first byte. The
+    ``save_checkpoint`` of the docs' trainer wrote that folder again; with ``ds.save_dir``
+    it is refused and the signal stops on the published save."""
+    bed.submit(Count(100000, 1, 0.02))
+    log = tmp_path / "trips"
+    old = bed.start(0, wrap=[REPO / "tests" / "testbed" / "tripwire.py"], TRIPWIRE_LOG=str(log))
+    published_step(bed.root, 3)
+    os.kill(old.pid, sig)
+    rc = ended(old)
+
+    def load(path):
+        with open(os.path.join(path, "state.json")) as f:
+            return json.load(f)
+    pub = assert_intact(bed.root, tripped(log), load=load, saved=lambda pub: {"step": pub.step})
+    assert rc == (0 if sig == signal.SIGTERM else 255), (bed.folder / f"{JOB}_0_log.1000000.err").read_text()[-3000:]
+    assert [r["step"] for r in bed.records(0) if r["event"] == "saved"][-1] == pub.step
 
 
 def test_an_old_execution_that_finishes_after_the_new_one_writes_nothing(bed, tmp_path):
@@ -294,3 +318,14 @@ def test_the_submitit_extra_names_submitit():
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["submitit"]
     assert extra == ["submitit>=1.5,<2"]
     assert version("submitit").split(".")[0] == "1" and int(version("submitit").split(".")[1]) >= 5
+
+
+def test_the_docs_job_result_line_says_submitit_blocks(bed):
+    """Issue 36: submitit's job.result() waits (Job.wait: a second's poll) until the result
+    file exists or Slurm says the job is over; StaleResult can come only then. The docs'
+    comment says so, instead of suggesting StaleResult at once while the job runs."""
+    line = next(ln for ln in snippet("submitit-submit").splitlines() if "job.result()" in ln)
+    assert "blocks until" in line and "StaleResult" in line, line
+    bed.submit(Count(5, 1, 0.0))
+    bed.restarts(0)
+    assert not bed.result_file().exists() and not bed.job().done(), "result() would not wait here"

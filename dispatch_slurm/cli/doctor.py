@@ -214,8 +214,11 @@ def _measured(findings, table, run, window, sig, sig_, stack, conf, grace, save_
     if handled:
         findings = rules.check(sig, stack, conf, grace, save_seconds, handled=handled)
     seen = {f.code for f in findings}
+    path = "preemption" if preempt else "time limit"
+    lim = rules.limits(sig, stack, conf, handled or None).get(path)
+    binds = rules.binding(path, lim, sig, stack, conf) if lim is not None and lim.seconds > 0 else None
     return findings + [f for f in rules.verdict(table, ranks, window, run.exit_code, stack.launcher,
-                                                None if preempt else sig_.seconds)
+                                                None if preempt else sig_.seconds, binds)
                        if f.code not in seen or f.code == "save-too-long"]
 
 
@@ -268,7 +271,37 @@ def _on_job(job_id, sig, conf, ranks, ready_timeout, preempt, probe_dir, root):
         job = _until_ended(s, job_id, time.time() + conf.kill_wait + 30)
     run.exit_code = None if job is None else job.exit_code
     run.log.append((round(time.time() - run.sent_at, 2), f"job {job_id} {job.state if job else 'gone'}"))
+    _until_settled(s, job_id, job, records, run, time.time() + conf.kill_wait + SETTLE_S)
     return run, rules.rows(records(), run.sent_at, run.end_at)
+
+
+SETTLE_S = 60.0  # past KillWait: a job's epilogs and the kill of its last processes (COMPLETING)
+VISIBLE_S = 10.0  # once no process of the job is left: for the last records to be seen (NFS)
+
+
+def _until_settled(s, job_id, job, records, run, deadline: float) -> None:
+    """After the job ended, before judging: wait until it left COMPLETING (no process of
+    it is left to write) and every rank's handler has its exit record, polling both; past
+    ``deadline`` (or, once nothing of the job is left, VISIBLE_S more), say in the run's
+    log which is missing. A job that "ended" may still be COMPLETING: its ranks may still
+    be saving and publishing in KillWait, and a record read then says "published no"."""
+    def note(what):
+        run.log.append((round(time.time() - run.sent_at, 2), what))
+    while job is not None and "COMPLETING" in job.states and time.time() < deadline:
+        time.sleep(0.5)
+        job = s.find_job(job_id)
+    if job is not None and "COMPLETING" in job.states:
+        note(f"job {job_id} still COMPLETING after the wait: its ranks may still be writing, and the table "
+             "below may miss what they did last")
+        return
+    settled = min(deadline, time.time() + VISIBLE_S)
+    while any("exit" not in p for p in records().values() if "installed" in p) and time.time() < settled:
+        time.sleep(0.5)
+    missing = [(p["installed"].get("rank"), host, pid) for (host, pid), p in records().items()
+               if "installed" in p and "exit" not in p]
+    note(f"job {job_id} no longer COMPLETING" + ("; every rank's exit record is there" if not missing else
+         "; no exit record from " + ", ".join(f"rank {'?' if r is None else r} ({h} pid {pid})" for r, h, pid in missing)
+         + ": killed before it exited (or its record is not visible here yet)"))
 
 
 def _until_ready(s, job_id, records, ranks, deadline) -> int:

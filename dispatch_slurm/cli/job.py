@@ -46,6 +46,8 @@ def env_(fmt, no_mkdir, local):
         values = envmod.compute(environ, site)
         epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]),
                        mkdir=not no_mkdir)
+        if local and not no_mkdir:
+            _started_here(values)
     except (DispatchError, OSError):
         if fmt == "sh" and not sys.stdout.isatty():
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
@@ -170,12 +172,21 @@ COMMANDS = (env_, submit, watch, mark)
 
 def _local_inputs() -> dict:
     """The job environment of an execution outside Slurm (`env --local`)."""
-    root = envmod.Execution.current().root
-    if not root:
+    root = envmod.local_root(os.environ)
+    if root is None:
         root = os.path.abspath(envmod.LOCAL_ROOT)
         os.makedirs(root, mode=0o700, exist_ok=True)  # the default root is ours to create; a named one is not
     root = names.normalize_root(root)
     return envmod.local(os.environ, root, store.allocate_submission(root))
+
+
+def _started_here(values: dict) -> None:
+    """A local execution's start, with the shell that evals `env --local` (the job script:
+    its parent): no Slurm and no Epilog will say when it ended, its processes on this host
+    will (gc, report: retention/local.py)."""
+    from ..store import events
+    events.record("execution_started", root=values["DISPATCH_CHECKPOINT"], attempt=values["DISPATCH_ATTEMPT"],
+                  epoch=int(values["DISPATCH_EPOCH"]), source="env --local", shell_pid=os.getppid())
 
 
 def _signal(root: str, spec: str, grace: int | None) -> str:

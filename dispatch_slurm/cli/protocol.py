@@ -58,6 +58,8 @@ def latest(root, path_only, as_json, resume):
         resume=$(dispatch-slurm latest --resume)
         srun python train.py ${resume:+--resume-from "$resume"}"""
     pub = store.latest_save(root)
+    if resume:
+        store.resumed(root, pub, "latest --resume")
     if pub is None:
         if as_json:
             click.echo("null")

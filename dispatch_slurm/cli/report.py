@@ -5,6 +5,7 @@ import json
 import click
 
 from .. import report as reportmod
+from .. import store
 from . import common
 
 
@@ -16,14 +17,19 @@ from . import common
 def report(root, as_json, plot_path):
     """The executions of ROOT's job (attempts, epochs, nodes, how each ended), the
     overlaps, every publication, the holds and cessation answers, and the steps lost to
-    each interruption; read from the root alone (the supervisor's record adds Slurm's
-    word on each end)."""
+    each interruption; read from the root (the supervisor's record adds Slurm's word on
+    each end; without one, Slurm is asked how its executions ended).
+
+    Exit 0; 2 on an error, and when the latest publication's save is gone (the report is
+    printed, then the error `latest` gives: nothing can resume from that root)."""
     if plot_path:
         reportmod.timeline._pyplot()  # refuse before the work, not after
     r = reportmod.build(root)
     if plot_path:
         reportmod.timeline.plot(r, plot_path)
     click.echo(json.dumps(r, indent=1) if as_json else reportmod.render.text(r), nl=as_json)
+    if r["latest"] is not None and not r["latest"]["exists"]:
+        store.latest_save(root)  # raises `latest`'s own error, naming the fix
 
 
 COMMANDS = (report,)

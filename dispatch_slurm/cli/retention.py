@@ -63,17 +63,34 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     and saves an execution never published. Only saves of executions shown to have
     ceased (every node that ran it recorded its Epilog, which the root alone shows for
     plugin jobs, or as `dispatch-slurm ceased` says) and quiet for --min-age; never the
-    latest publication's save, a pinned save or through a symlink.
+    latest publication's save, a pinned save or through a symlink. An execution of
+    `env --local` is shown ceased by its processes: every one the root records for it is
+    gone from this host (Slurm is not asked). --dry-run without --keep-last shows the
+    root's own policy (the supervisor's `run --keep-last`, else every published save kept).
 
         dispatch-slurm gc /scratch/me/run1 --keep-last 2 --keep-every 1000 --dry-run"""
-    if keep_last is None and not (pin or unpin):
-        raise click.UsageError("say how many saves to keep: --keep-last K (and --keep-every N to keep milestones)")
+    if keep_last is None and not (pin or unpin or dry_run):
+        raise click.UsageError("say how many saves to keep: --keep-last K (and --keep-every N to keep milestones); "
+                               "--dry-run alone shows the root's own policy")
+    facts = Record(root).read()
+    shown = keep_last is None and dry_run
+    if shown:  # the dry run shows the root's own policy: the supervisor's `run --keep-last`, else none
+        keep_last = retention.recorded_keep_last(facts)
     # every option checked before anything is pinned: bad input changes nothing
     policy = Policy(keep_last=keep_last, keep_every=keep_every, min_age=min_age, pattern=pattern)
     _say_pins(root, pin, unpin)
-    if keep_last is None:
+    if keep_last is None and not shown:
         return
-    verdicts = retention.gc(root, policy, said=said, dry_run=dry_run, facts=Record(root).read())
+    if shown:
+        click.echo("dispatch-slurm gc: no --keep-last given; showing " + (
+            f"the root's own policy (`run --keep-last {keep_last}`)" if keep_last else
+            "the default: every published save kept (no --keep-last), unpublished saves of ceased executions "
+            "removed") + "; pass --keep-last K to choose", err=True)
+    _show(root, retention.gc(root, policy, said=said, dry_run=dry_run, facts=facts), dry_run, as_json)
+
+
+def _show(root: str, verdicts, dry_run: bool, as_json: bool) -> None:
+    """gc's answer: every save's verdict (a table, or JSON), then the summary on stderr."""
     if as_json:
         latest = store.latest(root)
         click.echo(json.dumps([v.as_dict(latest) for v in verdicts], indent=2))

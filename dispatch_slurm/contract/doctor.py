@@ -150,25 +150,49 @@ def window(first_seen: float, stack: Stack) -> float:
     return min(first_seen, stack.kill_after) if _elastic(stack) and not stack.wrapped else first_seen
 
 
-def windows(sig: Signal | None, stack: Stack, conf: SlurmConf, handled=None) -> dict[str, float]:
-    """{"time limit": s, "preemption": s}: from the first signal the trainer's handler
-    catches to its SIGKILL, for each way the job can end (0: the save cannot happen).
+@dataclass(frozen=True)
+class Limit:
+    """The window a save has on one way the job ends, and what sets it: ``by`` is
+    "signal" (the job's --signal lead, then KillWait), "kill-wait" (only the limit's or
+    the kill's SIGTERM reaches the trainer, KillWait before SIGKILL), "grace-time" (the
+    partition's GraceTime, then KillWait), "launcher" (the launcher SIGKILLs its workers
+    ``stack.kill_after`` s after the signal, whatever Slurm allows) or "none" (0 s: the
+    save cannot happen); ``slurm_s``: the window Slurm itself allows."""
+    seconds: float
+    by: str
+    slurm_s: float
+
+
+def _limit(slurm_s: float, by: str, stack: Stack) -> Limit:
+    w = window(slurm_s, stack)
+    return Limit(w, "launcher" if w < slurm_s else by, slurm_s)
+
+
+def limits(sig: Signal | None, stack: Stack, conf: SlurmConf, handled=None) -> dict[str, Limit]:
+    """{"time limit": Limit, "preemption": Limit}: from the first signal the trainer's
+    handler catches to its SIGKILL, for each way the job can end, and what sets it.
     ``handled``: the signals the handler is installed for (default: the job's, else TERM)."""
     handled = set(handled or ([sig.name] if sig else ["TERM"]))
-    out = {}
     at_limit = conf.kill_wait if "TERM" in handled else 0.0  # SIGTERM to everything, then KillWait
+    term = _limit(at_limit, "kill-wait", stack) if launcher_survives("TERM", stack) else Limit(0.0, "none", 0.0)
+    out = {}
     if sig and sig.name in handled and reaches_trainer(sig, stack) and launcher_survives(sig.name, stack):
-        out["time limit"] = window(sig.seconds + conf.kill_wait, stack)
+        out["time limit"] = _limit(sig.seconds + conf.kill_wait, "signal", stack)
     else:
-        out["time limit"] = window(at_limit, stack) if launcher_survives("TERM", stack) else 0.0
+        out["time limit"] = term
     if conf.preempt_mode not in ("OFF", "SUSPEND", "GANG,SUSPEND"):
         sent = sig.name if sig and conf.send_user_signal else "TERM"
         as_sent = Signal(sent, bool(sig and sig.batch and conf.send_user_signal), 0)
         if sent in handled and reaches_trainer(as_sent, stack) and launcher_survives(sent, stack):
-            out["preemption"] = window(conf.grace_time + conf.kill_wait, stack)
+            out["preemption"] = _limit(conf.grace_time + conf.kill_wait, "grace-time", stack)
         else:  # the kill's SIGTERM when GraceTime ends, at best
-            out["preemption"] = window(at_limit, stack) if launcher_survives("TERM", stack) else 0.0
+            out["preemption"] = term
     return out
+
+
+def windows(sig: Signal | None, stack: Stack, conf: SlurmConf, handled=None) -> dict[str, float]:
+    """{"time limit": s, "preemption": s}: ``limits``' seconds (0: the save cannot happen)."""
+    return {path: lim.seconds for path, lim in limits(sig, stack, conf, handled).items()}
 
 
 def check(sig: Signal | None, stack: Stack, conf: SlurmConf, grace: float | None = None,
@@ -254,21 +278,45 @@ def _preemption(sig, stack, conf, handled) -> list[Finding]:
 
 def _fit(sig, stack, conf, grace, measured, handled) -> list[Finding]:
     out = []
-    for path, w in windows(sig, stack, conf, handled).items():
+    for path, lim in limits(sig, stack, conf, handled).items():
+        w = lim.seconds
         if grace is not None and 0 < w < grace:
             out.append(Finding("grace-too-long", f"{path}: the handler counts on a grace of {grace:g} s, the "
                                f"save has {w:g} s: time_remaining() overstates the time left",
                                f"set the job's grace to at most {w:g} s (--dispatch-grace / DISPATCH_GRACE_S)"))
         if measured is not None and w > 0 and measured > w * MARGIN:
-            out.append(save_too_long(path, measured, w, sig))
+            out.append(save_too_long(path, measured, lim, sig, stack, conf))
     return out
 
 
-def save_too_long(path: str, measured: float, w: float, sig: Signal | None) -> Finding:
-    need = int(measured / MARGIN) + 1
-    fix = (f"`--signal={'B:' if sig and sig.batch else ''}{sig.name if sig else 'TERM'}@{need}` or a faster save"
-           if path == "time limit" else f"the partition's GraceTime >= {need} s, or a faster save")
-    return Finding("save-too-long", f"{path}: the save took {measured:.1f} s of a {w:g} s window", fix)
+def binding(path: str, lim: Limit, sig: Signal | None, stack: Stack, conf: SlurmConf,
+            need: int | None = None) -> tuple[str, str]:
+    """(what sets the window, the fix that lengthens it) for a save that needs ``need``
+    seconds: the one limit that binds, so the fix never raises a limit that does not."""
+    if lim.by == "launcher":
+        return (f"{stack.launcher} SIGKILLs its workers {stack.kill_after} s after the signal: that binds, not "
+                f"the {lim.slurm_s:g} s Slurm allows",
+                f"`dispatch-slurm launch -- {stack.launcher} ...` (the ranks keep the {lim.slurm_s:g} s Slurm "
+                "allows), or a faster save")
+    if lim.by == "grace-time":
+        return (f"the partition's GraceTime ({conf.grace_time:g} s) + KillWait ({conf.kill_wait:g} s)",
+                f"the partition's GraceTime >= {need} s (the admins), or a faster save" if need else
+                "a longer GraceTime (the admins), or a faster save")
+    name = f"{'B:' if sig and sig.batch else ''}{sig.name if sig else 'TERM'}"
+    lead = f"`--signal={name}@{need}`" if need else "a longer `--signal` lead"
+    if lim.by == "signal" and sig is not None:
+        return (f"the job's --signal lead ({sig.seconds} s) + KillWait ({conf.kill_wait:g} s)", f"{lead} or a faster save")
+    return (f"only the {'time limit' if path == 'time limit' else 'kill'}'s SIGTERM reaches the trainer, KillWait "
+            f"({conf.kill_wait:g} s) before SIGKILL",
+            f"{lead} that reaches the trainer, or a faster save" if path == "time limit" else
+            "a handler for the preemption signal that reaches the trainer, or a faster save")
+
+
+def save_too_long(path: str, measured: float, lim: Limit, sig: Signal | None, stack: Stack,
+                  conf: SlurmConf) -> Finding:
+    what, fix = binding(path, lim, sig, stack, conf, int(measured / MARGIN) + 1)
+    return Finding("save-too-long", f"{path}: the save took {measured:.1f} s of a {lim.seconds:g} s window ({what})",
+                   fix)
 
 
 def rows(records: dict, sent_at: float, end_at: float) -> list[Row]:
@@ -297,13 +345,14 @@ def _diff(a, b):
 
 
 def verdict(table: list[Row], expected: int, window_s: float, exit_code: int | None = None,
-            launcher: str | None = None, limit_at: float | None = None) -> list[Finding]:
+            launcher: str | None = None, limit_at: float | None = None,
+            binds: tuple[str, str] | None = None) -> list[Finding]:
     """What the measured run says: every rank's handler installed, signalled, stopped,
     saved in time, published once; the launcher's exit status. ``limit_at``: seconds
     after the early signal when the limit's SIGTERM goes to everything (a rank whose
     handler ran only then never got the early signal). One check per finding, in the
-    order a run goes through them."""
-    run = _Run(table, expected, window_s, exit_code, launcher, limit_at)
+    order a run goes through them. ``binds``: (what sets the window, its fix), ``binding``'s."""
+    run = _Run(table, expected, window_s, exit_code, launcher, limit_at, binds)
     return [f for check in _CHECKS if (f := check(run)) is not None]
 
 
@@ -315,6 +364,7 @@ class _Run:
     exit_code: int | None
     launcher: str | None
     limit_at: float | None
+    binds: tuple[str, str] | None = None
 
 
 def _not_installed(run: _Run) -> Finding | None:
@@ -360,9 +410,10 @@ def _save_too_long(run: _Run) -> Finding | None:
     slow = [r for r in run.table if r.to_stop is not None and (r.exit is None or (r.left is not None and r.left < 0))]
     if not slow:
         return None
+    what, fix = run.binds or ("", "a longer window than the save (--signal=SIG@T, the partition's GraceTime, "
+                                  "the launcher's own kill) or a faster save")
     return Finding("save-too-long", f"rank {_who(slow)}: killed before its save ended (the window: "
-                   f"{run.window_s:g} s)", "a longer window than the save (--signal=SIG@T, the partition's "
-                   "GraceTime, the launcher's own kill) or a faster save")
+                   f"{run.window_s:g} s{'; ' + what if what else ''})", fix)
 
 
 def _exit_status(run: _Run) -> Finding | None:

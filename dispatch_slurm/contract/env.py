@@ -154,6 +154,17 @@ LOCAL_ROOT = "dispatch-local"  # `env --local`'s root when $DISPATCH_CHECKPOINT 
 LOCAL_CLUSTER = "local"
 
 
+def local_root(environ: Mapping[str, str]) -> str | None:
+    """`env --local`'s root as the environment names it: $DISPATCH_CHECKPOINT, None when it
+    is unset (then ./dispatch-local). Set but empty is refused: it is a mistake (a variable
+    meant to hold the root, left empty), never a request for the default."""
+    value = environ.get("DISPATCH_CHECKPOINT")
+    if value == "":
+        raise EnvError(f"DISPATCH_CHECKPOINT is set but empty: set it to the checkpoint root (an existing "
+                       f"folder), or unset it (`unset DISPATCH_CHECKPOINT`) for ./{LOCAL_ROOT}")
+    return value
+
+
 def local(environ: Mapping[str, str], root: str, n: int) -> dict[str, str]:
     """The inputs of an execution on this machine, outside Slurm (`env --local`): Slurm's
     variables dropped, cluster "local", the job id the submission number ``n`` (allocated
@@ -243,6 +254,11 @@ class Execution:
     @property
     def job(self) -> str | None:  # SLURM_JOB_ID
         return self._get("SLURM_JOB_ID")
+
+    @property
+    def rank(self) -> int | None:  # RANK (torchrun), else SLURM_PROCID: None when neither is a number
+        value = self._get("RANK") or self._get("SLURM_PROCID")
+        return int(value) if value is not None and value.isdigit() else None
 
     @property
     def probe_dir(self) -> str | None:  # DISPATCH_PROBE_DIR (runtime/probe.py)

@@ -16,6 +16,7 @@ RETIRED = "retired"    # retired/<publication name>: gc (empty) or a person (who
 PINNED = "pinned"      # pinned/<b32 path>: a save gc never removes
 EPOCHS = "epochs"      # epochs/<epoch, 20 digits>: the one execution (attempt) that runs at that epoch
 JOBS = "jobs"          # jobs/<cluster>.<job id>: the N a plain sbatch job's first process allocated
+PROBES = "dispatch-probe"  # exec/<attempt>/dispatch-probe/<host>.<pid>.jsonl: the handler's probe records
 
 #: (entry, who writes it, what it is): the on-disk contract, in the order docs/design.md shows.
 ENTRIES = (

@@ -16,7 +16,8 @@ Every function is called on every process.
 ``accelerator.save_state`` writes the model and optimizer on the main process and each
 process's RNG state on that process; every process then waits for the others, and only
 then does the main process publish. On SIGTERM the preemption protocol does the same
-(every rank's part fsynced, one publication). Resume: the main process reads the latest
+(every rank's part fsynced, one publication); on a step just saved, it is that save,
+never written again. Resume: the main process reads the latest
 publication and broadcasts it, so every process loads the same save.
 """
 
@@ -29,17 +30,32 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                       f"pip install 'dispatch-slurm[hf]' ({e})") from e
 
 from .. import store
+from ..store import once
 from ..contract.env import Execution
 from ..errors import DispatchError
 
 
 def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, int]:
     """``accelerator.save_state`` into ``<exec folder>/checkpoint-<step>``, published once every
-    process wrote its part (``publish=False``: the caller publishes, e.g. a preemption)."""
+    process wrote its part (``publish=False``: the caller publishes, e.g. a preemption). A step
+    this process already saved or that is published is that save: never written again (a
+    preemption on a periodic-save step returns the periodic save, store/once.py)."""
     path = Execution.current().save_path(step)
-    accelerator.save_state(path)
-    accelerator.wait_for_everyone()
-    if publish and accelerator.is_main_process:
+    try:
+        k = once.claim(path)
+    except once.AlreadySaved as e:
+        k = None
+        if publish:  # a periodic save of a step saved already (a preemption's is expected)
+            once.skipped(e)
+    if k is not None:
+        try:
+            accelerator.save_state(path)
+            accelerator.wait_for_everyone()
+        except BaseException:
+            once.release(k, ok=False)
+            raise
+        once.release(k)
+    if publish and accelerator.is_main_process and once.state(path) != "published":
         store.publish(path, step, by="accelerate")
     return path, step
 

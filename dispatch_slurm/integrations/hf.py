@@ -40,7 +40,9 @@ evaluation to end, which can outlast the grace (goodfire-ai/spd#741: 0 of 6 pree
 landed). At each ``on_prediction_step`` (one evaluation batch) the callback asks
 ``stop_requested()`` too and, once true, saves there through the Trainer's own
 ``_save_checkpoint`` (the weights are the last whole step's: an evaluation changes nothing),
-then publishes and exits as above. The Trainer is found as the caller of the callback (the
+then publishes and exits as above. An evaluation that follows its step's save (an epoch's
+evaluation after a periodic save of its last step) stops on that save instead: a published
+save is never written again (a SIGKILL during the rewrite would tear it). The Trainer is found as the caller of the callback (the
 evaluation loop's ``self``); ``_save_checkpoint`` is a private method, read in 5.x. The handler
 is installed at ``on_train_begin``, not when the Trainer is built: a script that builds one
 and never trains must still die of SIGTERM, not note it forever.
@@ -128,6 +130,7 @@ class DispatchCallback(TrainerCallback):
         self.local = Execution.current().local if local is None else local
         self.stopping = False
         self.training = False
+        self.saved: int | None = None  # the step of the last save, the same on every rank
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.local:
@@ -152,8 +155,9 @@ class DispatchCallback(TrainerCallback):
         if self.local or not self.training or self.stopping or not preempt.stop_requested():
             return
         self.stopping = True
-        trainer = _calling_trainer()
-        trainer._save_checkpoint(trainer.model_wrapped, trial=None)  # the one path train() saves through
+        if self.saved != state.global_step:  # an evaluation after this step's save: that save, never a second
+            trainer = _calling_trainer()
+            trainer._save_checkpoint(trainer.model_wrapped, trial=None)  # the one path train() saves through
         self.on_save(args, state, control)  # durable, published once, exit
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -168,5 +172,6 @@ class DispatchCallback(TrainerCallback):
         if self.stopping:
             preempt.conclude((save, state.global_step))  # every rank: durable, published once, exit
         _barrier()
+        self.saved = state.global_step
         if state.is_world_process_zero:
             store.publish(save, state.global_step, root=self.root, epoch=self.epoch, by="hf", sync=self.sync)

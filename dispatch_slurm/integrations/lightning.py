@@ -21,7 +21,9 @@ What it replaces in Lightning (2.x, read in its source), and why:
     strategy writes and barriers) and ``conclude``: durable, published once, exit 0.
   * ``DispatchCheckpoint`` is a ``ModelCheckpoint`` writing ``checkpoint-<step>.ckpt`` into
     the exec folder and publishing each save once Lightning's save (and its barrier)
-    returned. ``save_last`` is refused: ``last.ckpt`` is rewritten in place, and a
+    returned. Lightning's "Checkpoint directory ... exists and is not empty" is kept only
+    for a folder that already holds a checkpoint file: the exec folder is this execution's
+    own, and its handler's probe records (``dispatch-probe/``) and logs are no reason. ``save_last`` is refused: ``last.ckpt`` is rewritten in place, and a
     publication's save is never rewritten. Rotation (``save_top_k``) stays in the exec
     folder.
   * A signal during validation -- ``val_check_interval``'s, or the sanity check's before the
@@ -38,6 +40,7 @@ overlapping execution publishing in between), instead of silently diverging.
 """
 
 import os
+import warnings
 
 try:
     import lightning.pytorch as pl
@@ -90,7 +93,10 @@ class DispatchCheckpoint(ModelCheckpoint):
                                 "its rotation could delete another execution's saves")
 
     def setup(self, trainer, pl_module, stage):
-        super().setup(trainer, pl_module, stage)
+        with warnings.catch_warnings():
+            if not self._holds_checkpoints():  # the folder is this execution's: its probes, its logs
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
         if _chosen and distributed.rank() is not None:
             import torch.distributed as dist
             choices = [None] * dist.get_world_size()
@@ -98,6 +104,14 @@ class DispatchCheckpoint(ModelCheckpoint):
             if len(set(choices)) > 1:
                 raise DispatchError(f"the ranks chose different saves to resume from ({sorted(set(map(str, choices)))}): "
                                     "an overlapping execution published while this one started; start it again")
+
+    def _holds_checkpoints(self) -> bool:
+        """Whether the folder already holds a checkpoint file, which Lightning's "exists and
+        is not empty" warning is about (anything else there is this execution's own)."""
+        try:
+            return any(n.endswith(self.FILE_EXTENSION) for n in os.listdir(self.dirpath))
+        except OSError:
+            return False
 
     def on_train_start(self, trainer, pl_module):
         preempt.install_preemption_handler(None)  # over Lightning's SIGTERM handler

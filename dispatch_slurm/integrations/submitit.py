@@ -10,6 +10,7 @@
             ...                               # load it, train, ds.publish(save) now and then
             self.preemption_point()           # between steps (needed with defer = True)
         def save_checkpoint(self, exec_dir):  # on the signal: write the step, return its path
+            path = ds.save_dir(exec_dir, self.step)   # refused if that step is published already
             ...
 
     executor = submitit.AutoExecutor(folder="logs")
@@ -72,7 +73,7 @@ from ..contract.epoch import decompose
 from ..contract.names import attempt_epoch, attempt_parts, step_of
 from ..errors import DispatchError
 from ..runtime import preempt
-from ..store import epochs, write_all
+from ..store import epochs, once, write_all
 
 OUTRANKED_EXIT = 3  # an execution that found a newer one of its job: it exits writing nothing
 
@@ -96,6 +97,25 @@ def publish(save, step: int | None = None):
     return store.publish(save, step, by="submitit")
 
 
+def save_dir(exec_dir: str, step: int) -> str:
+    """``<exec_dir>/checkpoint-<step>``, made, for ``save_checkpoint`` to write ``step`` into.
+    ``store.AlreadySaved`` if that save is already published (or being written): a signal
+    on a step this job just saved and published then stops on that save, never a second
+    write into the published folder (a SIGKILL during it would tear the latest save)."""
+    path = os.path.join(exec_dir, f"checkpoint-{step}")
+    once.check(path)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _save_or_saved(job: "Checkpointable"):
+    """What ``job.save_checkpoint`` returns, or the save it found already published."""
+    try:
+        return job.save_checkpoint(output_dir())
+    except once.AlreadySaved as e:
+        return e.save
+
+
 def execution_logs(job, kind: str = "out") -> list[Path]:
     """Each execution's own log (``kind``: out or err) of a submitit job, oldest first."""
     paths = job.paths
@@ -108,7 +128,9 @@ class Checkpointable(_Checkpointable):
 
     Subclasses implement ``run(*args, **kwargs)`` (the job's work, its return value the
     answer) and ``save_checkpoint(exec_dir)`` (write the current step under ``exec_dir``,
-    return its path ``.../checkpoint-<step>`` or ``(path, step)``; None: nothing to save).
+    into ``save_dir(exec_dir, step)``, return its path ``.../checkpoint-<step>`` or ``(path,
+    step)``; None: nothing to save). A save that ``save_dir`` refuses as already published is
+    the one a signal stops on.
     ``defer``: save at ``preemption_point()`` instead of inside the signal handler.
     ``own_logs``: each execution writes its own log files (see the module doc)."""
 
@@ -151,7 +173,7 @@ class Checkpointable(_Checkpointable):
         execution = _Execution.current
         if execution is not None:
             execution.unless_outranked("checkpoint")
-        saved = self.save_checkpoint(output_dir())
+        saved = _save_or_saved(self)
         if saved is not None:
             path, step = saved if isinstance(saved, tuple) else (saved, step_of(saved))
             store.publish(path, step, by="submitit")
@@ -179,7 +201,7 @@ class _Execution:
         usr = _check_signals(ex.paths)
         if job.own_logs:
             ex.own_logs()
-        preempt.install_preemption_handler(lambda left: job.save_checkpoint(output_dir()),
+        preempt.install_preemption_handler(lambda left: _save_or_saved(job),
                                            signals=(signal.SIGTERM,), defer=job.defer)
         if job.defer:
             ex.theirs = signal.getsignal(usr)

@@ -6,8 +6,10 @@ publication, the holds and cessation answers, and the steps lost to each
 interruption. Sources, all under the root, read through the store: its inventory (each
 exec folder's saves and times, the publications, retired/ and pinned/), events/
 (signals, publications, cessation), ceased/ (the Epilog's evidence) and, when a
-supervisor ran, record.jsonl (Slurm's word on how each execution ended). Without a supervisor record, how an execution ended is
-what its events say. The retention section is gc's view from the root alone (the
+supervisor ran, record.jsonl (Slurm's word on how each execution ended). Without a supervisor
+record, Slurm is asked once (slurmctld, else its accounting, as gc asks) how each execution of
+this cluster ended; a local execution (`env --local`) is answered by its processes on this host
+(retention/local.py); else what its events say. The retention section is gc's view from the root alone (the
 record's `run --keep-last`, retired/ and pinned/; Slurm is not asked, so a save waits
 for its execution's cessation until gc has seen it).
 
@@ -19,13 +21,24 @@ Definitions:
                oldest file (`started_by` in --json says which)
   last write   the newest mtime in its exec folder, or its last event or publication
                (the hooks' own events are not its writes)
-  ended        how it ended: the supervisor's record (Slurm's word), else its events;
-               `cessation`: the root's own evidence that its processes are gone (every
-               node that ran it, as the Prolog listed them, recorded its Epilog)
+  ended        how it ended: the supervisor's record (Slurm's word), else Slurm asked now, else
+               (local) its processes on this host, else its events; `cessation`: the root's
+               own evidence that its processes are gone (every node that ran it, as the
+               Prolog listed them, recorded its Epilog, or a later job's sweep did: `sources`)
   overlap      how long an execution kept writing after its replacement started
-               (`gap_s`: how long before the replacement started it stopped, if it did)
-  steps lost   the highest step the execution saved minus the step its replacement
-               resumed from (the latest publication when the replacement started)
+               (`gap_s`: how long before the replacement started it stopped, if it did; both
+               None when it wrote nothing, or when the replacement's start is unknown)
+  resumed from the publication the replacement resumed from: its own `resumed` event (written
+               where the package resolves the resume: `latest --resume`, every integration),
+               else presumed: the latest publication when it started (`resumed_by` says which;
+               `resume_candidates`: publications made after it started and before its first
+               write, which it may have read instead)
+  steps lost   what the interruption cost: the highest step the execution saved minus the
+               step its replacement resumed from, plus what it computed after its last save.
+               That last part is known only where the execution's own process says it saved
+               at its stop and exited (a `checkpoint_complete` event of the handler or an
+               integration): then it is 0. Elsewhere `steps_lost` is None (unknown) and
+               `steps_lost_at_least` the saved part: never 0 on no evidence
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ from .. import store
 from ..contract import layout, names
 from ..contract.epoch import decompose
 from ..errors import BadPath, DispatchError
-from ..retention import status
+from .. import retention
+from ..retention import local, status
 from ..store import ceased
 from ..store import events as eventsmod
 from ..supervisor.record import Record
@@ -54,7 +68,7 @@ def _token(attempt: str) -> dict:
             "generation": g, "submission": n, "restart": r}
 
 
-HOOKS = ("prolog", "epilog", "epilog (rejoined)")  # the `source` of the hooks' own events
+HOOKS = ("prolog", "epilog", "epilog (rejoined)", "sweep")  # the `source` of the hooks' own events
 
 
 def _started(folder: dict, mine: list[dict], facts_starts: list[float]) -> tuple[Optional[float], Optional[str]]:
@@ -84,11 +98,15 @@ def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], p
     ex["signals"] = [{"t": e["t"], "signal": e.get("signal"), "grace": e.get("grace")}
                      for e in mine if e["type"] == "preempt_signal"]
     saved = [e["t"] for e in mine if e["type"] == "checkpoint_complete"]
+    ex["saved_at_stop"] = any(e["type"] == "checkpoint_complete" and e.get("source") not in HOOKS for e in mine)
     if ex["ended"] is None and saved:
         ex["ended"] = {"state": "PREEMPTED (grace save)", "at": max(saved), "source": "events"}
     ex["started_at"], ex["started_by"] = _started(folder, mine, facts_starts)
     ex["last_write_at"] = _last_write(folder, mine, ex["publications"])
-    _apply_cessation(ex, cessation)
+    ex["first_write_at"] = _first_write(folder, mine, ex["publications"])
+    ex["resumed_events"] = [{k: e.get(k) for k in ("t", "step", "name", "path", "by")}
+                            for e in mine if e["type"] == "resumed"]
+    _apply_cessation(ex, cessation, mine)
     ex["saves"] = folder["saves"]
     ex["max_step"] = max([s["step"] for s in folder["saves"]] + [p["step"] for p in ex["publications"]],
                          default=None)
@@ -136,12 +154,24 @@ def _last_write(folder: dict, mine: list[dict], publications: list[dict]) -> Opt
     return max((t for t in lasts if t), default=None)
 
 
-def _apply_cessation(ex: dict, cessation: Optional[dict]) -> None:
-    """The Epilogs' evidence: shown, its nodes added, and the end when nothing else says it."""
+def _first_write(folder: dict, mine: list[dict], publications: list[dict]) -> Optional[float]:
+    """Its first write after the resume look-up: its oldest file or publication (its
+    events before training, `env --local`'s and the resume's own, are not)."""
+    firsts = [folder["first"]] + [e["t"] for e in mine if _own_write(e) and e["type"] not in
+                                  ("execution_started", "resumed")] + [p["t"] for p in publications]
+    return min((t for t in firsts if t), default=None)
+
+
+def _apply_cessation(ex: dict, cessation: Optional[dict], mine: list[dict]) -> None:
+    """The Epilogs' evidence: shown with who recorded each node's (``sources``: node -> the
+    cessation event's source: "epilog", "epilog (rejoined)", or "sweep" when a later job's
+    hook on that node did), its nodes added, and the end when nothing else says it."""
     ex["cessation"] = None
     if cessation is None:
         return
     ex["cessation"] = {k: cessation[k] for k in ("ceased", "nodes", "missing", "at", "why")}
+    ex["cessation"]["sources"] = {e["node"]: e.get("source") for e in mine if e["type"] == "cessation"
+                                  and isinstance(e.get("node"), str) and e.get("node") in cessation["recorded"]}
     ex["nodes"] |= set(cessation["nodes"])
     if ex["ended"] is None and cessation["ceased"]:
         ex["ended"] = {"state": "ceased", "at": cessation["at"], "source": "epilog"}
@@ -188,8 +218,46 @@ def _resume_point(pubs: list, before: Optional[float], epoch: int, withdrawn: di
     return {"step": p.step, "path": p.path, "epoch": p.epoch}
 
 
-def build(root: str) -> dict[str, Any]:
-    """The report's data (what `report --json` prints)."""
+def _resumed(new: dict, pubs: list, withdrawn: dict[str, float]) -> tuple[Optional[dict], str, list[dict]]:
+    """(what ``new`` resumed from, by whose word, the other publications it may have read):
+    its own last ``resumed`` event, else the latest publication when it started, with the
+    publications made after that and before its first write."""
+    said = new["resumed_events"]
+    if said:
+        e = said[-1]
+        if e.get("step") is None:
+            return None, "its resume event", []
+        p = next((p for p, _ in pubs if p.name == e.get("name")), None)
+        return {"step": e["step"], "path": e.get("path"), "epoch": p.epoch if p else None}, "its resume event", []
+    point = _resume_point(pubs, new["started_at"], new["epoch"] or 0, withdrawn)
+    start, first = new["started_at"], new["first_write_at"]
+    later = [] if start is None or first is None else \
+        [{"step": p.step, "path": p.path, "epoch": p.epoch, "after_start_s": t - start} for p, t in pubs
+         if p.epoch < (new["epoch"] or 0) and t is not None and start < t <= first and p.name not in withdrawn
+         and (point is None or (p.epoch, p.step) > (point["epoch"], point["step"]))]
+    return point, "the latest publication when it started", later
+
+
+def _lost(old: dict, resumed: Optional[dict], candidates: list[dict]) -> dict:
+    """``steps_lost`` (None: unknown), ``steps_lost_at_least`` and why: see the module doc."""
+    base = max([resumed["step"] if resumed else 0] + [c["step"] for c in candidates])
+    saved = 0 if old["max_step"] is None else max(0, old["max_step"] - base)
+    if candidates:
+        why = (f"it is not known whether the replacement resumed from step {resumed['step'] if resumed else 0} or "
+               f"a later save (step {', '.join(str(c['step']) for c in candidates)}): it wrote no resume event")
+        return {"steps_lost": None, "steps_lost_at_least": saved, "steps_lost_why": why}
+    if old["max_step"] is not None and old["saved_at_stop"]:
+        return {"steps_lost": saved, "steps_lost_at_least": saved, "steps_lost_why": "its handler saved at its stop "
+                "and exited (checkpoint_complete): nothing computed after its last save"}
+    what = f"after its last save (step {old['max_step']})" if old["max_step"] is not None else "(it saved nothing)"
+    return {"steps_lost": None, "steps_lost_at_least": saved,
+            "steps_lost_why": f"nothing under the root tells what it computed {what}"}
+
+
+def build(root: str, slurm: Any = None, ask_slurm: bool = True) -> dict[str, Any]:
+    """The report's data (what `report --json` prints). ``slurm``: the client to ask how
+    the executions no supervisor recorded ended (default: this host's); ``ask_slurm``
+    False: not asked (their end then comes from the root alone)."""
     st = store.at(root)
     inv = st.inventory()
     every_fact = Record(root).read()
@@ -199,25 +267,61 @@ def build(root: str) -> dict[str, Any]:
     folders = _folders(st, inv)
     execs = sorted((_execution(a, folders[a], evs, facts, pubs, _cessation(root, a, evs)) for a in folders),
                    key=lambda e: (e["epoch"] is None, e["epoch"] or 0, e["attempt"]))
-    interruptions = []
+    _unrecorded_ends(root, execs, evs, slurm if ask_slurm else False)
     withdrawn = {e.get("name"): e["t"] for e in evs if e["type"] == "retired"}
-    for old, new in zip(execs, execs[1:]):
-        resumed = _resume_point(pubs, new["started_at"], new["epoch"] or 0, withdrawn)
-        overlap = gap = None
-        if old["last_write_at"] is not None and new["started_at"] is not None:
-            overlap = max(0.0, old["last_write_at"] - new["started_at"])
-            gap = max(0.0, new["started_at"] - old["last_write_at"])
-        lost = None if old["max_step"] is None else old["max_step"] - (resumed["step"] if resumed else 0)
-        interruptions.append({"old": old["attempt"], "new": new["attempt"], "old_ended": old["ended"],
-                              "overlap_s": overlap, "gap_s": gap, "resumed_from": resumed, "steps_lost": lost})
-    holds = _holds(facts)
+    interruptions = [_interruption(old, new, pubs, withdrawn) for old, new in zip(execs, execs[1:])]
     latest = inv.latest  # what `latest` names
-    return {"root": root, "executions": execs, "interruptions": interruptions, "holds": holds,
+    return {"root": root, "executions": execs, "interruptions": interruptions, "holds": _holds(facts),
             "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
                              for p, t in pubs],
-            "latest": None if latest is None else {"step": latest.step, "path": latest.path},
+            "latest": None if latest is None else {"step": latest.step, "path": latest.path, "name": latest.name,
+                                                   "exists": inv.saves[latest.path].exists},
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
             "retention": status(root, ask=False, facts=every_fact, inv=inv)}
+
+
+def _interruption(old: dict, new: dict, pubs: list, withdrawn: dict[str, float]) -> dict:
+    """One execution and the next: how long the old one wrote on (or stopped before), what
+    the new one resumed from (and by whose word), and the steps lost."""
+    resumed, by, candidates = _resumed(new, pubs, withdrawn)
+    overlap = gap = None
+    if old["last_write_at"] is not None and new["started_at"] is not None:
+        overlap = max(0.0, old["last_write_at"] - new["started_at"])
+        gap = max(0.0, new["started_at"] - old["last_write_at"])
+    return {"old": old["attempt"], "new": new["attempt"], "old_ended": old["ended"], "old_wrote":
+            old["last_write_at"] is not None, "new_started_at": new["started_at"], "overlap_s": overlap,
+            "gap_s": gap, "resumed_from": resumed, "resumed_by": by, "resume_candidates": candidates,
+            **_lost(old, resumed, candidates)}
+
+
+def _unrecorded_ends(root: str, execs: list[dict], evs: list[dict], slurm: Any) -> None:
+    """How the executions the supervisor's record says nothing of ended: a local one by its
+    processes on this host, the others by Slurm (one query; ``slurm`` False: not asked).
+    Slurm's word replaces what the events alone suggested; ``end_unknown`` says why an
+    end stays unknown."""
+    todo = [e for e in execs if e["ended"] is None or e["ended"]["source"] in ("events", "epilog")]
+    for e in todo:
+        e["end_unknown"] = "no supervisor record"
+        if retention.is_local(e["attempt"]):
+            ok, why = local.ceased(root, e["attempt"], evs)
+            if ok is None:
+                e["end_unknown"] = why
+            else:
+                e["ended"] = {"state": "ended" if ok else "running", "at": None, "source": "this host", "why": why}
+    asked = [e for e in todo if not retention.is_local(e["attempt"])]
+    if not asked or slurm is False:
+        return
+    said = retention.slurm_ends([e["attempt"] for e in asked], slurm)
+    for e in asked:
+        ans = said.get(e["attempt"])
+        if ans is None:
+            continue
+        if ans["state"] is None:
+            e["end_unknown"] = f"no supervisor record; {ans['why']}"
+            continue
+        grace = e["ended"] is not None and e["ended"]["source"] == "events"
+        e["ended"] = {"state": ans["state"], "at": ans["at"], "source": "slurm", "why": ans["why"],
+                      "grace_save": grace}
 
 
 def _cessation(root: str, attempt: str, evs: list[dict]) -> Optional[dict]:

@@ -15,16 +15,27 @@ def _dash(value) -> str:
     return "-" if value is None else str(value)
 
 
-def _ended(e: dict) -> str:
-    end, ces = e["ended"], e.get("cessation") or {}
+_BY = {"epilog": "Epilog", "epilog (rejoined)": "Epilog", "sweep": "a later job's sweep"}
+
+
+def _gone(ces: dict) -> str:
+    """Where the root shows its processes gone, and who recorded each node's evidence."""
     if ces.get("ceased"):
-        gone = f"ceased on {','.join(ces['nodes'])} (Epilog)"
-    elif ces.get("ceased") is False:
-        gone = f"not shown to have ceased: no Epilog record from {','.join(ces['missing'])}"
-    else:
-        gone = ""
+        by: dict[str, list[str]] = {}
+        for n in ces["nodes"]:
+            by.setdefault(_BY.get(ces.get("sources", {}).get(n), "its ceased/ entry"), []).append(n)
+        return "ceased on " + ", ".join(f"{','.join(ns)} ({who})" for who, ns in by.items())
+    if ces.get("ceased") is False:
+        return f"not shown to have ceased: no Epilog record from {','.join(ces['missing'])}"
+    return ""
+
+
+def _ended(e: dict) -> str:
+    end, gone = e["ended"], _gone(e.get("cessation") or {})
     if end is None:
-        return gone or "running, or unknown (no record)"
+        return "; ".join(x for x in (gone, f"end unknown: {e.get('end_unknown') or 'no record'}") if x)
+    if end.get("source") == "this host":
+        return f"{end['state']}: {end['why']}"
     by = f" by uid {end['cancelled_by']}" if end.get("cancelled_by") is not None else ""
     rule = e.get("rule")
     then = ""
@@ -34,7 +45,8 @@ def _ended(e: dict) -> str:
         then = f" -> {rule['rule']}{why}"
     if end.get("source") == "epilog":
         return gone
-    return f"{end['state']}{by}{then}" + (f"; {gone}" if gone else "")
+    says = " (Slurm)" if end.get("source") == "slurm" else ""
+    return f"{end['state']}{says}{by}{then}" + (f"; {gone}" if gone else "")
 
 
 def size(n: float) -> str:
@@ -87,7 +99,10 @@ def text(r: dict) -> str:
 
 def _headline(r: dict) -> str:
     latest = r["latest"]
-    if latest:
+    if latest and latest.get("exists") is False:
+        says = (f"step {latest['step']} ({latest['path']}), whose save is GONE: `latest` refuses it, and nothing "
+                "can resume from it")
+    elif latest:
         says = f"step {latest['step']} ({latest['path']})"
     else:
         says = "none left to resume from (every publication retired)" if r["publications"] else "nothing published"
@@ -109,17 +124,41 @@ def _section(title: str, lines: list[str]) -> list[str]:
     return ["", f"{title}:", *lines] if lines else []
 
 
-def _interruption(i: dict) -> str:
-    resumed = i["resumed_from"]
+def _wrote(i: dict) -> str:
+    """How the old execution's writing relates to the new one's start, as far as known."""
+    if not i["old_wrote"]:
+        end = (i["old_ended"] or {}).get("at")
+        start = i.get("new_started_at")
+        if end is None or start is None:
+            return "old wrote nothing"
+        return f"old wrote nothing and ended {abs(start - end):.1f}s {'before' if end <= start else 'after'} " \
+               "the new one started"
     if i["overlap_s"] is None:
-        wrote = "old kept writing - after the new one started"
-    elif i["overlap_s"] == 0 and i.get("gap_s"):
-        wrote = f"old stopped writing {i['gap_s']:.1f}s before the new one started"
-    else:
-        wrote = f"old kept writing {i['overlap_s']:.1f}s after the new one started"
-    return (f"  {i['old']} -> {i['new']}: {wrote}; "
-            f"resumed from " + (f"step {resumed['step']} ({resumed['path']})" if resumed else "scratch")
-            + f"; steps lost: {i['steps_lost'] if i['steps_lost'] is not None else '-'}")
+        return "old wrote until -; when the new one started is unknown"
+    if i["overlap_s"] == 0 and i.get("gap_s"):
+        return f"old stopped writing {i['gap_s']:.1f}s before the new one started"
+    return f"old kept writing {i['overlap_s']:.1f}s after the new one started"
+
+
+def _resume(i: dict) -> str:
+    r = i["resumed_from"]
+    what = f"step {r['step']} ({r['path']})" if r else "scratch"
+    if i["resumed_by"] == "its resume event":
+        return f"resumed from {what}"
+    others = "; ".join(f"step {c['step']} was published {c['after_start_s']:.1f}s after it started, before its "
+                       "first write" for c in i["resume_candidates"])
+    return f"resumed from {what} (presumed: the latest when it started; no resume event{'; ' + others if others else ''})"
+
+
+def _lost(i: dict) -> str:
+    if i["steps_lost"] is not None:
+        return f"steps lost: {i['steps_lost']}"
+    least = i.get("steps_lost_at_least")
+    return f"steps lost: unknown{f', at least {least}' if least else ''} ({i['steps_lost_why']})"
+
+
+def _interruption(i: dict) -> str:
+    return f"  {i['old']} -> {i['new']}: {_wrote(i)}; {_resume(i)}; {_lost(i)}"
 
 
 def _hold(h: dict, t0) -> str:

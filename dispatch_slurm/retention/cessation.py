@@ -13,7 +13,9 @@ alone: an execution every node of which recorded its Epilog (the entries name th
 execution's nodes) has ceased, Slurm unasked (``from_root``), so gc collects plugin jobs
 nobody supervised. A person who knows better says
 so with ``gc --ceased ATTEMPT`` (recorded as a ``cessation`` event; it counts for
-that gc, and once gc has retired a save of the execution, for every later one)."""
+that gc, and once gc has retired a save of the execution, for every later one). A local
+execution (`env --local`, cluster "local") is never asked of Slurm: its processes on this
+host say it (local.py)."""
 
 from __future__ import annotations
 
@@ -25,12 +27,13 @@ from typing import Callable, Iterable, Optional
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
+from ..contract.env import LOCAL_CLUSTER
 from ..errors import DispatchError
 from ..slurm import cessation
 from ..slurm.client import Slurm, SlurmError
 from ..store import ceased as ceased_store
 from ..store import events
-from . import removal
+from . import local, removal
 from .policy import REMOVE, SHOWN, Policy, Verdict, needs
 
 
@@ -60,6 +63,7 @@ def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, sa
     said = set(said)
     out = {a: (True, "a person said so (gc --ceased)") for a in attempts if a in said}
     out.update(from_root(root, set(attempts) - said))
+    out.update(from_this_host(root, set(attempts) - set(out)))
     ask = sorted(set(attempts) - set(out))
     if not ask:
         return out
@@ -102,6 +106,69 @@ def from_root(root: str, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]
             how = ", ".join(f"{n}: {ev['recorded'][n].get('by') or 'epilog'}" for n in ev["nodes"])
             out[a] = (True, f"every node that ran it recorded its Epilog ({how})")
     return out
+
+
+def is_local(attempt: str) -> bool:
+    """An execution of `env --local` (cluster "local"): no Slurm ran it, none is asked."""
+    parts = names.attempt_parts(attempt)
+    return parts is not None and parts[0] == LOCAL_CLUSTER
+
+
+def from_this_host(root: str, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]:
+    """The local executions among ``attempts``, answered from their processes on this host
+    (local.py), never by Slurm."""
+    mine = [a for a in attempts if is_local(a)]
+    if not mine:
+        return {}
+    try:
+        evs = events.read(root, strict=False)
+    except (OSError, DispatchError):
+        evs = []
+    out = {}
+    for a in mine:
+        ok, why = local.ceased(root, a, evs)
+        out[a] = (True, why) if ok else (False, f"{why}; if you know it has ceased: gc --ceased {a}")
+    return out
+
+
+def slurm_ends(attempts: Iterable[str], slurm: Optional[Slurm] = None) -> dict[str, dict]:
+    """attempt -> how Slurm says that execution (job, R) ended, for executions no
+    supervisor recorded: ``state`` (Slurm's state for the job's current execution,
+    REQUEUED: requeued since; None: unknown), ``at`` (Slurm's end time, for the current
+    execution), ``why`` in words (slurm/cessation.py's). One read of slurmctld and, for
+    the jobs it forgot, one sacct query. Local executions and those not named by an
+    attempt token are not asked; another cluster's, or Slurm not answering, is ``state``
+    None with the reason."""
+    wanted = {a: p for a in attempts if not is_local(a) and (p := names.attempt_parts(a)) is not None}
+    if not wanted:
+        return {}
+    slurm = slurm or Slurm()
+    try:
+        here = names.cluster_token(slurm.cluster_name())
+        mine = {a: p for a, p in wanted.items() if p[0] == here}
+        jobs = slurm.find_jobs({p[1] for p in mine.values()})
+    except SlurmError as e:
+        return {a: {"state": None, "at": None, "why": f"Slurm did not answer ({e})"} for a in wanted}
+    out = {a: {"state": None, "at": None, "why": f"it ran on cluster {p[0]}, not on this one ({here})"}
+           for a, p in wanted.items() if a not in mine}
+    for a, (_, job, epoch) in mine.items():
+        out[a] = _slurm_end(jobs.get(job), epochmod.decompose(epoch)[2])
+    return out
+
+
+def _slurm_end(j, r: int) -> dict:
+    """How execution R of job ``j`` (None: Slurm knows it no more) ended, as slurm_ends says."""
+    if j is None:
+        return {"state": None, "at": None,
+                "why": "Slurm knows the job no more (slurmctld forgot it and sacct has no record of it)"}
+    _, why = cessation.slurm_says(j, r)
+    if j.restart_count > r:
+        return {"state": "REQUEUED", "at": None, "why": why}
+    if j.restart_count < r:
+        return {"state": None, "at": None, "why": why}
+    done = j.ended and "COMPLETING" not in j.states
+    return {"state": "+".join([j.state, *sorted(j.flags - {j.state})]), "at": j.end_time if done else None,
+            "why": why}
 
 
 def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterable[str] = (),
@@ -173,6 +240,12 @@ class Collector:
         return f if f.get("retired") or f.get("error") else None
 
 
+def recorded_keep_last(facts: Iterable[dict]) -> Optional[int]:
+    """The root's own gc policy: the supervisor's `run --keep-last` (its last job
+    definition), None when it has none."""
+    return next((f.get("keep_last") for f in reversed(list(facts)) if f["type"] == "job"), None)
+
+
 def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True,
            facts: Iterable[dict] = (), inv: Optional[store.Inventory] = None) -> dict:
     """The retention state of ROOT for the report: every save gc knows of as kept,
@@ -184,8 +257,7 @@ def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = 
     root's inventory, if already read with the policy's pattern."""
     facts = list(facts)
     if policy is None:
-        keep = next((f.get("keep_last") for f in reversed(facts) if f["type"] == "job"), None)
-        policy = Policy(keep_last=keep)
+        policy = Policy(keep_last=recorded_keep_last(facts))
     inv = inv or store.at(root).inventory(policy.pattern)
     want = needs(inv, policy, time.time())
     said = (ceased(root, want, slurm, facts=facts) if ask else from_root(root, want)) if want else {}

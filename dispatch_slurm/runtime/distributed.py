@@ -32,6 +32,8 @@ import datetime
 import sys
 import time
 
+from .. import store
+
 
 def rank() -> int | None:
     """This process's rank when torch.distributed is initialised with more than one rank,
@@ -40,6 +42,18 @@ def rank() -> int | None:
     if dist and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return dist.get_rank()
     return None
+
+
+def resume_point(root: str | None = None) -> tuple[str, int] | None:
+    """The latest publication's (path, step), read on rank 0 and broadcast, so every rank
+    loads the same save even while an overlapping execution publishes; None: nothing yet."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return store.resume_point(root)  # a vanished save is an error, never None
+    found: list[tuple[str, int] | None] = [store.resume_point(root) if dist.get_rank() == 0 else None]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0)
+    return found[0]
 
 
 AGREE_EVERY_S = 0.2  # training time between two agreements: a stop is decided within ~2x this

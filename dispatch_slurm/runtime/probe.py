@@ -26,10 +26,11 @@ import socket
 import time
 
 from .. import store
+from ..contract import layout
 from ..contract.env import Execution
 from . import distributed  # now, not inside a signal handler
 
-DIRNAME = "dispatch-probe"
+DIRNAME = layout.PROBES
 PHASES = ("installed", "signal", "stop", "saved", "published", "exit")
 
 

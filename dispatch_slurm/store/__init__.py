@@ -7,20 +7,23 @@ publications, the inventory gc and the report read, events, removal); the functi
 are the protocol's operations built on it: ``publish`` (the one publish path),
 ``latest``/``latest_save``, ``resume_point``/``resume_path`` (the resume point), ``allocate_submission``, ``events``
 (what happened, one JSON-lines file per process), ``ceased`` (the Epilog's cessation
-evidence), ``epochs`` (one epoch per execution), ``jobs`` (a plain sbatch job's N).
+evidence), ``epochs`` (one epoch per execution), ``jobs`` (a plain sbatch job's N), ``once``
+(a save folder is written once: never again once published or being written).
 The backends (posix.py, s3.py) and the fsync discipline (durable.py) are the store's own."""
 
-from . import ceased, epochs, events, jobs
+from . import ceased, epochs, events, jobs, once
 from .base import Store
 from .durable import write_all
+from .once import AlreadySaved
 from .inventory import Folder, Inventory, Save, markers, retired_by, retirement_record
 from .protocol import latest_of
 from .publish import Published, env_epoch, env_root, publish, sync
-from .resume import VanishedSave, latest_save, resume_path, resume_point, save_exists
+from .resume import VanishedSave, latest_save, resume_path, resume_point, resumed, save_exists
 from .roots import allocate_submission, at, backend, latest, make_exec_dir, publications
 
 __all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publications", "allocate_submission",
            "make_exec_dir", "env_root", "env_epoch", "sync", "latest_save", "resume_path", "resume_point",
-           "save_exists", "VanishedSave",
-           "events", "ceased", "epochs", "jobs", "write_all", "Inventory", "Save", "Folder", "markers",
+           "resumed", "save_exists", "VanishedSave",
+           "events", "ceased", "epochs", "jobs", "once", "AlreadySaved", "write_all", "Inventory", "Save", "Folder",
+           "markers",
            "retired_by", "retirement_record", "latest_of"]

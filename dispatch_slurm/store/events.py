@@ -33,6 +33,9 @@ Type-specific fields:
                          (a retry that re-confirmed durability); adopted, adopted_from
                          when the save was not this execution's own
     execution_ended      exit (exit code)
+    resumed              step, name, path of the publication the execution resumes from (all
+                         null: from scratch), by ("latest --resume", "resume_point"): its
+                         first rank, when the package resolves the resume (store/resume.py)
     cessation, hold, release   for the admin side (Epilog: source "epilog", or "epilog
                          (rejoined)" without the job's options; node, nodes, evidence; recovery); a
                          person's word to gc (gc --ceased) is a cessation with source "person"
@@ -53,7 +56,7 @@ from .roots import at
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "training_finished", "published",
-                   "execution_ended", "cessation", "hold", "release", "gc", "retired"})
+                   "execution_ended", "cessation", "hold", "release", "gc", "retired", "resumed"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -4,7 +4,8 @@ integration call ``publish()``; nothing else creates a publication.
 One guarantee, whoever calls: when ``publish`` returns, the save's files, its
 publication entry, ``pub/`` and the root are fsynced (on S3: the publication's
 conditional PUT returned, and S3's PUTs are durable on return), and a ``published``
-event is written. A retry of a publication that already exists fsyncs everything again and
+event is written. A save this process is still writing is refused, and a published one
+is never written again by it (once.py). A retry of a publication that already exists fsyncs everything again and
 returns ``existed=True``: after a failed fsync (EIO), the retry is how durability is
 finally confirmed, never a silent success.
 
@@ -27,7 +28,7 @@ from ..contract.env import Execution
 from ..contract.epoch import decompose
 from ..contract.names import Publication
 from ..errors import BadPath
-from . import epochs, events
+from . import epochs, events, once
 from .roots import at
 
 
@@ -129,6 +130,7 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
     published and what a retry does."""
     ex = Execution.current(root=root, epoch=epoch)
     root, epoch = ex.need("root", "epoch")
+    once.refuse_writing(save)
     decompose(epoch)  # an epoch no (G, N, R) composes is refused before anything else
     step = _step(save, step, pattern, adopt)
     attempt = ex.attempt
@@ -145,6 +147,7 @@ def publish(save: str, step: int | None = None, *, root: str | None = None, epoc
         DISPATCH_ATTEMPT joins the epoch's claimant."""
         epochs.for_publication(st, epoch, attempt or (None if why else rel.split("/")[1]), save)
     rel, name, why, created = _create(st, save, decide, claim, sync)
+    once.published(save)
     pub = Publication(epoch, step, rel, name)
     parts = rel.split("/")
     writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None

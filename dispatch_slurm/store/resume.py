@@ -13,6 +13,7 @@ from ..contract import layout
 from ..contract.env import Execution
 from ..contract.names import Publication
 from ..errors import StoreError
+from . import events
 from .roots import at
 
 
@@ -44,6 +45,7 @@ def resume_point(root: str | None = None) -> tuple[str, int] | None:
     resume look-up is this one (or resume_path)."""
     root = Execution.current(root=root).need("root")
     pub = latest_save(root)  # a vanished save is an error, never None
+    resumed(root, pub, "resume_point")
     return None if pub is None else (os.path.join(root, pub.path), pub.step)
 
 
@@ -51,3 +53,15 @@ def resume_path(root: str | None = None) -> str | None:
     """The path of resume_point(root): the save to resume from, or None."""
     point = resume_point(root)
     return None if point is None else point[0]
+
+
+def resumed(root: str, pub: Publication | None, by: str) -> None:
+    """Record which publication this execution resumes from (None: from scratch): the
+    report dates a resume by it, not by when Slurm started the execution (a save
+    published a few seconds after the start may be the one it read). Inside an execution
+    only, and once per execution's first rank ($RANK, else $SLURM_PROCID, unset or 0):
+    every rank reads the same answer, and thousands of event files are not worth it."""
+    ex = Execution.current(root=root)
+    if ex.attempt and ex.rank in (None, 0):
+        events.record("resumed", root=root, by=by, **({"step": None, "name": None, "path": None} if pub is None
+                                                      else {"step": pub.step, "name": pub.name, "path": pub.path}))

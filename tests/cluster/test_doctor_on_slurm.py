@@ -135,6 +135,26 @@ def test_b_signal_with_the_trainer_in_a_step_loses_the_save_and_is_named(slurm_c
     assert steps(workdir[1]) == [] and not any("signal" in p for p in records(workdir[1]).values())
 
 
+def test_the_doctor_waits_while_the_job_is_completing(slurm_cluster: Cluster, workdir):
+    """Issue 36: --signal=B:USR1 ends the batch shell, so the job "ends" at once and stays
+    COMPLETING while Slurm kills its step: SIGTERM, which this rank handles, then KillWait
+    (5 s) in which it saves (2 s) and publishes. The doctor judges only once the job left
+    COMPLETING and the rank's exit record is there: its row says published, exit 0, and no
+    no-safe-point (it read the records at the "end" before, and said "published no")."""
+    c = slurm_cluster
+    job, cdir = start(c, workdir, job_script(workdir[0], "B:USR1@10", f"python3 {workdir[0]}/trainer.py ok"),
+                      sigs="USR1,TERM", extra="SAVE_S=2")
+    code, _, report = doctor(c, cdir, job)
+    print(report)
+    ended(c, job)
+    assert len(steps(workdir[1])) == 1, report
+    (rec,) = records(workdir[1]).values()
+    assert rec["exit"]["code"] == 0 and "published" in rec, rec
+    (row,) = [ln.split() for ln in report.splitlines() if re.match(r"\s+0\s+\S+\s+\d+\s", ln)]
+    assert row[-2:] == ["yes", "0"], report
+    assert "no-safe-point" not in codes(report) and "every rank's exit record is there" in report, report
+
+
 def test_the_fixed_step_signal_saves(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     job, cdir = start(c, workdir, job_script(workdir[0], "USR1@10", f"python3 {workdir[0]}/trainer.py ok"),

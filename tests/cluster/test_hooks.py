@@ -410,3 +410,31 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
         for h in hosts:
             c.exec(h, "cat > /etc/dispatch-slurm/site.conf", input=shipped[h])
     assert "DISPATCH_GRACE_S=45" in (hdir / "task").read_text().splitlines()
+
+
+# what dispatch_env(8) says each refusal exits with, per kind and command (issue 36)
+REFUSALS = {  # kind -> (options, exit status of sbatch / salloc / srun)
+    "a bad value (read when the option is)": (["--dispatch-checkpoint=ROOT", "--dispatch-generation=abc"], 255),
+    "a root that cannot be used (checked once every option is read)": (["--dispatch-checkpoint=WD/missing"], 1),
+}
+
+
+def test_refusals_exit_as_dispatch_env_8_says(slurm_cluster: Cluster, workdir):
+    """A value the option callback refuses makes sbatch, salloc and srun exit 255; what the
+    plugin refuses after every option was read (the root: missing, not a folder, not yours,
+    not writable; --dispatch-* without --dispatch-checkpoint) exits 1. The man page says so."""
+    c = slurm_cluster
+    cdir, _ = workdir
+    root = make_root(c, f"{cdir}/root")
+    got = {}
+    for kind, (opts, _) in REFUSALS.items():
+        opts = [o.replace("ROOT", root).replace("WD", cdir) for o in opts]
+        for cmd in (["sbatch", *opts, "--wrap", "true"], ["salloc", *opts, "true"], ["srun", *opts, "true"]):
+            res = c.exec(CONTROLLER, cmd, user="alice", check=False)
+            assert "dispatch" in res.stderr, (cmd, res.stderr)
+            got[(kind, cmd[0])] = res.returncode
+    print(got)
+    assert got == {(kind, cmd): code for kind, (_, code) in REFUSALS.items() for cmd in ("sbatch", "salloc", "srun")}
+    page = " ".join((pathlib.Path(__file__).parents[2] / "admin" / "man" / "dispatch_env.8").read_text().split())
+    assert "is refused as the option is read: the command exits 255" in page, page
+    assert "is refused after them: the command exits 1" in page, page

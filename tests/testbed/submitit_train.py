@@ -51,8 +51,7 @@ class Count(ds.Checkpointable):
         return {"answer": self.step, "attempt": os.environ["DISPATCH_ATTEMPT"], "resumed": resumed}
 
     def save_checkpoint(self, exec_dir: str) -> str:
-        path = os.path.join(exec_dir, f"checkpoint-{self.step}")
-        os.makedirs(path, exist_ok=True)
+        path = ds.save_dir(exec_dir, self.step)  # refused when this step is published: the signal stops on it
         with open(os.path.join(path, "state.json"), "w") as f:
             json.dump({"step": self.step}, f)
         say(event="saved", step=self.step)
