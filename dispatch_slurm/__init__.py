@@ -13,10 +13,12 @@ or on the test bed (tests/testbed/)."""
 from .contract.epoch import compose as compose_epoch, decompose as decompose_epoch
 from .contract.names import Publication
 from .errors import BadName, BadPath, DispatchError, EpochError, StoreError
+from .runtime.marks import mark_finished, mark_saved
 from .runtime.preempt import install_preemption_handler, preemptible, preemption_point, time_remaining
 from .store import Published, allocate_submission, latest, publications, publish
 from .store.saving import saving
 
 __all__ = ["publish", "Published", "latest", "publications", "allocate_submission", "compose_epoch",
            "decompose_epoch", "Publication", "DispatchError", "BadName", "BadPath", "EpochError",
-           "StoreError", "install_preemption_handler", "time_remaining", "preemption_point", "preemptible", "saving"]
+           "StoreError", "install_preemption_handler", "time_remaining", "preemption_point", "preemptible",
+           "saving", "mark_saved", "mark_finished"]

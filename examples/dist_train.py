@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from dispatch_slurm import install_preemption_handler, preemption_point
+from dispatch_slurm import install_preemption_handler, mark_finished, preemption_point
 from dispatch_slurm.integrations import dcp as ddcp
 from dispatch_slurm.runtime.distributed import settle
 from dispatch_slurm.store import events
@@ -142,6 +142,7 @@ def main(argv=None) -> int:
     text = digest(model)
     if rank == 0:
         print(f"done at step {app.step} digest {text}", flush=True)
+        mark_finished(step=app.step)  # the supervisor: this end is done, not a time-limit stop
     events.emit("execution_ended", exit=0)
     settle()  # after the last collective; a plain dist.barrier() here made the exit abort (see settle)
     dist.destroy_process_group()

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from dispatch_slurm import install_preemption_handler, preemptible, preemption_point, store
+from dispatch_slurm import install_preemption_handler, mark_finished, preemptible, preemption_point, store
 from dispatch_slurm.runtime.preempt import is_publishing_rank
 from dispatch_slurm.store import events
 
@@ -122,6 +122,8 @@ def main(argv=None) -> int:
                     torch.nn.functional.mse_loss(model(x), y)
                     time.sleep(a.phase_time)
             print(f"eval done at step {step}", flush=True)
+    if rank0:
+        mark_finished(step=step)  # the supervisor: this end is done, not a time-limit stop
     events.emit("execution_ended", exit=0)
     print(f"done at step {step}", flush=True)
     return 0

@@ -32,7 +32,7 @@ def test_signal_specs_parse_as_sbatch_reads_them(spec, want):
     assert d.parse_signal(spec) == want
 
 
-@pytest.mark.parametrize("spec", ["TERM@", "X:TERM", "term", "", "NOPE@3"])
+@pytest.mark.parametrize("spec", ["TERM@x", "X:TERM", "TERM@-1", "", "NOPE@3"])
 def test_bad_signal_specs_are_refused(spec):
     with pytest.raises(ValueError, match="--signal"):
         d.parse_signal(spec)

@@ -288,6 +288,11 @@ def test_sigterm_saves_through_the_trainer_and_a_replacement_resumes(root, monke
     t = train(step + 2, hf.resume_from_checkpoint())
     assert t.state.global_step == step + 2
     assert store.latest(root).step == step + 2
+    # the supervisor's facts: the stopped execution saved on a signal, the other finished training
+    kinds = {(e["attempt"], e["type"]) for e in events.read(str(root))}
+    assert ("c.12.1000000", "checkpoint_complete") in kinds and ("c.12.1000000", "training_finished") not in kinds
+    finished = [e for e in events.read(str(root)) if e["type"] == "training_finished"]
+    assert [(e["attempt"], e["step"]) for e in finished] == [("c.12.1000001", step + 2)]
 
 
 

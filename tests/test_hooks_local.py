@@ -93,18 +93,23 @@ def test_a_child_answer_over_a_pipe_buffer_does_not_deadlock(monkeypatch):
     assert hooks.as_job_user(NOBODY, lambda: big) == {"ok": big}
 
 
-def test_the_sentinel_is_read_from_a_bounded_tail_of_regular_files_only(tmp_path):
-    big = tmp_path / "big.log"
-    with open(big, "wb") as f:  # 3 GiB, sparse: reading all of it would take the node's memory
-        f.truncate(3 << 30)
-        f.seek(0, 2)
-        f.write(b"\n" + hooks.SENTINEL.encode() + b"\n")
-    assert hooks.SENTINEL.encode() in hooks.stdout_tail(str(big))
-    assert hooks.stdout_tail("/dev/zero") == b""
-    fifo = tmp_path / "out.fifo"
-    os.mkfifo(fifo)  # no writer: a blocking open would hang the Epilog
-    assert hooks.stdout_tail(str(fifo)) == b""
-    assert hooks.stdout_tail(str(tmp_path / "missing")) == b""
+@needs_root
+@pytest.mark.parametrize("stdout", ["slurm-%j.out", "job.out"], ids=["unexpanded-pattern", "appended-literal"])
+def test_the_epilog_never_reads_the_jobs_output(plugin_root, shared, tmp_path, monkeypatch, stdout):
+    """Slurm hands the Epilog SLURM_JOB_STDOUT unexpanded (``slurm-%j.out``, 26.05), and a
+    literal log under --open-mode=append holds older executions' lines: the sentinel found
+    there is no fact of this execution. The Epilog records cessation and nothing else (it
+    used to record a ``checkpoint_complete`` event, and the supervisor took a finished run for
+    a signalled one)."""
+    from dispatch_slurm.store import events
+    out = shared / stdout  # readable by the job user
+    out.write_text("an older execution's lines\ndispatch-checkpoint-complete\n")
+    on_node(monkeypatch, tmp_path, "n1")
+    env = {**spank_env(plugin_root, "n1", SLURM_JOB_NODELIST="n1", SLURM_JOB_NUM_NODES="1"),
+           "SLURM_JOB_STDOUT": str(out)}
+    assert hooks.prolog(env) == 0 and hooks.epilog(env) == 0
+    kinds = sorted(e["type"] for e in events.read(str(plugin_root)))
+    assert kinds == ["cessation", "execution_started"], kinds
 
 
 @needs_root

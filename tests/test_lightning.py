@@ -67,6 +67,9 @@ def test_sigterm_saves_publishes_and_a_replacement_resumes(root, tmp_path, nproc
     text = output(proc)
     assert proc.returncode == 0 and f"done at step {step + 3}" in text, text[-3000:]
     assert f"Restoring states from the checkpoint path at {root}/{pubs[-1].path}" in text
+    # the supervisor's facts: the first execution saved on a signal, the second finished training
+    finished = [(e["attempt"], e["step"]) for e in events.read(str(root)) if e["type"] == "training_finished"]
+    assert finished == [("c.20.1000001", step + 3)], finished
 
 
 def test_save_last_and_a_foreign_dirpath_are_refused(root, monkeypatch, tmp_path):

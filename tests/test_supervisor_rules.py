@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from support import cli
@@ -81,6 +82,7 @@ class FakeSlurm:
             self.next_id += 1
             self.jobs[jid] = {"job_id": jid, "job_state": ["PENDING"], "restart_cnt": 0, "nodes": "",
                               "comment": comment, "start_time": {"set": True, "number": 0},
+                              "time_limit": {"set": True, "infinite": False, "number": 60},
                               "state_reason": "None", "user_name": "alice", "name": "job",
                               "exit_code": {"status": ["PENDING"]}, "cluster": CLUSTER}
             return ok(f"{jid}\n")
@@ -107,9 +109,15 @@ class FakeSlurm:
     def start(self, jid, nodes=("c1",), t=2000):
         self.jobs[jid].update(job_state=["RUNNING"], nodes=",".join(nodes), start_time={"set": True, "number": t})
 
-    def end(self, jid, state, completing=False, code=0):
-        self.jobs[jid]["job_state"] = [state] + (["COMPLETING"] if completing else [])
-        self.jobs[jid]["exit_code"] = {"status": ["EXITED"], "return_code": {"set": True, "number": code}}
+    def end(self, jid, state, completing=False, code=0, after=100, signal=None):
+        """End job ``jid`` ``after`` seconds after it started (its time limit is an hour), with
+        exit ``code`` or killed by ``signal``."""
+        j = self.jobs[jid]
+        j["job_state"] = [state] + (["COMPLETING"] if completing else [])
+        j["exit_code"] = ({"status": ["SIGNALED"], "return_code": {"set": False, "number": 0},
+                           "signal": {"id": {"set": True, "number": signal}}} if signal else
+                          {"status": ["EXITED"], "return_code": {"set": True, "number": code}})
+        j["end_time"] = {"set": True, "number": j["start_time"]["number"] + after}
 
     def requeue(self, jid):
         j = self.jobs[jid]
@@ -133,8 +141,13 @@ class Clock:
         self.t += s
 
 
+JOBS = tempfile.mkdtemp(prefix="dispatch-jobs-")  # where the jobs are defined: job.sh asks for no --signal
+with open(os.path.join(JOBS, "job.sh"), "w") as _f:
+    _f.write("#!/bin/sh\n#SBATCH -N 1\ntrue\n")
+
+
 def defn(**kw):
-    d = {"g": 0, **sv.DEFAULTS, "via": "spank", "args": ["job.sh"], "cwd": "/"}
+    d = {"g": 0, **sv.DEFAULTS, "via": "spank", "args": ["job.sh"], "cwd": JOBS}
     d.update(kw)
     return d
 
@@ -401,7 +414,7 @@ def test_a_time_limit_is_a_continuation_with_its_own_budget_and_only_an_unsignal
     _execution(sup, fake, 104, "COMPLETED", step=300)                 # finished, never signalled
     with pytest.raises(sv.Finished) as e:
         drive(sup, lambda: False)
-    assert e.value.code == 0 and e.value.message == "job 104 completed"
+    assert e.value.code == 0 and e.value.message.startswith("job 104 completed: it exited 0 and the job has no --signal")
     rules = [(f["rule"], f["cause"], f.get("budget_left"), f.get("latest_step")) for f in facts(root, "rule")]
     assert rules == [("continue", "signalled", 99, 100), ("continue", "time_limit", 98, 150),
                      ("resubmit", "failure", 0, 180), ("continue", "signalled", 97, 250),
@@ -963,7 +976,9 @@ def test_plan_shows_the_hold_substitution(root):
     j = json.loads(cli("plan", root, "--via", "spank", "--resubmit", "1", "--json", "--", "train.sbatch",
                        check=True).stdout)
     assert {r["cause"]: r["rule"] for r in j["rules"]} == {
-        "completed": "done", "time_limit": "continue", "signalled": "continue", "failure": "resubmit",
+        "finished": "done", "completed": "done", "time_limit": "continue", "signalled": "continue",
+        "preempted": "continue", "signal_time": "continue", "killed_at_signal": "continue", "unsure": "continue",
+        "failure": "resubmit",
         "preemption": "resubmit", "node_failure": "resubmit", "cancel": "resubmit", "user_cancel": "stop",
         "stop": "stop", "requeue": "requeue", "unknown": "fail"}, "a user's own scancel is a stop, not a resubmit"
     assert j["hold"] is None and "--no-requeue" not in j["sbatch"]

@@ -71,6 +71,18 @@ def _wiring(script, sig, where, launcher, wrapped, processes, command=()):
                         **({"launcher": None if launcher == "none" else launcher} if launcher else {}))
 
 
+def _signal_at_once(script, sig) -> list:
+    """The script's --time against its --signal: a lead as long as the limit makes every end
+    look stopped (`dispatch-slurm run` refuses it; contract/signals.lead_problem)."""
+    from ..contract.signals import job_time_limit, lead_problem
+    if script is None:
+        return []
+    with open(script, encoding="utf-8", errors="replace") as f:
+        problem = lead_problem(sig, job_time_limit([], {}, f.read()))
+    return [rules.Finding("signal-at-once", problem, "give #SBATCH --time more than the signal's lead, or a shorter "
+                          "--signal time")] if problem else []
+
+
 def _overrides(conf, kill_wait, grace_time, preempt_mode, send_user_signal):
     given = {"kill_wait": kill_wait, "grace_time": grace_time,
              "preempt_mode": preempt_mode.upper() if preempt_mode else None, "send_user_signal": send_user_signal}
@@ -170,7 +182,7 @@ def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds
         raise click.UsageError("a rehearsal of the time limit needs the job's --signal (or --script), "
                                "or --preempt")
     sig_ = sig or rules.Signal("TERM", False, 60)
-    findings = rules.check(sig, stack, conf, grace, save_seconds)
+    findings = rules.check(sig, stack, conf, grace, save_seconds) + _signal_at_once(script, sig)
     wins = rules.windows(sig, stack, conf)
     table, run = [], None
     if rehearsal:

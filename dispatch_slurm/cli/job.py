@@ -84,6 +84,10 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
         sbatch_args = (_signal(inputs["DISPATCH_CHECKPOINT"], sig, grace), *sbatch_args)
     # refuse bad input before a submission number is spent
     envmod.check_inputs(inputs, sitefile.load(), need_submission=False)
+    from ..supervisor import lead_refusal
+    refused = lead_refusal({"cwd": os.getcwd()}, list(sbatch_args), {})
+    if refused:
+        raise DispatchError(refused)
     n = store.allocate_submission(names.submission_dir(inputs["DISPATCH_CHECKPOINT"]))
     inputs["DISPATCH_SUBMISSION"] = str(n)
     export = "--export=ALL," + ",".join(inputs)  # names only: values come from the env
@@ -179,7 +183,26 @@ def _unfinished(w, root: str) -> bool:
     return bool(lost)
 
 
-COMMANDS = (env_, submit, watch)
+@click.command()
+@click.argument("what", type=click.Choice(["saved", "finished"]))
+def mark(what):
+    """Tell the supervisor how this execution ends: `saved` (it saved on its stop signal: the
+    run goes on), `finished` (training reached its end: the run is done). For a trainer with
+    its own signal handler, or a job script; the preemption handler and the integrations
+    write the same facts themselves. Inside a job only (after `eval "$(dispatch-slurm env)"`).
+
+    \b
+        def on_sigterm(signum, frame):      # your own handler
+            save_checkpoint()
+            subprocess.run(["dispatch-slurm", "mark", "saved"])
+            sys.exit(0)
+
+    Python: dispatch_slurm.mark_saved(), dispatch_slurm.mark_finished()."""
+    from ..runtime import marks
+    (marks.mark_saved if what == "saved" else marks.mark_finished)()
+
+
+COMMANDS = (env_, submit, watch, mark)
 
 
 def _unpublished(values: dict) -> None:

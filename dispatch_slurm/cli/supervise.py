@@ -147,8 +147,10 @@ def plan(root, resubmit, continuations, shared, hold_for, cessation_interval, ce
     else:
         defn, state = {"g": 0, **supervisor.make_defn(opts, list(sbatch_args))}, None
     resolved, warning = supervisor.resolve_via(defn["via"], supervisor.plugin_options(Slurm()))
-    warnings = tuple(w for w in (warning, supervisor.signal_warning(root, defn)) if w)
-    p = supervisor.plan({**defn, "via": resolved}, root, state, warnings=warnings)
+    warnings = tuple(w for w in (warning, supervisor.signal_warning(root, defn), supervisor.signal_refusal(defn, root))
+                     if w)
+    p = supervisor.plan({**defn, "via": resolved}, root, state, warnings=warnings,
+                        warning=supervisor.submission_signal(defn, root))
     click.echo(json.dumps(p, indent=2) if as_json else supervisor.render_plan(p), nl=as_json)
 
 

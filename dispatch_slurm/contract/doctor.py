@@ -30,25 +30,14 @@ save in flight with them.
 """
 
 import re
-import signal as _signal
 from dataclasses import dataclass, field
+
+from .signals import Signal, parse_signal, sbatch_options, script_options
 
 TORCHRUN_KILL_S = 30  # torchrun's default --shutdown-timeout
 TORCHRUN_HANDLES = frozenset({"TERM", "INT", "HUP", "QUIT"})  # TORCHELASTIC_SIGNALS_TO_HANDLE's default
 MARGIN = 0.8  # a save above this share of its window leaves too little room
 LAUNCHERS = ("torchrun", "accelerate")
-
-
-@dataclass(frozen=True)
-class Signal:
-    """A job's ``--signal=[B:]SIG[@T]``: ``name`` without SIG (TERM, USR2), ``batch`` for
-    ``B:``, ``seconds`` T before the time limit (Slurm's default 60)."""
-    name: str
-    batch: bool = False
-    seconds: int = 60
-
-    def __str__(self):
-        return f"--signal={'B:' if self.batch else ''}{self.name}@{self.seconds}"
 
 
 @dataclass(frozen=True)
@@ -102,27 +91,12 @@ class Row:
     exit: int | None = None
 
 
-def parse_signal(spec: str) -> Signal:
-    """``B:USR2@90``, ``TERM@90``, ``SIGUSR1``, ``10@30`` -> Signal; ValueError otherwise."""
-    m = re.fullmatch(r"(?:(R?B|BR?|R):)?(?:SIG)?([A-Z][A-Z0-9]*|[0-9]{1,2})(?:@([0-9]+))?", (spec or "").strip())
-    if not m:
-        raise ValueError(f"--signal {spec!r}: expected [B:]SIG[@SECONDS], e.g. TERM@90 or B:USR2@120")
-    name = m.group(2)
-    if name.isdigit():
-        name = _signal.Signals(int(name)).name[3:]
-    elif not hasattr(_signal, "SIG" + name):
-        raise ValueError(f"--signal {spec!r}: SIG{name} is not a signal")
-    return Signal(name, "B" in (m.group(1) or ""), int(m.group(3)) if m.group(3) else 60)
-
-
-_SBATCH_SIGNAL = re.compile(r"^#SBATCH\s.*--signal[= ](\S+)", re.M)
-
-
 def parse_script(text: str) -> tuple[Signal | None, Stack]:
-    """The ``--signal`` of an sbatch script's ``#SBATCH`` lines and how it starts the
-    trainer, read from its commands (a heuristic: say ``--stack`` when it guesses wrong)."""
-    found = _SBATCH_SIGNAL.findall(text)
-    sig = parse_signal(found[-1]) if found else None
+    """The ``--signal`` of an sbatch script's ``#SBATCH`` lines (read as sbatch reads them)
+    and how it starts the trainer, read from its commands (a heuristic: say ``--stack`` when
+    it guesses wrong)."""
+    found = sbatch_options(script_options(text)).signal
+    sig = parse_signal(found) if found is not None else None
     body = [ln.split("#", 1)[0] for ln in text.splitlines() if not ln.lstrip().startswith("#")]
     code = "\n".join(body)
     launcher = ("torchrun" if re.search(r"\btorchrun\b|torch\.distributed\.(run|launch)\b", code)

@@ -1,7 +1,7 @@
 """Hugging Face accelerate: ``save_state``/``load_state`` in the exec folder, published.
 Every function is called on every process.
 
-    from dispatch_slurm import install_preemption_handler, preemption_point
+    from dispatch_slurm import install_preemption_handler, mark_finished, preemption_point
     from dispatch_slurm.integrations import accelerate as da
     step = da.load_state(accelerator) or 0        # the latest publication, or None
     install_preemption_handler(lambda left: da.save_state(accelerator, step, publish=False))
@@ -10,6 +10,8 @@ Every function is called on every process.
         if step % 100 == 0:
             da.save_state(accelerator, step)     # <exec>/checkpoint-<step>/, then published
         preemption_point()                       # SIGTERM on any rank: every rank saves this step
+    if accelerator.is_main_process:
+        mark_finished()                          # the loop reached its end: `run` takes it for done
 
 ``accelerator.save_state`` writes the model and optimizer on the main process and each
 process's RNG state on that process; every process then waits for the others, and only

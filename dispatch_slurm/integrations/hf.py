@@ -47,6 +47,10 @@ evaluation loop's ``self``); ``_save_checkpoint`` is a private method, read in 5
 is installed at ``on_train_begin``, not when the Trainer is built: a script that builds one
 and never trains must still die of SIGTERM, not note it forever.
 
+Training that reaches ``max_steps`` without a stop ends with a ``training_finished`` event
+(``on_train_end``, world process zero), so ``dispatch-slurm run`` takes that end for done
+however close to the time limit it came.
+
 Outside dispatch (no ``$DISPATCH_CHECKPOINT``/``$DISPATCH_EXEC_DIR``/``$DISPATCH_EPOCH``)
 ``on_train_begin`` fails at once, naming what is missing, instead of at the first save.
 ``DispatchCallback(local=True)`` (or ``$DISPATCH_LOCAL=1``) says the run is deliberately
@@ -69,7 +73,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from .. import store
 from ..contract.env import Execution
 from ..errors import DispatchError
-from ..runtime import preempt
+from ..runtime import marks, preempt
 
 LOCAL_DIR = "dispatch-local-run"  # output_dir() of a plain run (DISPATCH_LOCAL=1), under the working directory
 
@@ -142,6 +146,9 @@ class DispatchCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.training = False
+        if not self.local and not self.stopping and state.max_steps and state.global_step >= state.max_steps \
+                and state.is_world_process_zero:
+            marks.mark_finished(step=state.global_step)  # the supervisor: done, not a time-limit stop
 
     def on_prediction_step(self, args, state, control, **kwargs):
         if self.local or not self.training or self.stopping or not preempt.stop_requested():

@@ -31,6 +31,9 @@ What it replaces in Lightning (2.x, read in its source), and why:
     not after the whole validation: the weights are the last whole step's. The handler is
     installed at ``on_sanity_check_start`` too (after Lightning's own, before any batch).
     A signal while a batch is being loaded is acted on when that batch ends.
+A fit that ends by itself (max_steps, max_epochs, early stopping) ends with a
+``training_finished`` event (``on_train_end``, global zero): ``dispatch-slurm run`` takes it
+for done.
 Resume: every rank calls ``resume_path()`` before ``fit`` (torch.distributed is not up yet);
 at ``setup`` the ranks compare their choices and refuse to train on different saves (an
 overlapping execution publishing in between), instead of silently diverging.
@@ -52,7 +55,7 @@ from .. import store
 from ..store import events
 from ..contract.env import Execution
 from ..errors import DispatchError
-from ..runtime import distributed, preempt
+from ..runtime import distributed, marks, preempt
 
 _chosen: list = []  # what resume_path() returned in this process, checked across ranks at setup
 
@@ -136,6 +139,11 @@ class DispatchCheckpoint(ModelCheckpoint):
 
     def on_sanity_check_start(self, trainer, pl_module):
         preempt.install_preemption_handler(None)  # the sanity check is a validation before any step
+
+    def on_train_end(self, trainer, pl_module):
+        super().on_train_end(trainer, pl_module)
+        if trainer.is_global_zero:  # a stop never gets here: _stop exits in conclude
+            marks.mark_finished(step=trainer.global_step)  # fit ended by itself: done, not a time-limit stop
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

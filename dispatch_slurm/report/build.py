@@ -142,7 +142,8 @@ def _from_record(ex: dict, attempt: str, facts: list[dict]) -> list[float]:
         ex["ended"] = {"state": f["state"], "reason": f.get("reason"), "at": f["t"],
                        "cancelled_by": f.get("cancelled_by"), "source": "supervisor record"}
         ref = (f["job"], f["r"])
-        ex["rule"] = next(({"rule": g["rule"], "cause": g.get("cause"), "held": bool(g.get("held"))}
+        ex["rule"] = next(({"rule": g["rule"], "cause": g.get("cause"), "why": g.get("why"),  # the rule's words
+                            "held": bool(g.get("held"))}
                            for g in reversed(facts) if g["type"] == "rule" and (g.get("job"), g.get("r")) == ref),
                           None)
     return starts

@@ -40,7 +40,8 @@ def _ended(e: dict) -> str:
     rule = e.get("rule")
     then = ""
     if rule:
-        why = f" ({rule['cause'].replace('_', ' ')})" if rule.get("cause") else ""
+        why = f" ({rule['cause'].replace('_', ' ')}{': ' + rule['why'] if rule.get('why') else ''})" \
+            if rule.get("cause") else ""
         then = f" -> {rule['rule']}{why}"
     if end.get("source") == "epilog":
         return gone

@@ -77,7 +77,7 @@ class Slurm2205(Dialect):
 
     #: sacct's text columns, printed with SLURM_TIME_FORMAT=%s (Unix times).
     SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "Partition", "User", "JobName",
-                    "Cluster", "Comment", "Reason")
+                    "Cluster", "Comment", "Reason", "Timelimit")
 
     def job(self, sh: Shell, job_id: int) -> Optional[JobInfo]:
         return next(iter(self.jobs(sh, [job_id])), None)

@@ -95,6 +95,24 @@ class JobInfo:
         return unix_time(self.raw, "end_time")
 
     @property
+    def time_limit(self) -> Optional[int]:
+        """The job's time limit in seconds (Slurm keeps minutes); None when it has none
+        (``unlimited``) or Slurm did not say."""
+        minutes = _limit_minutes(self.raw.get("time_limit"))
+        return None if minutes in (None, UNLIMITED) else int(minutes) * 60
+
+    @property
+    def unlimited(self) -> bool:
+        """The job has no time limit (INFINITE)."""
+        return _limit_minutes(self.raw.get("time_limit")) == UNLIMITED
+
+    @property
+    def preempt_time(self) -> Optional[int]:
+        """Unix time Slurm preempted the current execution (slurmctld's record only: sacct
+        does not keep it), None when it was not preempted or Slurm does not say."""
+        return unix_time(self.raw, "preempt_time")
+
+    @property
     def comment(self) -> str:
         """``sbatch --comment``: the supervisor tags its submissions with it."""
         c = self.raw.get("comment")
@@ -135,6 +153,29 @@ def unix_time(raw: dict[str, Any], key: str) -> Optional[int]:
     """The Unix time ``raw[key]`` of a job or node object as any release prints it (or as
     the sacct parsers set it); Slurm's 0 means "not yet", like an unset one."""
     return _number(raw.get(key)) or None
+
+
+UNLIMITED = "UNLIMITED"
+
+
+def _limit_minutes(v: Any) -> Any:
+    """A time limit as any release prints it -> minutes, UNLIMITED, or None (not said):
+    an int (22.05's squeue; INFINITE is 0xFFFFFFFF), data_parser's {set, infinite, number},
+    or sacct's text ([days-]hours:minutes:seconds, UNLIMITED, Partition_Limit)."""
+    if isinstance(v, dict) and v.get("infinite"):
+        return UNLIMITED
+    if isinstance(v, str):
+        if v.upper() == UNLIMITED:
+            return UNLIMITED
+        days, _, clock = v.rpartition("-")
+        parts = clock.split(":")
+        if not (days or "0").isdigit() or not all(p.isdigit() for p in parts) or len(parts) > 3:
+            return None
+        h, m, sec = ([0] * (3 - len(parts)) + [int(p) for p in parts])
+        return int(days or 0) * 1440 + h * 60 + m + (sec + 59) // 60
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0xFFFFFFFF:
+        return UNLIMITED
+    return _number(v)
 
 
 def _unix(text: str) -> Optional[int]:
@@ -235,8 +276,9 @@ def parse_accounted(j: dict[str, Any], hostnames: Callable[[Any], list[str]]) ->
         restart_count=int(_number(j.get("restart_cnt")) or 0),
         nodes=hostnames(j.get("nodes")), batch_host="", exit_code=code, exit_signal=signo,
         partition=str(j.get("partition") or ""), user=str(j.get("user") or ""), name=str(j.get("name") or ""),
-        raw={"start_time": t.get("start"), "end_time": t.get("end"), "cluster": j.get("cluster"),
-             "comment": comment.get("job") if isinstance(comment, dict) else comment, "sacct": j},
+        raw={"start_time": t.get("start"), "end_time": t.get("end"), "time_limit": t.get("limit"),
+             "cluster": j.get("cluster"), "comment": comment.get("job") if isinstance(comment, dict) else comment,
+             "sacct": j},
         source="sacct",
     )
 
@@ -252,8 +294,8 @@ def parse_accounted_text(row: dict[str, str], restarts: int, hostnames: Callable
         nodes=[] if nodes.startswith("None") else hostnames(nodes), batch_host="",
         exit_code=None if signo or not code.isdigit() else int(code), exit_signal=signo,
         partition=row["Partition"], user=row["User"], name=row["JobName"],
-        raw={"start_time": _unix(row["Start"]), "end_time": _unix(row["End"]), "cluster": row["Cluster"],
-             "comment": row["Comment"], "sacct": row},
+        raw={"start_time": _unix(row["Start"]), "end_time": _unix(row["End"]),
+             "time_limit": row.get("Timelimit"), "cluster": row["Cluster"], "comment": row["Comment"], "sacct": row},
         source="sacct",
     )
 

@@ -15,9 +15,11 @@ Rules every hook keeps:
 
 * Nothing a user controls can make a hook exit non-zero or hang: values with any
   byte (a newline, a non-UTF-8 byte) are written and logged verbatim-but-escaped, the
-  child's answer is read while it runs (no pipe deadlock), the job's stdout is read as
-  a bounded tail of a regular file only (never /dev/zero, a fifo or a multi-GB log in
-  full), and any unexpected error is logged as a bug and the hook exits 0.
+  child's answer is read while it runs (no pipe deadlock), the job's output is never
+  read (Slurm hands its path over unexpanded, e.g. ``slurm-%j.out``, and an appended log
+  holds other executions' lines: how an execution ended is the supervisor's to tell, from
+  facts tied to that execution), and any unexpected error is logged as a bug and the hook
+  exits 0.
 * The site's settings come from the admin's file (``--site-conf``, else
   /etc/dispatch-slurm/site.conf), never from the job's environment.
 
@@ -41,7 +43,6 @@ import traceback
 from ..contract import env as envmod
 from ..contract import epoch as epochmod
 from ..contract import names, siteconf
-from ..contract.signals import SENTINEL
 from ..errors import DispatchError
 from ..store import ceased, epochs, events, jobs, write_all
 from . import cessation, cgroup, sitefile, stdio
@@ -54,7 +55,6 @@ SPANK_OPT = "SPANK__SLURM_SPANK_OPTION_dispatch_env_dispatch_"
 CHILD_TIMEOUT = 60  # a hung filesystem must not hang the hook forever
 CESSATION_WAIT = 30  # how long the Epilog waits for the execution's processes to go
 ANSWER_MAX = 1 << 20  # the child's answer: more is cut (it is one JSON object)
-TAIL = 64 << 10  # how much of the job's stdout the Epilog reads for the sentinel
 
 
 def printable(text: str) -> str:
@@ -181,8 +181,8 @@ def job_facts(environ) -> dict:
     user, this node, the execution's nodes (SLURM_JOB_NODELIST from 24.11, SLURM_NODELIST
     on 22.05, expanded; left out unless it names this node and as many nodes as
     SLURM_JOB_NUM_NODES says: a short list would let the root claim cessation while a node
-    missing from it still runs the job), Slurm's start time (24.11 on), the SLUID (25.11
-    on) and the job's stdout, when Slurm gives them."""
+    missing from it still runs the job), Slurm's start time (24.11 on) and the SLUID (25.11
+    on), when Slurm gives them."""
     node = environ.get("SLURMD_NODENAME") or os.uname().nodename
     facts = {"uid": int(environ["SLURM_JOB_UID"]), "gid": int(environ["SLURM_JOB_GID"]),
              "user": environ.get("SLURM_JOB_USER") or None, "node": node, "prolog_t": time.time()}
@@ -200,8 +200,7 @@ def job_facts(environ) -> dict:
             nodes = None
         if nodes is not None:
             facts.update(nodes=nodes, nodelist=hostlist)
-    for key, var in (("start_time", "SLURM_JOB_START_TIME"), ("sluid", "SLURM_JOB_SLUID"),
-                     ("stdout", "SLURM_JOB_STDOUT")):
+    for key, var in (("start_time", "SLURM_JOB_START_TIME"), ("sluid", "SLURM_JOB_SLUID")):
         value = environ.get(var)
         if value:
             facts[key] = int(value) if key == "start_time" and value.isdigit() else value
@@ -321,10 +320,9 @@ def _processes_with(attempt: str, job: str | None = None) -> list[int]:
     return found
 
 
-def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: str | None = None,
-                      evidence: dict | None = None, nodes: list[str] | None = None,
-                      source: str = "epilog") -> dict:
-    """As the job user: the cessation entry (O_EXCL, durable) and its events, once.
+def _record_cessation(values: dict, node: str, sluid: str | None = None, evidence: dict | None = None,
+                      nodes: list[str] | None = None, source: str = "epilog") -> dict:
+    """As the job user: the cessation entry (O_EXCL, durable) and its event, once.
 
     Slurm may run the Epilog twice for one execution (TERMINATE_JOB retries, before
     26.05): the second run finds the entry and changes nothing. ``sluid``: Slurm's own
@@ -342,27 +340,7 @@ def _record_cessation(values: dict, node: str, stdout_path: str | None, sluid: s
     events.record("cessation", root=root, attempt=attempt, node=node, source=source,
                   **({"sluid": sluid} if sluid else {}), **({"evidence": evidence} if evidence else {}),
                   **({"nodes": nodes} if nodes else {}))
-    sentinel = bool(stdout_path) and SENTINEL.encode() in stdout_tail(stdout_path)
-    if sentinel:
-        events.record("checkpoint_complete", root=root, attempt=attempt, source="epilog")
-    return {"recorded": True, "sentinel": sentinel}
-
-
-def stdout_tail(path: str, size: int = TAIL) -> bytes:
-    """The last ``size`` bytes of the job's stdout, if it is a regular file: never all
-    of it (a multi-GB log), never a device (--output=/dev/zero) or a fifo (opened
-    without blocking, then refused). The sentinel is the last line the handler prints."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return b""
-        return os.pread(fd, size, max(0, st.st_size - size))
-    finally:
-        os.close(fd)
+    return {"recorded": True}
 
 
 def recorded(job_id: str) -> tuple[dict, dict] | None:
@@ -488,8 +466,7 @@ def epilog(environ) -> int:
     nodes = facts.get("nodes") if isinstance(facts.get("nodes"), list) else None
     if nodes is None and not rejoined:  # an older Prolog's record: Slurm's list (the whole job's here)
         nodes = _env_nodes(environ, node)
-    result = as_job_user(user_env, _record_cessation, values, node,
-                         environ.get("SLURM_JOB_STDOUT") or facts.get("stdout"), sluid, evidence, nodes,
+    result = as_job_user(user_env, _record_cessation, values, node, sluid, evidence, nodes,
                          "epilog (rejoined)" if rejoined else "epilog")
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
@@ -546,8 +523,8 @@ def _sweep_one(job: str, node: str) -> None:
         return
     log(f"{attempt}: no Epilog ran for it on this node ({why}): recording its cessation from the Prolog's record")
     nodes = facts.get("nodes") if isinstance(facts.get("nodes"), list) else None
-    result = as_job_user(user_env, _record_cessation, values, node, facts.get("stdout"), sluid,
-                         {**evidence, "slurm": why}, nodes, "sweep")
+    result = as_job_user(user_env, _record_cessation, values, node, sluid, {**evidence, "slurm": why}, nodes,
+                         "sweep")
     if "ok" not in result:
         log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
     elif recorded(job) == rec:

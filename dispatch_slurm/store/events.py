@@ -9,7 +9,8 @@ nothing relies on O_APPEND being atomic across NFS clients; each line is still o
 ``write()`` on an O_APPEND descriptor. ``read(root)`` merges all files by time.
 Events are observability, not protocol: they are not fsynced (a handler in its grace
 window must not wait on a slow filesystem for them), and no decision in the
-publication protocol ever reads them.
+publication protocol ever reads them. The supervisor reads an ended execution's own
+(preempt_signal, checkpoint_complete, training_finished) to tell how it ended.
 
 Schema version 1, one JSON object per line. Common fields:
     v        1                          t       Unix time, seconds (float)
@@ -21,8 +22,12 @@ Type-specific fields:
                          each node: node, nodes (the execution's), nodelist, start_time
                          (Slurm's, 24.11 on), sluid
     preempt_signal       signal (name, e.g. "SIGTERM"), grace (s), deadline (Unix time)
-    checkpoint_complete  elapsed (s since the signal), time_remaining (s) from the handler;
-                         or source "epilog" when the Epilog saw the sentinel in stdout
+    checkpoint_complete  elapsed (s since the signal), time_remaining (s) from the handler; or
+                         source "mark" (`dispatch-slurm mark saved`, a user's own handler); an
+                         older Epilog's, source "epilog" (it scanned the job's output), is no
+                         fact of the execution and the supervisor ignores it
+    training_finished    the execution reached the end of training (the integrations, `mark
+                         finished`): a COMPLETED end is then done
     published            step, path (relative to the root), name (the pub/ entry), by
                          (who published: "watch", "hf", "preempt", "publish", ...), existed
                          (a retry that re-confirmed durability); adopted, adopted_from
@@ -53,7 +58,7 @@ from ..errors import DispatchError
 from .roots import at
 
 SCHEMA = 1
-TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "published",
+TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "training_finished", "published",
                    "execution_ended", "cessation", "hold", "release", "gc", "retired", "resumed", "warning"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 

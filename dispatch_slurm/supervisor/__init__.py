@@ -32,15 +32,17 @@ from typing import Optional
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
+from ..contract.signals import JobSignal
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
 from . import requests, sweep
 from .claim import DEFAULT_POLL, Claim
 from .fleet import Fleet, outcome
-from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
+from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor, job_signal_of, lead_refusal
 from .record import Record
 from .render import render_plan
-from .rules import DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, parse_duration, plan, resolve_via
+from .rules import (DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, parse_duration, plan,
+                    resolve_via, sbatch_argv, submission_tag)
 from .state import State
 
 
@@ -78,6 +80,17 @@ def signal_warning(root: str, defn: dict) -> Optional[str]:
     return warning and warning.removeprefix("warning: ")
 
 
+def submission_signal(defn: dict, root: str) -> JobSignal:
+    """The job's --signal as its next submission would read it (what `plan` states)."""
+    return job_signal_of(defn, *sbatch_argv(defn, root, defn["g"], 1, submission_tag(root, defn["g"], 1)))
+
+
+def signal_refusal(defn: dict, root: str) -> Optional[str]:
+    """Why this job's --signal cannot tell a stop from a finish (refused before anything is
+    submitted: `run`; a warning in `plan`), or None."""
+    return lead_refusal(defn, *sbatch_argv(defn, root, defn["g"], 1, submission_tag(root, defn["g"], 1)))
+
+
 def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
     """Generation 0's definition, with ``--via auto`` resolved here and now; `--via spank`
     where the plugin is missing is refused before anything is submitted."""
@@ -93,8 +106,10 @@ def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slu
     """A supervisor of ROOT, its claim taken and its record replayed (a new root: the job's
     definition recorded, with ``template``, an array task's ``%a`` root), ready to step."""
     root = normalize(root)
-    if not os.path.exists(Record(root).path):
-        make_defn(options, args)  # a new root's bad arguments: refused before its claim writes anything
+    if not os.path.exists(Record(root).path):  # a new root's bad arguments: refused before its claim writes anything
+        refused = signal_refusal({"g": 0, **make_defn(options, args)}, root)
+        if refused:
+            raise DispatchError(refused)
     sup = Supervisor(root, slurm, poll=poll)
     try:
         st = sup.open("run --once" if once else "run")
@@ -233,5 +248,6 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "stop", "open_root", "Fleet", "NoHold", "signal_warning", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
+           "release", "stop", "open_root", "Fleet", "NoHold", "signal_warning", "submission_signal", "signal_refusal",
+           "lead_refusal", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

@@ -19,11 +19,12 @@ from typing import Any, Callable, Optional
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
+from ..contract.signals import JobSignal, job_signal, job_time_limit, lead_problem, sbatch_options
 from ..errors import DispatchError
 from ..retention import Collector
 from ..slurm.client import JobInfo, Slurm, SlurmError
 from ..store import events
-from . import holds, requests, rules
+from . import ends, holds, requests, rules
 from .claim import DEFAULT_POLL, Claim
 from .record import Record
 from .render import describe
@@ -249,8 +250,9 @@ class Supervisor:
             # an array task's N comes from the folder of the task roots, as for any array submission
             n = store.allocate_submission(names.submission_dir(defn.get("array_root") or self.root))
         tag = submission_tag(self.root, st.g, n)
-        self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0))
         argv, env = sbatch_argv(defn, self.root, st.g, n, tag)
+        warning = job_signal_of(defn, argv, env)  # what the rule needs to tell a signalled end
+        self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0), warning=warning.as_fact())
         try:
             job = self.slurm.submit(argv, env or None)
         except SlurmError as e:
@@ -325,11 +327,12 @@ class Supervisor:
     # -- rules ----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        """Record the rule for the ended execution (rules.cause_of, rules.decide), then act on it."""
+        """Record the rule for the ended execution (ends.cause_of, rules.decide), then act on it."""
         st = self.state
         ended = st.pending_decision
-        cause = rules.cause_of(ended, self._signalled(ended), os.geteuid())
-        d = rules.decide(st, ended, cause, self._latest_step() if rules.wants_latest(cause) else None, self.root)
+        cause, why = ends.cause_of(ended, self._own(ended), JobSignal.from_fact(st.warning), os.geteuid())
+        d = rules.decide(st, ended, cause, self._latest_step() if rules.wants_latest(cause) else None, self.root,
+                         why)
         fact = d.fact
         if d.slurm_hold:  # keep it from starting: the hold applies
             fact = rules.held_in_slurm(fact, self._slurm_hold(ended["job"]))
@@ -345,19 +348,17 @@ class Supervisor:
             return str(e)
         return None
 
-    def _signalled(self, ended: dict) -> bool:
-        """Whether the ended execution saw a signal and saved for it: its handler's
-        ``preempt_signal`` / ``checkpoint_complete`` events, or the Epilog's (the sentinel in
-        the job's output). Only a COMPLETED end asks (a time-limit save exits 0)."""
-        if ended["state"] != "COMPLETED" or not ended.get("attempt"):
-            return False
+    def _own(self, ended: dict) -> ends.Own:
+        """What the ended execution wrote itself (its events), for the rule; only a COMPLETED
+        end asks (a time-limit save exits 0, a finished trainer too)."""
+        if ended["state"] != "COMPLETED":
+            return ends.Own()
+        if not ended.get("attempt"):
+            return ends.Own(error="the record names no attempt for it")
         try:
-            evs = events.read(self.root, attempt=ended["attempt"], strict=False)
+            return ends.own_events(events.read(self.root, attempt=ended["attempt"], strict=False))
         except (OSError, DispatchError) as e:
-            self.fact("note", text=f"cannot read the events of {ended['attempt']} ({e}): taking its end as "
-                                   "signalled, so the run goes on (a finished trainer completes at once next time)")
-            return True
-        return any(e.get("type") in ("preempt_signal", "checkpoint_complete") for e in evs)
+            return ends.Own(error=f"{ended['attempt']}: {e}")
 
     def _latest_step(self) -> Optional[int]:
         """The latest publication's step: a continuation's progress (None: none, or unreadable)."""
@@ -390,6 +391,47 @@ class Supervisor:
         self.fact("job", **{**defn, "g": old_g + 1})
         if held is not None:
             self.fact("rule", **held)
+
+
+SCRIPT_MAX = 1 << 20  # more of a batch script than sbatch itself would take is not read
+
+
+def batch_script(defn: dict, argv: list[str]) -> tuple[Optional[str], Optional[str]]:
+    """(the text of the batch script ``sbatch ARGV`` submits, or None when it is unreadable or
+    there is none; its name, with why it could not be read). Read where the job was defined
+    (``defn['cwd']``), else found on PATH, as sbatch finds it; ``--wrap`` is an empty script."""
+    _, _, script, wrap = sbatch_options(argv)
+    if wrap is not None:
+        return "", "--wrap"
+    if script is None:
+        return None, None
+    cwd = defn.get("cwd") or os.getcwd()
+    candidates = [os.path.join(cwd, script)]
+    if "/" not in script:
+        candidates += [os.path.join(d, script) for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    error = "not found"
+    for path in candidates:
+        try:
+            with open(path, "rb") as f:
+                return f.read(SCRIPT_MAX).decode("utf-8", "replace"), script
+        except OSError as e:
+            error = e.strerror or str(e)
+    return None, f"{script} ({error})"
+
+
+def job_signal_of(defn: dict, argv: list[str], env: dict[str, str]) -> JobSignal:
+    """The job's --signal as sbatch will read it for ``sbatch ARGV`` with ``env`` added to this
+    process's environment (contract/signals.py)."""
+    text, name = batch_script(defn, argv)
+    return job_signal(argv, {**os.environ, **env}, text, name)
+
+
+def lead_refusal(defn: dict, argv: list[str], env: dict[str, str]) -> Optional[str]:
+    """Why ``sbatch ARGV`` asks for a --signal that cannot tell a stop from a finish (its lead
+    as long as the time limit: contract/signals.lead_problem), or None."""
+    text, name = batch_script(defn, argv)
+    environ = {**os.environ, **env}
+    return lead_problem(job_signal(argv, environ, text, name).signal, job_time_limit(argv, environ, text))
 
 
 def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:

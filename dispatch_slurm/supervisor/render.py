@@ -19,7 +19,8 @@ def _rule(f: dict) -> str:
     left = f" ({f['budget_left']} left)" if "budget_left" in f else ""
     why = f" [{f['cause'].replace('_', ' ')}]" if f.get("cause") else ""
     step = f"; latest published step {f['latest_step']}" if f.get("latest_step") is not None else ""
-    return f"rule: {f['rule']}{why}{left}{step}{extra}"
+    because = f": {f['why']}" if f.get("why") else ""
+    return f"rule: {f['rule']}{why}{left}{step}{extra}{because}"
 
 
 def _hold(f: dict) -> str:

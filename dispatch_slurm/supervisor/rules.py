@@ -14,10 +14,11 @@ import shlex
 from typing import NamedTuple, Optional
 
 from ..contract import epoch, names
-from ..contract.signals import signal_option
+from ..contract.signals import JobSignal, signal_option
 from ..errors import DispatchError
 from . import holds
 from .render import fmt_duration
+from .ends import signal_rule
 from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
@@ -26,10 +27,6 @@ DEFAULTS = {"resubmit": 0, "continuations": 100, "shared": False, "via": "auto",
             "keep_last": None}
 SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given up
 STALLS = 3  # consecutive continuations that published no higher step before a chain is stopped
-# Slurm's end state -> the cause a resubmission is chosen for (TIMEOUT is a continuation).
-CAUSES = {"FAILED": "failure", "OUT_OF_MEMORY": "failure", "BOOT_FAIL": "failure",
-          "DEADLINE": "failure", "CANCELLED": "cancel", "PREEMPTED": "preemption",
-          "NODE_FAIL": "node_failure"}
 PLACEHOLDERS = ("job", "restart", "root", "generation", "submission", "epoch", "attempt", "cluster",
                 "nodes", "started")
 
@@ -200,18 +197,31 @@ def supersession(st: State, defn: dict, state: Optional[str]) -> Optional[dict]:
 
 # -- what an ended execution leads to ------------------------------------------------------
 #
-# One table, read three ways: ``cause_of`` + ``decide`` (the loop), ``plan`` (what a person
+# One table, read three ways: ends.cause_of + ``decide`` (the loop), ``plan`` (what a person
 # reads before the job starts) and the rules table of docs/supervisor.md (tests/test_docs.py).
+# The cause comes from facts tied to the execution, never from an output path (ends.py).
 CONTINUE = ("the next execution at once, with a new N, while the `--continuations` budget lasts (default "
             f"{DEFAULTS['continuations']}), else fail (exit 1); a chain whose last {STALLS} executions published no "
             "higher step is stopped (exit 1)")
 RESUBMIT = "resubmit with a new N while the `--resubmit` budget lasts (default 0), else fail (exit 1)"
+SIGNAL_TIME = "its --signal time (start + time limit - T - 30 s: Slurm checks time limits every 30 s)"
 #: (cause, when, in Slurm's words; the rule; what follows)
 TABLE = (
-    ("completed", "COMPLETED, never signalled", "done", "exit 0"),
+    ("finished", "COMPLETED with the execution's `training_finished` event (an integration's, or `dispatch-slurm "
+     "mark finished`) and no signal event", "done", "exit 0"),
+    ("completed", f"COMPLETED before {SIGNAL_TIME}, or with no --signal, and no event or preempt_time says "
+     "otherwise", "done", "exit 0"),
     ("time_limit", "TIMEOUT", "continue", CONTINUE),
-    ("signalled", "COMPLETED after a signal (the execution's preempt_signal or checkpoint_complete event)",
+    ("signalled", "COMPLETED after a signal: the execution's `preempt_signal` or `checkpoint_complete` event (the "
+     "preemption handler's, an integration's, or `dispatch-slurm mark saved`)", "continue", CONTINUE),
+    ("preempted", "COMPLETED with Slurm's preempt_time set (22.05 records a preempted job that exited 0 so)",
      "continue", CONTINUE),
+    ("signal_time", f"COMPLETED at or after {SIGNAL_TIME}: if training had finished, the next execution ends at "
+     "once and is done", "continue", CONTINUE),
+    ("killed_at_signal", f"FAILED at or after {SIGNAL_TIME}, by that signal (killed by it, or exit status 128 + its "
+     "number): a trainer that does not trap it", "continue", CONTINUE),
+    ("unsure", "COMPLETED, and a fact that would tell is missing (the --signal, the times: the rule names it)",
+     "continue", CONTINUE + "; the safe side: never done on a guess"),
     ("failure", "FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE", "resubmit", RESUBMIT),
     ("preemption", "PREEMPTED", "resubmit", RESUBMIT),
     ("node_failure", "NODE_FAIL", "resubmit", RESUBMIT),
@@ -292,9 +302,16 @@ def observe(st: State, j) -> Optional[tuple[str, dict]]:
         return "started", {**execution_fields(st, r, j.nodes, j.start_time), "late": not running}
     if j.ended and r not in st.ended:
         return "ended", {**execution_fields(st, r, j.nodes, j.start_time), "state": j.state, "reason": j.reason,
-                         "exit_code": j.exit_code, "signal": j.exit_signal, "flags": sorted(j.flags),
+                         "exit_code": j.exit_code, "signal": j.exit_signal, "flags": sorted(j.flags), **_times(j),
                          **({"via": "sacct"} if j.source == "sacct" else {})}
     return None
+
+
+def _times(j) -> dict:
+    """Slurm's times of an ended execution that the end rule reads (ends.py): its end, its
+    time limit (or that it has none) and when Slurm preempted it, as far as Slurm says."""
+    times = {"end_time": j.end_time, "time_limit": j.time_limit, "preempt_time": j.preempt_time}
+    return {**{k: v for k, v in times.items() if v is not None}, **({"time_limit_unlimited": True} if j.unlimited else {})}
 
 
 class Decision(NamedTuple):
@@ -320,38 +337,20 @@ def wants_latest(cause: str) -> bool:
     return RULE_OF[cause] in ("continue", "resubmit")
 
 
-def cause_of(ended: dict, signalled: bool, uid: int) -> str:
-    """Why an execution ended, as the rules see it. ``signalled``: the execution saw the
-    time-limit (or any) signal and saved: a COMPLETED end is then a continuation, because
-    the trainer stopped for the signal, not because training was done."""
-    state = ended["state"]
-    if ended.get("requeued"):
-        return "requeue"
-    if state == "CANCELLED" and ended.get("cancelled_by") in (None, uid):
-        return "user_cancel"
-    if state == "TIMEOUT":
-        return "time_limit"
-    if state == "COMPLETED":
-        return "signalled" if signalled else "completed"
-    if state == "UNKNOWN":
-        return "unknown"
-    return CAUSES.get(state, "failure")
-
-
 def stopped_message(st: State) -> str:
     by = st.stopping.get("user") or "a person"
     return (f"stopped by {by}" + (f" ({st.stopping['message']})" if st.stopping.get("message") else "") +
             f"; job {st.job} ended" * (st.job is not None) + "; nothing is resubmitted")
 
 
-def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root: str) -> Decision:
-    """The rule for an ended execution (``cause`` from ``cause_of``), given the state and
-    the step of the latest publication now (None: nothing published, or unreadable).
+def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root: str, why: str = "") -> Decision:
+    """The rule for an ended execution (``cause`` and ``why`` from ends.cause_of), given the
+    state and the step of the latest publication now (None: nothing published, or unreadable).
     Progress is a latest step above the one recorded at the previous decision; a chain
     of STALLS continuations without it is stopped (a trainer that never advances would
     otherwise be continued for ever)."""
     defn, job = st.defn, ended["job"]
-    ref = {"job": job, "r": ended["r"], "cause": cause}
+    ref = {"job": job, "r": ended["r"], "cause": cause, **({"why": why} if why else {})}
     if st.stopping is not None:
         return Decision({"rule": "stop", **ref, "cause": "stop"}, ("stopped", stopped_message(st)))
     rule = RULE_OF[cause]
@@ -364,7 +363,7 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
     if rule == "requeue":
         return Decision({"rule": "requeue", **ref}, slurm_hold=bool(defn["shared"]))
     if rule == "done":
-        return Decision({"rule": "done", **ref}, ("done", f"job {job} completed"))
+        return Decision({"rule": "done", **ref}, ("done", f"job {job} completed: {why or cause}"))
     if rule == "fail":
         return Decision({"rule": "fail", **ref}, ("failed", f"job {job} is known neither to slurmctld nor to "
                         "sacct, so how it ended cannot be told; not resubmitting blindly (supersede to go on)"))
@@ -374,10 +373,12 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
     if rule == "continue":
         left = defn.get("continuations", DEFAULTS["continuations"]) - st.continued
         if left <= 0:
-            return Decision({"rule": "fail", **ref, **seen, "budget_left": 0}, ("failed", f"job {job} ended at its "
-                            f"time limit and no continuation is left (--continuations {defn.get('continuations')})"))
+            return Decision({"rule": "fail", **ref, **seen, "budget_left": 0}, ("failed", f"job {job} would be "
+                            f"continued ({why or cause}), but no continuation is left (--continuations "
+                            f"{defn.get('continuations')})"))
         if seen["stalls"] >= STALLS:
-            return Decision({"rule": "fail", **ref, **seen}, ("failed", f"job {job} ended at its time limit, but "
+            return Decision({"rule": "fail", **ref, **seen}, ("failed", f"job {job} would be continued "
+                            f"({why or cause}), but "
                             f"the last {STALLS} executions published no step above "
                             f"{st.last_step if st.last_step is not None else 'none'}: not continuing a run that "
                             "makes no progress (is the trainer resuming and saving? `dispatch-slurm report "
@@ -390,8 +391,10 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
                     f"{ended['state']} and no resubmission is left (--resubmit {defn['resubmit']})"))
 
 
-def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[str, ...] = ()) -> dict:
-    """What each rule will do for this job, before it starts (or from where it stands)."""
+def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[str, ...] = (),
+         warning: Optional[JobSignal] = None) -> dict:
+    """What each rule will do for this job, before it starts (or from where it stands);
+    ``warning``: the job's --signal as its next submission would read it."""
     shared = defn["shared"]
     left = defn["resubmit"] - (state.used if state else 0)
     conts = defn.get("continuations", DEFAULTS["continuations"]) - (state.continued if state else 0)
@@ -418,20 +421,28 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
     shown = ["sbatch", "--parsable", *(a.replace("=1", "=<N>") if a.startswith("--dispatch-submission")
                                        else a.replace(":n1", ":n<N>") for a in argv)]
     env = {k: ("<N>" if k == "DISPATCH_SUBMISSION" else v) for k, v in env.items()}
-    notes = [f"WARNING: {w}" for w in warnings]
-    if defn.get("keep_last"):
-        notes.append(f"after each execution ends: `dispatch-slurm gc {root} --keep-last {defn['keep_last']}` "
-                     "(saves of executions not shown to have ceased are kept)")
-    if defn["via"] == "env" and shared:
-        notes.append("--via env: the Epilog sees only the plugin's options, so it records no cessation "
-                     "evidence; holds lift by a person, or when every node rebooted")
+    notes = _notes(defn, root, warnings, warning)
     return {"root": root, "generation": defn["g"], "shared_checkpoint": shared,
             "resubmit_budget": defn["resubmit"], "budget_left": left,
             "continuations_budget": defn.get("continuations", DEFAULTS["continuations"]), "continuations_left": conts,
-            "via": defn["via"],
+            "via": defn["via"], "signal": warning and warning.as_fact(),
             "sbatch": shown, "env": env, "rules": rows, "hold": _hold_plan(defn, root) if shared else None,
             "notes": notes,
             "state": state.summary() if state else "not started"}
+
+
+def _notes(defn: dict, root: str, warnings: tuple[str, ...], warning: Optional[JobSignal]) -> list[str]:
+    """The plan's notes: warnings, how an end is told with this job's --signal, gc, --via env."""
+    notes = [f"WARNING: {w}" for w in warnings]
+    if warning is not None:
+        notes.append(f"how an end is told: {signal_rule(warning)}")
+    if defn.get("keep_last"):
+        notes.append(f"after each execution ends: `dispatch-slurm gc {root} --keep-last {defn['keep_last']}` "
+                     "(saves of executions not shown to have ceased are kept)")
+    if defn["via"] == "env" and defn["shared"]:
+        notes.append("--via env: the Epilog sees only the plugin's options, so it records no cessation "
+                     "evidence; holds lift by a person, or when every node rebooted")
+    return notes
 
 
 def _hold_plan(defn: dict, root: str) -> dict:

@@ -19,6 +19,7 @@ class State:
     g: Optional[int] = None
     n: Optional[int] = None
     tag: Optional[str] = None
+    warning: Optional[dict] = None  # the current submission's --signal, as its intent recorded it
     intent_t: Optional[float] = None
     job: Optional[int] = None
     intent_open: bool = False
@@ -62,7 +63,7 @@ class State:
     def _on_job(self, f: dict) -> None:
         self.g = f["g"]
         self.defs[self.g] = f
-        self.n = self.tag = self.job = self.started = self.last_step = None
+        self.n = self.tag = self.job = self.started = self.last_step = self.warning = None
         self.ended = {}
         self.intent_open, self.need_submit = False, True
         self.submitted_in_g = self.used = self.continued = self.stalls = self.submit_failures = 0
@@ -71,7 +72,7 @@ class State:
         self.finished = self.stopping = self.retry_n = None
 
     def _on_intent(self, f: dict) -> None:
-        self.n, self.tag, self.intent_t = f["n"], f["tag"], f["t"]
+        self.n, self.tag, self.intent_t, self.warning = f["n"], f["tag"], f["t"], f.get("warning")
         self.intent_open, self.need_submit, self.retry_n = True, False, None
 
     def _on_submit_failed(self, f: dict) -> None:

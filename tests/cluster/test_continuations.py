@@ -115,7 +115,7 @@ def test_a_run_longer_than_its_time_limit_goes_on_to_the_end(slurm_cluster, work
     # one resumed from exactly that save; nothing was resubmitted (the budget was 0)
     rules = [(f["rule"], f["cause"]) for f in sig.facts("rule")]
     assert rcs["signal"] == 0, f"{sig.log(1)[-1500:]}\n{chain_summary(sig)}"
-    assert rules[:-1] == [("continue", "signalled")] * (len(rules) - 1) and rules[-1] == ("done", "completed")
+    assert rules[:-1] == [("continue", "signalled")] * (len(rules) - 1) and rules[-1] == ("done", "finished")
     assert len(rules) >= 3, f"the trainer needed {len(rules)} executions, not several: {rules}"
     assert [f["state"] for f in sig.facts("ended")] == ["COMPLETED"] * len(rules)
     execs = list(by_attempt(train_log(sig)).values())

@@ -7,9 +7,15 @@ step every ``--step-time`` seconds up to ``--max-steps`` and then exits 0, saves
 real trainers fail:
 
 - ``--trap``: dispatch-slurm's preemption handler (``defer=True``): on the time-limit
-  signal it saves the last whole step, publishes it, prints the sentinel and exits 0;
-- without ``--trap`` the signal kills it (Slurm's TIMEOUT, or the --signal's SIGTERM);
-- ``--crash-at-step K``: exits 1 at step K, as a trainer with a bug does.
+  signal it saves the last whole step, publishes it, prints the sentinel and exits 0; at
+  the end of training it says so (``mark_finished``), as the integrations do;
+- ``--own-handler``: a user's own SIGTERM handler that knows nothing of dispatch-slurm: at
+  the next step it saves (``watch`` publishes it), prints the sentinel, as users copy it from
+  the docs, and exits 0;
+- with neither the signal kills it (Slurm's TIMEOUT, or the --signal's SIGTERM);
+- ``--crash-at-step K``: exits 1 at step K, as a trainer with a bug does;
+- ``--steps-after-resume K``: a resumed execution trains K more steps, then finishes (a
+  run whose first execution meets its time limit and whose second one ends it).
 
 Every step, save and resume is a JSON line in ``--log`` (with the execution's attempt),
 so a test can check that each execution resumed exactly where the previous one saved.
@@ -18,6 +24,7 @@ A script, not a module of the test bed's package: jobs run it by path on the nod
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -32,6 +39,8 @@ def main(argv=None):
     ap.add_argument("--step-time", type=float, default=0.1)
     ap.add_argument("--save-every", type=int, default=50)
     ap.add_argument("--trap", action="store_true")
+    ap.add_argument("--own-handler", action="store_true")
+    ap.add_argument("--steps-after-resume", type=int)
     ap.add_argument("--crash-at-step", type=int)
     ap.add_argument("--log", required=True)
     a = ap.parse_args(argv)
@@ -56,10 +65,14 @@ def main(argv=None):
         with open(os.path.join(a.resume_from, STATE)) as f:
             step = json.load(f)["global_step"]
     log("start", resumed_at=step, resume_from=a.resume_from)
+    max_steps = a.max_steps if a.steps_after_resume is None or not a.resume_from else step + a.steps_after_resume
     if a.trap:
         from dispatch_slurm import install_preemption_handler, preemption_point
         install_preemption_handler(lambda left: save(step), defer=True)
-    while step < a.max_steps:
+    stop = []
+    if a.own_handler:
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    while step < max_steps:
         time.sleep(a.step_time)
         step += 1
         log("step", step=step)
@@ -71,7 +84,15 @@ def main(argv=None):
             save(step)
         if a.trap:
             preemption_point()  # a pending signal: save this whole step, publish it, exit 0
+        if stop:
+            save(step)
+            log("stopped", step=step)
+            print("dispatch-checkpoint-complete", flush=True)
+            sys.exit(0)
     save(step)  # the final save, as the Trainer makes one at the end of training
+    if a.trap:
+        from dispatch_slurm import mark_finished
+        mark_finished(step=step)
     log("done", step=step)
 
 
