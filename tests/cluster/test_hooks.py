@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from dispatch_slurm.contract import env as envmod
-from dispatch_slurm.slurm.hooks import SPANK_OPT
+from dispatch_slurm.slurm.hooks.job import SPANK_OPT
 from dispatch_slurm.store import events
 from testbed.cluster import CONTROLLER, Cluster
 
