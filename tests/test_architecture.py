@@ -374,3 +374,14 @@ def test_the_env_read_check_can_fail():
            "os.environ['DISPATCH_F'] = '1'\n"  # a write, not a read
            "def f(environ):\n    return environ.get('DISPATCH_G'), os.environ.get('HOME')\n")  # a mapping passed in
     assert _env_reads(src) == {"DISPATCH_A", "DISPATCH_B", "DISPATCH_C", "DISPATCH_D", "DISPATCH_E"}
+
+
+def _constants(source: str) -> set[str]:
+    return {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_hostlists_have_one_expander():
+    """`scontrol show hostnames` is run from slurm/hostlist.py alone: the client and the hooks
+    each ran it themselves, with different fallbacks (issue 38)."""
+    found = {name for name, path in _modules() if "hostnames" in _constants(path.read_text())}
+    assert found == {"dispatch_slurm.slurm.hostlist"}, found
