@@ -36,7 +36,9 @@ ALLOWED = {
     "retention": {"errors", "contract", "store", "slurm"},
     "supervisor": {"errors", "contract", "store", "slurm", "retention"},
     "report": {"errors", "contract", "store", "slurm", "retention", "supervisor"},  # slurm: cessation/
-    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "retention", "supervisor", "report"},
+    "doctor": {"errors", "contract", "store", "runtime", "slurm"},
+    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "retention", "supervisor", "report",
+            "doctor"},
     "__init__": {"errors", "contract", "store", "runtime"},
     "__main__": {"cli"},
 }
@@ -236,11 +238,23 @@ def _io_uses(source: str) -> set[str]:
     return found
 
 
+# pure judgement outside contract/, held to contract/'s rules: no I/O, and only contract/ and
+# errors imported (the doctor's rules: its package also runs commands and reads Slurm)
+PURE = {"dispatch_slurm.doctor.rules"}
+
+
 def test_contract_does_no_io():
-    io = {name: _io_uses(path.read_text()) for name, path in _modules() if name.startswith("dispatch_slurm.contract")}
+    io = {name: _io_uses(path.read_text()) for name, path in _modules()
+          if name.startswith("dispatch_slurm.contract") or name in PURE}
     io[ENV_READER] = io.get(ENV_READER, set()) - {"os.environ", "os.getenv", "from os import environ",
                                                    "from os import getenv"}
     assert io and not {n: u for n, u in io.items() if u}, {n: sorted(u) for n, u in io.items() if u}
+
+
+def test_pure_modules_import_only_the_contract():
+    found = {name: {m for m in _imports(name, path) if m.startswith("dispatch_slurm.")
+                    and m.split(".")[1] not in ("contract", "errors")} for name, path in _modules() if name in PURE}
+    assert set(found) == PURE and not any(found.values()), found
 
 
 def test_the_io_check_can_fail():
