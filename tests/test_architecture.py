@@ -395,7 +395,7 @@ def _constants(source: str) -> set[str]:
 
 
 def test_hostlists_have_one_expander():
-    """`scontrol show hostnames` is run from slurm/hostlist.py alone: the client and the hooks
-    each ran it themselves, with different fallbacks (issue 38)."""
+    """`scontrol show hostnames` is run from slurm/hostlist.py alone, so the client and the hooks
+    cannot expand one list two ways."""
     found = {name for name, path in _modules() if "hostnames" in _constants(path.read_text())}
     assert found == {"dispatch_slurm.slurm.hostlist"}, found

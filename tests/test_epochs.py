@@ -264,9 +264,9 @@ def test_the_task_prolog_refuses_the_second_job_in_its_stderr(root):
     assert "DISPATCH_SUBMISSION=2 was never allocated" in err.getvalue()
 
 
-# What the TaskProlog wrapper runs, counting the store objects made (one per `store.at`):
-# the way in opens the root's store once and passes it down (issue 38: prepare alone opened
-# it three times for an execution's first process, twice for every later one).
+# What the TaskProlog wrapper runs, counting the store objects made (one per `store.at`): the
+# way in opens the root's store once and passes it down, for the first process (which checks
+# sub/ and claims) as for a later one (which finds its claim).
 _COUNTED = """
 import os, runpy, sys
 from dispatch_slurm.store import base
