@@ -52,8 +52,9 @@ def allocate(root, n: int = 1) -> int:
 def claim(root, attempt: str) -> None:
     """Claim the epoch of ``attempt`` under ``root`` (as env and the hooks do), so a test
     that counts a publish's syscalls sees only the publication's own."""
+    from dispatch_slurm import store
     from dispatch_slurm.store import epochs
-    epochs.claim(str(root), attempt)
+    epochs.claim(store.at(str(root)), attempt)
 
 
 HOST_SITE = "/opt/host-site"  # where a cluster sees this machine's torch, if it can use it

@@ -35,8 +35,10 @@ ALLOWED = {
     "slurm": {"errors", "contract", "store"},
     "retention": {"errors", "contract", "store", "slurm"},
     "supervisor": {"errors", "contract", "store", "slurm", "retention"},
-    "report": {"errors", "contract", "store", "retention", "supervisor"},
-    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "retention", "supervisor", "report"},
+    "report": {"errors", "contract", "store", "slurm", "retention", "supervisor"},  # slurm: cessation/
+    "doctor": {"errors", "contract", "store", "runtime", "slurm"},
+    "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "retention", "supervisor", "report",
+            "doctor"},
     "__init__": {"errors", "contract", "store", "runtime"},
     "__main__": {"cli"},
 }
@@ -236,11 +238,23 @@ def _io_uses(source: str) -> set[str]:
     return found
 
 
+# pure judgement outside contract/, held to contract/'s rules: no I/O, and only contract/ and
+# errors imported (the doctor's rules: its package also runs commands and reads Slurm)
+PURE = {"dispatch_slurm.doctor.rules"}
+
+
 def test_contract_does_no_io():
-    io = {name: _io_uses(path.read_text()) for name, path in _modules() if name.startswith("dispatch_slurm.contract")}
+    io = {name: _io_uses(path.read_text()) for name, path in _modules()
+          if name.startswith("dispatch_slurm.contract") or name in PURE}
     io[ENV_READER] = io.get(ENV_READER, set()) - {"os.environ", "os.getenv", "from os import environ",
                                                    "from os import getenv"}
     assert io and not {n: u for n, u in io.items() if u}, {n: sorted(u) for n, u in io.items() if u}
+
+
+def test_pure_modules_import_only_the_contract():
+    found = {name: {m for m in _imports(name, path) if m.startswith("dispatch_slurm.")
+                    and m.split(".")[1] not in ("contract", "errors")} for name, path in _modules() if name in PURE}
+    assert set(found) == PURE and not any(found.values()), found
 
 
 def test_the_io_check_can_fail():
@@ -327,7 +341,7 @@ def test_the_scheme_check_can_fail():
 
 # modules that still read DISPATCH_* from os.environ themselves, and the variables each may read
 ENV_READS_ALLOWED: dict[str, set[str]] = {}  # none: every reader goes through the view
-# Not reads of the environment, so not here: a mapping passed in (slurm/hooks.py's environ, the
+# Not reads of the environment, so not here: a mapping passed in (slurm/hooks/'s environ, the
 # job's as Slurm gave it to the hook; store/jobs.py's; runtime/launch.py's, the launcher's child's).
 
 
@@ -374,3 +388,14 @@ def test_the_env_read_check_can_fail():
            "os.environ['DISPATCH_F'] = '1'\n"  # a write, not a read
            "def f(environ):\n    return environ.get('DISPATCH_G'), os.environ.get('HOME')\n")  # a mapping passed in
     assert _env_reads(src) == {"DISPATCH_A", "DISPATCH_B", "DISPATCH_C", "DISPATCH_D", "DISPATCH_E"}
+
+
+def _constants(source: str) -> set[str]:
+    return {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_hostlists_have_one_expander():
+    """`scontrol show hostnames` is run from slurm/hostlist.py alone, so the client and the hooks
+    cannot expand one list two ways."""
+    found = {name for name, path in _modules() if "hostnames" in _constants(path.read_text())}
+    assert found == {"dispatch_slurm.slurm.hostlist"}, found

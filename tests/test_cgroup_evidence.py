@@ -3,7 +3,8 @@ is checked on the VM bed: tests/cluster/test_hooks.py), and how ceased/ carries 
 
 import json
 
-from dispatch_slurm.slurm import cessation, cgroup
+from dispatch_slurm.slurm import cessation
+from dispatch_slurm.slurm.cessation import cgroup
 from dispatch_slurm.store import ceased
 
 

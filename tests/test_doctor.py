@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dispatch_slurm.contract import doctor as d
+from dispatch_slurm.doctor import rules as d
 from dispatch_slurm.runtime import probe
 
 SRUN = d.Stack(where="step")
@@ -385,8 +385,7 @@ def test_doctor_on_a_job_waits_for_completing_and_the_ranks_exit_records(tmp_pat
     COMPLETING and every rank's exit record is there (Slurm stood in for: its answers
     only; the cluster test does it on docker-slurm)."""
     import dataclasses
-    from dispatch_slurm.cli import doctor as cli_doctor
-    from dispatch_slurm.slurm import client
+    from dispatch_slurm.doctor import running
     from dispatch_slurm.slurm.facts import JobInfo
     probe = tmp_path / "probe"
     probe.mkdir()
@@ -423,10 +422,10 @@ def test_doctor_on_a_job_waits_for_completing_and_the_ranks_exit_records(tmp_pat
             calls.append(("cancel", signal))
 
     calls: list = []
-    monkeypatch.setattr(client, "Slurm", FakeSlurm)
+    monkeypatch.setattr(running, "Slurm", FakeSlurm)
     monkeypatch.setattr(time, "sleep", lambda s: None)  # the stand-in answers at once
-    run, table = cli_doctor._on_job(5, d.Signal("TERM", False, 10), d.SlurmConf(kill_wait=5), 1, 5, False,
-                                    str(probe), None)
+    run, table = running.rehearse(5, d.Signal("TERM", False, 10), d.SlurmConf(kill_wait=5), 1, 5, False,
+                                  str(probe), None)
     (row,) = table
     assert row.published and row.exit == 0 and row.to_stop is not None, (row, run.log)
     assert not [f for f in d.verdict(table, 1, 15) if f.code == "no-safe-point"]

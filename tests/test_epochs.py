@@ -18,7 +18,8 @@ import pytest
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
 from dispatch_slurm.errors import BadName, BadPath, StoreError
-from dispatch_slurm.slurm import hooks
+from dispatch_slurm.slurm.hooks import job as hookjob
+from dispatch_slurm.slurm.hooks import node, prolog, taskprolog
 from dispatch_slurm.store import epochs, events, s3
 from support import allocate, build_spank, cli, vectors
 
@@ -176,7 +177,7 @@ def test_an_adoption_joins_the_epochs_claimant(root, monkeypatch):
         store.publish(str(old), 5, root=str(root), epoch=2 * E, adopt=True)
     new = f"linux.103.{2 * E}"
     (root / "exec" / new).mkdir()
-    epochs.claim(str(root), new)
+    epochs.claim(store.at(str(root)), new)
     res = store.publish(str(old), 5, root=str(root), epoch=2 * E, adopt=True)
     assert res.adopted and store.latest(str(root)) == res.publication
 
@@ -184,7 +185,7 @@ def test_an_adoption_joins_the_epochs_claimant(root, monkeypatch):
 def test_a_publish_reads_the_claim_once(root, monkeypatch):
     """The cost on the publish path: one open and read of epochs/<E> once it exists."""
     store.make_exec_dir(str(root), A)
-    epochs.claim(str(root), A)
+    epochs.claim(store.at(str(root)), A)
     opened = []
     real = os.open
 
@@ -215,16 +216,16 @@ def test_an_incomplete_claim_is_waited_for_then_refused_naming_the_file(root, mo
             torn.write_bytes(f"{A}\n".encode())
     monkeypatch.setattr(epochs, "_sleep", finish_on_second_wait)
     with pytest.raises(epochs.EpochClaimed, match="claimed by job linux.101"):
-        epochs.prepare(envmod_values(root, 102), 0o700, str(root))
+        epochs.prepare(store.at(str(root)), envmod_values(root, 102), 0o700, str(root))
     assert len(waits) == 2
     torn.write_bytes(b"")  # created, never written: its writer died
     monkeypatch.setattr(epochs, "SETTLE_S", 0.05)
     monkeypatch.setattr(epochs, "_sleep", lambda p: waits.append(p) or threading.Event().wait(p))
     with pytest.raises(StoreError, match=f"{torn} is still empty after 0.05 s: .*remove that file, and resubmit"):
-        epochs.prepare(envmod_values(root, 101), 0o700, str(root))
+        epochs.prepare(store.at(str(root)), envmod_values(root, 101), 0o700, str(root))
     torn.write_bytes(b"garbage\n")
     with pytest.raises(BadName, match=f"{names.claim_name(E)}.*not a claim of epoch {E}"):
-        epochs.claim(str(root), A)
+        epochs.claim(store.at(str(root)), A)
 
 
 def envmod_values(root, job_id: int, **extra) -> dict:
@@ -238,12 +239,12 @@ def test_planted_symlinks_are_never_followed(root, tmp_path):
     elsewhere.mkdir()
     (root / "epochs").symlink_to(elsewhere)
     with pytest.raises(StoreError, match="symlink"):
-        epochs.prepare(envmod_values(root, 101), 0o700, str(root))
+        epochs.prepare(store.at(str(root)), envmod_values(root, 101), 0o700, str(root))
     (root / "epochs").unlink()
     (root / "epochs").mkdir()
     (root / "epochs" / names.claim_name(E)).symlink_to(elsewhere / "claim")
     with pytest.raises(StoreError, match="symlink, which the protocol never follows"):
-        epochs.claim(str(root), A)
+        epochs.claim(store.at(str(root)), A)
     assert os.listdir(elsewhere) == []
 
 
@@ -252,15 +253,47 @@ def test_planted_symlinks_are_never_followed(root, tmp_path):
 def test_the_task_prolog_refuses_the_second_job_in_its_stderr(root):
     allocate(root)
     out = io.StringIO()
-    assert hooks.task_prolog(job(root, 101), out, io.StringIO()) == 0 and f"export DISPATCH_ATTEMPT={A}" in out.getvalue()
+    assert taskprolog.run(job(root, 101), out, io.StringIO()) == 0 and f"export DISPATCH_ATTEMPT={A}" in out.getvalue()
     out, err = io.StringIO(), io.StringIO()
-    assert hooks.task_prolog(job(root, 102), out, err) == 1, "the task must fail"
+    assert taskprolog.run(job(root, 102), out, err) == 1, "the task must fail"
     assert err.getvalue().startswith("dispatch-slurm: error: epoch 1000000")
     assert out.getvalue() == f"print {err.getvalue()}", "no export line; the message as Slurm shows it"
     assert "claimed by job linux.101" in err.getvalue() and not (root / "exec" / B).exists()
     err = io.StringIO()
-    assert hooks.task_prolog(job(root, 103, n=2), io.StringIO(), err) == 1
+    assert taskprolog.run(job(root, 103, n=2), io.StringIO(), err) == 1
     assert "DISPATCH_SUBMISSION=2 was never allocated" in err.getvalue()
+
+
+# What the TaskProlog wrapper runs, counting the store objects made (one per `store.at`): the
+# way in opens the root's store once and passes it down, for the first process (which checks
+# sub/ and claims) as for a later one (which finds its claim).
+_COUNTED = """
+import os, runpy, sys
+from dispatch_slurm.store import base
+made, init = [], base.Store.__init__
+def counted(self, root):
+    made.append(root)
+    init(self, root)
+base.Store.__init__ = counted
+sys.argv = ["hooks", "task-prolog"]
+try:
+    runpy.run_module("dispatch_slurm.slurm.hooks", run_name="__main__")
+finally:
+    sys.stderr.write(f"stores made: {len(made)}\\n")
+"""
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-process", "later-process"])
+def test_a_way_in_opens_the_roots_store_once(root, first):
+    allocate(root)
+    if not first:
+        epochs.claim(store.at(str(root)), A)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    proc = subprocess.run([sys.executable, "-c", _COUNTED], env={**env, **job(root, 101)}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and f"export DISPATCH_ATTEMPT={A}" in proc.stdout, proc.stdout + proc.stderr
+    assert "stores made: 1\n" in proc.stderr, proc.stderr
+    assert claim_of(root) == f"{A}\n".encode()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
@@ -269,8 +302,8 @@ def test_the_prolog_logs_the_refusal_exits_0_and_leaves_no_files(tmp_path, monke
     writes no /run files (the plugin's user_init then fails the job's tasks with the same
     message in the job's stderr; tests/cluster/test_epoch_claims.py shows it on Slurm)."""
     import tempfile
-    monkeypatch.setattr(hooks, "RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))
+    monkeypatch.setattr(node, "RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(node, "LOG", str(tmp_path / "hooks.log"))
     base = tempfile.mkdtemp(prefix="dispatch-epochs-")
     try:
         os.chmod(base, 0o755)
@@ -278,14 +311,14 @@ def test_the_prolog_logs_the_refusal_exits_0_and_leaves_no_files(tmp_path, monke
         os.mkdir(root)
         os.chown(root, 65534, 65534)
         nobody = {"SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "nobody",
-                  "SLURM_CLUSTER_NAME": "linux", hooks.SPANK_OPT + "checkpoint": root,
-                  hooks.SPANK_OPT + "submission": "1"}
-        assert hooks.prolog({**nobody, "SLURM_JOB_ID": "101"}) == 0
+                  "SLURM_CLUSTER_NAME": "linux", hookjob.SPANK_OPT + "checkpoint": root,
+                  hookjob.SPANK_OPT + "submission": "1"}
+        assert prolog.run({**nobody, "SLURM_JOB_ID": "101"}) == 0
         assert "never allocated" in (tmp_path / "hooks.log").read_text() and not os.path.exists(f"{root}/exec")
-        assert hooks.as_job_user(nobody, store.allocate_submission, root) == {"ok": 1}
-        assert hooks.prolog({**nobody, "SLURM_JOB_ID": "101"}) == 0 and hooks.recorded_execution("101")
-        assert hooks.prolog({**nobody, "SLURM_JOB_ID": "102"}) == 0
-        assert hooks.recorded_execution("102") is None and not os.path.exists(hooks.env_file("102"))
+        assert node.as_job_user(nobody, store.allocate_submission, root) == {"ok": 1}
+        assert prolog.run({**nobody, "SLURM_JOB_ID": "101"}) == 0 and node.recorded_execution("101")
+        assert prolog.run({**nobody, "SLURM_JOB_ID": "102"}) == 0
+        assert node.recorded_execution("102") is None and not os.path.exists(node.env_file("102"))
         log = (tmp_path / "hooks.log").read_text().splitlines()[-1]
         assert "user error, job will fail in its tasks: epoch 1000000" in log
         assert "claimed by job linux.101" in log and os.listdir(f"{root}/exec") == [A]
@@ -299,7 +332,7 @@ def test_the_prolog_logs_the_refusal_exits_0_and_leaves_no_files(tmp_path, monke
 def _claimer(root, attempt, barrier, results):
     barrier.wait()
     try:
-        epochs.claim(root, attempt)
+        epochs.claim(store.at(root), attempt)
         results.put(("won", attempt))
     except epochs.EpochClaimed as e:
         results.put(("refused", e.owner))
@@ -418,7 +451,7 @@ def test_c_refuses_like_python_and_reads_pythons_claims(plugin, root):
     allocate(root, 2)
     assert ask("claim", 1, *_fields(job(root, 103, n=2))) == "ok"
     with pytest.raises(epochs.EpochClaimed, match="claimed by job linux.103"):
-        epochs.claim(str(root), f"linux.104.{2 * E}")
+        epochs.claim(store.at(str(root)), f"linux.104.{2 * E}")
     # an incomplete claim: read again for DSP_CLAIM_SETTLE_MS (300 here), then refused
     (root / "epochs" / names.claim_name(3 * E)).write_bytes(b"")
     allocate(root, 3)
@@ -434,7 +467,7 @@ def test_c_checks_a_given_submission_at_submit_time(plugin, root):
     assert "never allocated" in plugin.ask("check-submission", *_fields(opts))
     allocate(root)
     assert plugin.ask("check-submission", *_fields(opts)) == "ok"
-    epochs.claim(str(root), A)
+    epochs.claim(store.at(str(root)), A)
     got = plugin.ask("check-submission", *_fields(opts))
     assert got.startswith(f"error: epoch {E} of {root} is already claimed by job linux.101") and "fix:" in got
     assert plugin.ask("check-submission", *_fields({**opts, "DISPATCH_GENERATION": "1"})) == "ok"
@@ -496,7 +529,7 @@ def test_newest_of_job_is_the_greatest_claimed_epoch_of_the_same_job_id(root):
     Another job's greater epoch (a resubmission: another job id) is not one."""
     assert epochs.newest_of_job(str(root), "c.101.1000000") == "c.101.1000000"  # no epochs/ yet
     for attempt in ("c.101.1000000", "c.101.1000002", "c.102.2000000", "c.101.1000001"):
-        epochs.claim(str(root), attempt)
+        epochs.claim(store.at(str(root)), attempt)
     assert epochs.newest_of_job(str(root), "c.101.1000000") == "c.101.1000002"
     assert epochs.newest_of_job(str(root), "c.101.1000002") == "c.101.1000002"
     assert epochs.newest_of_job(str(root), "c.102.2000000") == "c.102.2000000"

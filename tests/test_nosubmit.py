@@ -15,7 +15,8 @@ import pytest
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
 from dispatch_slurm.errors import StoreError
-from dispatch_slurm.slurm import hooks, stdio
+from dispatch_slurm.slurm import stdio
+from dispatch_slurm.slurm.hooks import taskprolog
 from dispatch_slurm.store import epochs, s3
 from support import cli
 
@@ -73,10 +74,10 @@ def test_every_process_of_the_job_and_a_requeue_resume_from_the_latest(root):
 
 def test_the_task_prolog_allocates_too_and_its_exports_carry_n(root):
     out = io.StringIO()
-    assert hooks.task_prolog(plain(root, 7), out, io.StringIO()) == 0, out.getvalue()
+    assert taskprolog.run(plain(root, 7), out, io.StringIO()) == 0, out.getvalue()
     assert "export DISPATCH_SUBMISSION=1\n" in out.getvalue() and "export DISPATCH_EPOCH=1000000\n" in out.getvalue()
     out = io.StringIO()
-    assert hooks.task_prolog(plain(root, 7, 1), out, io.StringIO()) == 0
+    assert taskprolog.run(plain(root, 7, 1), out, io.StringIO()) == 0
     assert "export DISPATCH_SUBMISSION=1\n" in out.getvalue() and "export DISPATCH_EPOCH=1000001\n" in out.getvalue()
     # the batch script's `env` after the TaskProlog: the exported N is used, nothing new
     values = env_json(root, 7, 1, DISPATCH_SUBMISSION="1")
@@ -126,10 +127,10 @@ def test_an_incomplete_entry_is_waited_for_then_refused_naming_the_file(root, mo
     (root / "jobs" / "linux.4").write_bytes(b"")
     monkeypatch.setattr(jobs, "SETTLE_S", 0.2)
     with pytest.raises(StoreError, match=f"{root}/jobs/linux.4 is still empty after 0.2 s"):
-        jobs.for_job(str(root), "linux", "4")
+        jobs.for_job(store.at(str(root)), "linux", "4")
     (root / "jobs" / "linux.4").write_bytes(b"12\n")
     with pytest.raises(Exception, match="not a submission number"):
-        jobs.for_job(str(root), "linux", "4")
+        jobs.for_job(store.at(str(root)), "linux", "4")
     assert not (root / "sub").exists()
 
 
@@ -148,7 +149,7 @@ def _process(root, job_id, barrier, results):
     from dispatch_slurm.store import jobs
     barrier.wait()
     try:
-        results.put(("ok", job_id, jobs.for_job(root, "linux", str(job_id))))
+        results.put(("ok", job_id, jobs.for_job(store.at(root), "linux", str(job_id))))
     except Exception as e:  # noqa: BLE001 -- any other outcome is a failure the test names
         results.put(("error", job_id, repr(e)))
 
@@ -236,6 +237,6 @@ def test_a_refusing_task_prolog_writes_its_reason_to_the_jobs_stderr(root, tmp_p
     out.write_text("")
     monkeypatch.setattr(stdio, "job_stdio", lambda job_id, run=None: (str(err), str(out)), raising=False)
     printed = io.StringIO()
-    assert hooks.task_prolog(plain(root, 1, DISPATCH_SUBMISSION="4"), printed, io.StringIO()) == 1
+    assert taskprolog.run(plain(root, 1, DISPATCH_SUBMISSION="4"), printed, io.StringIO()) == 1
     assert printed.getvalue().startswith("print dispatch-slurm: error: DISPATCH_SUBMISSION=4 was never allocated")
     assert err.read_text() == printed.getvalue()[len("print "):]

@@ -94,8 +94,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the hooks
 
 
 def _as_nobody(fn, *args):
-    from dispatch_slurm.slurm import hooks
-    res = hooks.as_job_user(NOBODY, fn, *args)
+    from dispatch_slurm.slurm.hooks import node
+    res = node.as_job_user(NOBODY, fn, *args)
     assert "ok" in res, res
     return res["ok"]
 
@@ -138,9 +138,10 @@ def plugin_story(tmp_path, monkeypatch):
     at T0+130. R=1 last writes at T0+171; R=2 starts at T0+200, first saves at T0+230."""
     import shutil
     import tempfile
-    from dispatch_slurm.slurm import hooks
-    monkeypatch.setattr(hooks, "LOG", str(tmp_path / "hooks.log"))
-    monkeypatch.setattr(hooks, "hostnames", getattr(hooks, "expand_hostlist", None), raising=False)
+    from dispatch_slurm.slurm.hooks import epilog, job, node, prolog
+    from dispatch_slurm.slurm.hostlist import expand_hostlist
+    monkeypatch.setattr(node, "LOG", str(tmp_path / "hooks.log"))
+    monkeypatch.setattr(job, "hostnames", expand_hostlist)  # no scontrol here
     monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
     base = tempfile.mkdtemp(prefix="dispatch-report-")
     os.chmod(base, 0o755)
@@ -157,9 +158,9 @@ def plugin_story(tmp_path, monkeypatch):
                 "SLURM_JOB_START_TIME": str(int(t0 + 100 * r)), OPT + "checkpoint": str(root), OPT + "submission": "1"}
 
     def hook(name, r):
-        for node in ("n1", "n2"):
-            monkeypatch.setattr(hooks, "RUN_DIR", str(tmp_path / f"run-{node}"))
-            assert getattr(hooks, name)(env(node, r)) == 0
+        for n in ("n1", "n2"):
+            monkeypatch.setattr(node, "RUN_DIR", str(tmp_path / f"run-{n}"))
+            assert {"prolog": prolog, "epilog": epilog}[name].run(env(n, r)) == 0
 
     plan = {0: [(60, 40), (70, 70), (80, 101)], 1: [(90, 130), (100, 171)], 2: [(110, 230)]}
     for r, steps in plan.items():

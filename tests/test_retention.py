@@ -26,6 +26,7 @@ from dispatch_slurm.store import durable, events, posix
 from dispatch_slurm.store.posix import PosixStore
 from dispatch_slurm import retention as gc
 from dispatch_slurm import retention as sup_gc
+from dispatch_slurm.slurm.cessation import executions as cessation_of
 
 A, B, C, LIVE = "c.1.1000000", "c.2.2000000", "c.3.3000000", "c.4.4000000"
 LATER = time.time() + 3600  # "now" for decisions where --min-age must not matter
@@ -610,11 +611,11 @@ def test_ceased_takes_the_executions_nodes_from_the_root_when_nothing_else_names
                                   submission=1)
     ans = ask()  # purged: Slurm says it ended; c2 (idle, responding) recorded nothing
     assert ans["answer"] == cessation.NOT_CEASED and "no evidence from c2" in ans["why"], ans
-    assert sup_gc.from_root(str(root), [a]) == {}
+    assert cessation_of.from_root(str(root), [a]) == {}
     ceased_store.record(str(root), a, "c2", {"by": "cgroup v2", "state": "gone", "cgroup": "x"}, nodes=["c1", "c2"])
     ans = ask()
     assert ans["answer"] == cessation.CEASED and set(ans["nodes"]) == {"c1", "c2"}, ans
-    (ok, why), = sup_gc.from_root(str(root), [a]).values()
+    (ok, why), = cessation_of.from_root(str(root), [a]).values()
     assert ok and "c1: process scan, c2: cgroup v2" in why
 
 

@@ -22,7 +22,7 @@ from dispatch_slurm.errors import BadPath, StoreError
 from dispatch_slurm.store import ceased as ceased_store
 from dispatch_slurm import retention as gc
 from dispatch_slurm.store import s3 as s3_store
-from dispatch_slurm import retention as sup_gc
+from dispatch_slurm.slurm.cessation import executions as cessation_of
 
 A, B, LIVE = "c.1.1000000", "c.2.2000000", "c.4.4000000"
 LATER = time.time() + 3600  # "now" for decisions where --min-age must not matter
@@ -227,13 +227,13 @@ def test_ceased_resolution_asks_slurm_with_the_record_and_keeps_what_it_cannot_s
                     "name": "job", "exit_code": {"status": ["EXITED"]}, "cluster": CLUSTER}
     mine = f"{CLUSTER}.7.1000000"
     _epilog(r, mine, "c1")
-    got = sup_gc.ceased(r.url, [mine, f"{CLUSTER}.8.1000000", "other.7.1000000"], Slurm(fake))
+    got = cessation_of.ceased(r.url, [mine, f"{CLUSTER}.8.1000000", "other.7.1000000"], Slurm(fake))
     assert got[mine][0] is False and "no evidence from c2" in got[mine][1]
     assert got[f"{CLUSTER}.8.1000000"][0] is False and "unknown" in got[f"{CLUSTER}.8.1000000"][1]
     assert got["other.7.1000000"][0] is False and "cluster other" in got["other.7.1000000"][1]
     _epilog(r, mine, "c2")
-    assert sup_gc.ceased(r.url, [mine], Slurm(fake))[mine][0] is True
-    assert sup_gc.ceased(r.url, ["x.1.1000000"], Slurm(fake), said=["x.1.1000000"])["x.1.1000000"][0]
+    assert cessation_of.ceased(r.url, [mine], Slurm(fake))[mine][0] is True
+    assert cessation_of.ceased(r.url, ["x.1.1000000"], Slurm(fake), said=["x.1.1000000"])["x.1.1000000"][0]
 
 
 def test_a_save_whose_retired_key_would_be_over_s3s_limit_is_left_alone(s3_env):

@@ -159,12 +159,12 @@ def test_one_epoch_per_execution(r, monkeypatch):
     job = {"DISPATCH_CHECKPOINT": r.url, "DISPATCH_SUBMISSION": "1", "SLURM_CLUSTER_NAME": "c"}
     first, second = (envmod.compute({**job, "SLURM_JOB_ID": j}) for j in ("1", "2"))
     with pytest.raises(EnvError, match="DISPATCH_SUBMISSION=1 was never allocated"):
-        epochs.prepare(first, 0o700, r.url)
+        epochs.prepare(store.at(r.url), first, 0o700, r.url)
     store.allocate_submission(r.url)
-    epochs.prepare(first, 0o700, r.url)
+    epochs.prepare(store.at(r.url), first, 0o700, r.url)
     before = r.listing("epochs")
     with pytest.raises(epochs.EpochClaimed, match=r"claimed by job c.1 .*this job \(c.2\)"):
-        epochs.prepare(second, 0o700, r.url)
+        epochs.prepare(store.at(r.url), second, 0o700, r.url)
     assert r.listing("epochs") == before == [f"{E1:020d}"] and r.size("epochs", f"{E1:020d}") == len(A1) + 1
     theirs = r.save(f"exec/c.2.{E1}/checkpoint-5")
     with pytest.raises(epochs.EpochClaimed, match="claimed by job c.1 .*not by this execution"):

@@ -165,9 +165,9 @@ def test_every_layer_works_on_a_third_store_through_the_interface(mem, monkeypat
     assert store.at(ROOT).__class__ is MemStore
     assert [store.allocate_submission(ROOT) for _ in range(2)] == [1, 2]
     for attempt in (A1, A2):
-        epochs.claim(ROOT, attempt)
+        epochs.claim(store.at(ROOT), attempt)
     with pytest.raises(epochs.EpochClaimed):
-        epochs.claim(ROOT, f"c.9.{E1}")  # another job at epoch E1: refused
+        epochs.claim(store.at(ROOT), f"c.9.{E1}")  # another job at epoch E1: refused
 
     as_execution(monkeypatch, A1)  # the old execution publishes 100 and 200
     for step in (100, 200):

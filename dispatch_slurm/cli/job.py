@@ -14,7 +14,7 @@ from ..contract import epoch as epochmod
 from ..contract import names, siteconf
 from ..errors import DispatchError
 from ..slurm import sitefile
-from ..store import epochs, jobs
+from ..store import epochs
 from . import common
 
 
@@ -42,10 +42,8 @@ def env_(fmt, no_mkdir, local):
     the preemption handler and the integrations then work as in a job."""
     try:
         site = sitefile.load()
-        environ = _local_inputs() if local else jobs.fill(os.environ, site, create=not no_mkdir)
-        values = envmod.compute(environ, site)
-        epochs.prepare(values, site.exec_mode, names.normalize_root(environ["DISPATCH_CHECKPOINT"]),
-                       mkdir=not no_mkdir)
+        st, inputs = _local_inputs() if local else (epochs.job_store(os.environ), os.environ)
+        values = epochs.enter(st, inputs, site, create=not no_mkdir)
         if local and not no_mkdir:
             _started_here(values)
     except (DispatchError, OSError):
@@ -216,20 +214,21 @@ def _unpublished(values: dict) -> None:
         return
 
 
-def _local_inputs() -> dict:
-    """The job environment of an execution outside Slurm (`env --local`)."""
+def _local_inputs() -> tuple[store.Store, dict]:
+    """The root's store and the job environment of an execution outside Slurm (`env --local`):
+    a new submission number, allocated in that store."""
     root = envmod.local_root(os.environ)
     if root is None:
         root = os.path.abspath(envmod.LOCAL_ROOT)
         os.makedirs(root, mode=0o700, exist_ok=True)  # the default root is ours to create; a named one is not
-    root = names.normalize_root(root)
-    return envmod.local(os.environ, root, store.allocate_submission(root))
+    st = store.at(names.normalize_root(root))
+    return st, envmod.local(os.environ, st.root, st.allocate_submission())
 
 
 def _started_here(values: dict) -> None:
     """A local execution's start, with the shell that evals `env --local` (the job script:
     its parent): no Slurm and no Epilog will say when it ended, its processes on this host
-    will (gc, report: retention/local.py)."""
+    will (gc, report: slurm/cessation/local.py)."""
     from ..store import events
     events.record("execution_started", root=values["DISPATCH_CHECKPOINT"], attempt=values["DISPATCH_ATTEMPT"],
                   epoch=int(values["DISPATCH_EPOCH"]), source="env --local", shell_pid=os.getppid())

@@ -90,12 +90,22 @@ def shared(environ: Mapping[str, str]) -> bool:
     return value == "1"
 
 
+_NO_ROOT = "DISPATCH_CHECKPOINT is not set: name the job's checkpoint root"
+
+
+def named_root(environ: Mapping[str, str]) -> str:
+    """The checkpoint root as the job named it, normalized (an array's keeps its %a)."""
+    raw_root = environ.get("DISPATCH_CHECKPOINT")
+    if not raw_root:
+        raise EnvError(_NO_ROOT)
+    return names.normalize_root(raw_root)
+
+
 def check_inputs(environ: Mapping[str, str], site: Site, need_submission: bool = True) -> dict:
     """The submission-time inputs, validated; used at submit time too, so bad input
     is refused before a submission number is spent or a job is queued."""
-    raw_root = environ.get("DISPATCH_CHECKPOINT")
-    if not raw_root:
-        raise EnvError("DISPATCH_CHECKPOINT is not set: name the job's checkpoint root")
+    if not environ.get("DISPATCH_CHECKPOINT"):
+        raise EnvError(_NO_ROOT)
     n_what = "submission N (use `dispatch-slurm submit`)"
     if need_submission and not environ.get("DISPATCH_SUBMISSION"):
         raise EnvError("DISPATCH_SUBMISSION is not set: submit the job with `dispatch-slurm submit ROOT -- ...` "
@@ -103,7 +113,7 @@ def check_inputs(environ: Mapping[str, str], site: Site, need_submission: bool =
                        "N under ROOT/sub/ and passes it to the job, or leave it unset inside a Slurm job "
                        "(`dispatch-slurm env`, the TaskProlog allocate it under ROOT/jobs/); never set it by hand")
     return {
-        "root": names.normalize_root(raw_root),
+        "root": named_root(environ),
         "g": _part(environ, "DISPATCH_GENERATION", "generation G", 0, G_MAX, default=0),
         "n": _part(environ, "DISPATCH_SUBMISSION", n_what, N_MIN, N_MAX,
                    default=None if need_submission else 0),

@@ -9,7 +9,7 @@ exec folder's saves and times, the publications, retired/ and pinned/), events/
 supervisor ran, record.jsonl (Slurm's word on how each execution ended). Without a supervisor
 record, Slurm is asked once (slurmctld, else its accounting, as gc asks) how each execution of
 this cluster ended; a local execution (`env --local`) is answered by its processes on this host
-(retention/local.py); else what its events say. The retention section is gc's view from the root alone (the
+(slurm/cessation/local.py); else what its events say. The retention section is gc's view from the root alone (the
 record's `run --keep-last`, retired/ and pinned/; Slurm is not asked, so a save waits
 for its execution's cessation until gc has seen it).
 
@@ -49,8 +49,9 @@ from .. import store
 from ..contract import layout, names
 from ..contract.epoch import decompose
 from ..errors import BadPath, DispatchError
-from .. import retention
-from ..retention import local, status
+from ..retention import status
+from ..slurm.cessation import executions as cessation
+from ..slurm.cessation import local
 from ..store import ceased
 from ..store import events as eventsmod
 from ..supervisor.record import Record
@@ -314,16 +315,16 @@ def _unrecorded_ends(root: str, execs: list[dict], evs: list[dict], slurm: Any) 
     todo = [e for e in execs if e["ended"] is None or e["ended"]["source"] in ("events", "epilog")]
     for e in todo:
         e["end_unknown"] = "no supervisor record"
-        if retention.is_local(e["attempt"]):
+        if cessation.is_local(e["attempt"]):
             ok, why = local.ceased(root, e["attempt"], evs)
             if ok is None:
                 e["end_unknown"] = why
             else:
                 e["ended"] = {"state": "ended" if ok else "running", "at": None, "source": "this host", "why": why}
-    asked = [e for e in todo if not retention.is_local(e["attempt"])]
+    asked = [e for e in todo if not cessation.is_local(e["attempt"])]
     if not asked or slurm is False:
         return
-    said = retention.slurm_ends([e["attempt"] for e in asked], slurm)
+    said = cessation.slurm_ends([e["attempt"] for e in asked], slurm)
     for e in asked:
         ans = said.get(e["attempt"])
         if ans is None:

@@ -1,7 +1,7 @@
 """Retention rules: which saves a gc keeps and why, as pure functions (no I/O).
 
 The store reads a root into an ``Inventory`` (store/inventory.py) and gc (removal.py) removes
-what ``decide`` says; cessation.py says which executions have ceased. A save is kept, in
+what ``decide`` says; slurm/cessation/ says which executions have ceased. A save is kept, in
 this order of reasons, when it is
 
 1. the latest publication's save (never removed, its publication never retired);

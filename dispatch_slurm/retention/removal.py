@@ -2,7 +2,7 @@
 
 The rules are policy.py's; the store reads the root into an inventory and does the
 removing (its interface: retire, pins, remove); whether an execution has ceased is an
-input (``ceased``: cessation.py asks). The order is this module's, the same on every
+input (``ceased``: slurm/cessation/executions.py answers). The order is this module's, the same on every
 store, so that a gc killed at any moment leaves every publication either intact or
 clearly retired:
 

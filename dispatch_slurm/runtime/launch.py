@@ -31,9 +31,29 @@ import sys
 
 from ..contract.env import Execution
 from . import probe
-from .rehearse import descendants
 
 TORCH_DEFAULT = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def descendants(root_pid: int) -> list[int]:
+    """Every live descendant of ``root_pid`` (through /proc's parent links), root_pid excluded."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root_pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def save_signals(environ: Mapping[str, str]) -> list[signal.Signals]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from ..errors import DispatchError
+from . import hostlist as hostlist_
 
 __all__ = ["CommandResult", "Runner", "Shell", "SlurmError", "local_runner"]
 
@@ -84,7 +85,7 @@ class Shell:
     """Runs Slurm commands through ``runner``: what every dialect reads through.
 
     ``expand_hostlists``: expand ``c[1-3]`` through ``scontrol show hostnames``
-    (the only exact expander; Slurm's hostlist grammar has corner cases)."""
+    (hostlist.py: the only exact expander; Slurm's hostlist grammar has corner cases)."""
 
     def __init__(self, runner: Optional[Runner] = None, *, expand_hostlists: bool = True):
         self.runner: Runner = runner or local_runner
@@ -135,9 +136,9 @@ class Shell:
         return int(m.group(1)), int(m.group(2))
 
     def hostnames(self, hostlist: Optional[str]) -> list[str]:
-        """``c[1-2],d3`` -> ['c1', 'c2', 'd3']."""
+        """``c[1-2],d3`` -> ['c1', 'c2', 'd3'], by hostlist.hostnames through this runner."""
         if not hostlist or hostlist in ("(null)", "None") or hostlist.startswith("None "):  # sacct: "None assigned"
             return []
-        if not self.expand_hostlists or not re.search(r"[\[,]", hostlist):
+        if not self.expand_hostlists:
             return [hostlist]
-        return self.run(["scontrol", "show", "hostnames", hostlist]).split()
+        return hostlist_.hostnames(hostlist, self.run)

@@ -1,7 +1,10 @@
-"""Slurm hostlists (``c[1-3,07-08],gpu[1-2]x``) as node names: the Prolog records every node
-of an execution, so that the root alone shows when all of them have recorded their Epilog."""
+"""Slurm hostlists (``c[1-3,07-08],gpu[1-2]x``) as node names, the one expander: the client
+reads every node list Slurm prints through it, and the Prolog records every node of an
+execution with it, so that the root alone shows when all of them have recorded their Epilog."""
 
 import subprocess
+from collections.abc import Callable
+from typing import Optional
 
 HOSTNAMES_TIMEOUT = 10  # `scontrol show hostnames` is local; bounded all the same
 
@@ -44,15 +47,19 @@ def _expand_one(item: str, hostlist: str) -> list[str]:
     return [a + b for a in out for b in _expand_one(tail, hostlist)] if tail else out
 
 
-def hostnames(hostlist: str) -> list[str]:
-    """The node names of a hostlist: `scontrol show hostnames` (Slurm's own expander, local:
-    it asks no daemon), bounded; the standard library's expansion when scontrol is missing,
-    fails or hangs."""
+def hostnames(hostlist: str, run: Optional[Callable[[list[str]], str]] = None) -> list[str]:
+    """The node names of a hostlist, by Slurm's own expander, `scontrol show hostnames` (it
+    asks no daemon): through ``run`` when given (a client's runner, maybe another host's: its
+    errors are the caller's), else on this host, bounded, with the standard library's
+    expansion when scontrol is missing, fails or hangs (a hook must not depend on it)."""
     if not any(c in hostlist for c in "[,"):
         return [hostlist]
+    argv = ["scontrol", "show", "hostnames", hostlist]
+    if run is not None:
+        return run(argv).split()
     try:
-        p = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
-                           timeout=HOSTNAMES_TIMEOUT, check=False, stdin=subprocess.DEVNULL)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=HOSTNAMES_TIMEOUT, check=False,
+                           stdin=subprocess.DEVNULL)
         if p.returncode == 0 and p.stdout.split():
             return p.stdout.split()
     except (OSError, subprocess.SubprocessError):

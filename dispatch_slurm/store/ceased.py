@@ -1,6 +1,6 @@
 """Cessation evidence: ``<root>/ceased/<attempt>.<node>``, written by the Epilog (as
 the job user) once the execution's processes on that node are gone, read by the
-cessation signal (slurm/cessation.py). O_EXCL and durable like a publication, and
+cessation signal (slurm/cessation/). O_EXCL and durable like a publication, and
 idempotent: Slurm may run an Epilog twice for one execution (TERMINATE_JOB retries).
 
 The entry holds how the Epilog knows, as one JSON object (``{"by": "cgroup v2",

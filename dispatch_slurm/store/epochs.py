@@ -21,20 +21,20 @@ refused naming the file. On S3 the claim is one conditional PUT (If-None-Match: 
 its body, so it is never seen half-written; a 412 is answered by a GET."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 
+from ..contract import env as envmod
 from ..contract import layout, names
 from ..contract.epoch import R_MAX, decompose
+from ..contract.siteconf import Site
 from ..errors import BadName, BadPath, DispatchError, EnvError, StoreError
+from . import jobs
 from .base import Store
 from .roots import at
 
 SETTLE_S = 5.0  # how long an incomplete claim is read again before it is refused
 CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
 _sleep = time.sleep  # between reads of an incomplete claim (a test makes the wait observable)
-
-Read = Callable[[], bytes | None]
-Create = Callable[[bytes], bool]
 
 
 class EpochClaimed(DispatchError):
@@ -70,114 +70,123 @@ def claimed_message(root: str, epoch: int, owner: str, attempt: str, fix_root: s
             f"could be taken for the latest; {_fix(fix_root or root)}")
 
 
-# ---- the rule, over either store's create and read ------------------------------------
+# ---- the rule, over any store's create and read ---------------------------------------------
 
-def _settled(read: Read, root: str, epoch: int) -> str | None:
+def _settled(st: Store, epoch: int, missing_root_ok: bool = False) -> str | None:
     """The attempt the claim names, None if there is none; an incomplete one is read
-    again until SETTLE_S, then refused naming the file."""
-    where = f"{root}/{layout.EPOCHS}"
+    again until SETTLE_S, then refused naming the file. ``missing_root_ok``: a root that
+    does not exist yet (an array task's, made with its exec folder) has no claims. The
+    claim is never read through a symlink (the store's read)."""
+    name, where = names.claim_name(epoch), st.where(layout.EPOCHS)
     deadline, pause = time.monotonic() + SETTLE_S, 0.01
     while True:
-        data = read()
+        data = None if missing_root_ok and st.root_missing() else st.read(layout.EPOCHS, name, CLAIM_MAX + 1)
         if data is None:
             return None
         if len(data) > CLAIM_MAX:
-            raise BadName(names.claim_name(epoch), f"{len(data)}+ bytes: not a claim", where)
+            raise BadName(name, f"{len(data)}+ bytes: not a claim", where)
         owner = names.parse_claim(data, epoch, where)
         if owner is not None:
             return owner
         if time.monotonic() >= deadline:
             raise StoreError(
-                f"{where}/{names.claim_name(epoch)} is still {'empty' if not data else 'without its newline'} "
+                f"{where}/{name} is still {'empty' if not data else 'without its newline'} "
                 f"after {SETTLE_S:g} s: the process that created it died before writing it (or the filesystem "
                 f"is stalled), so no job can run at epoch {epoch}: if none of this root's jobs runs at it, "
-                f"remove that file, and resubmit (`dispatch-slurm submit {root} -- ...`)")
+                f"remove that file, and resubmit (`dispatch-slurm submit {st.root} -- ...`)")
         _sleep(pause)
         pause = min(pause * 2, 0.2)
 
 
-def _owner(read: Read, create: Create | None, root: str, epoch: int, mine: str | None) -> str | None:
-    """The claimant of ``epoch``: whoever the claim names; with ``create``, a missing claim
-    is created for ``mine`` first (the create decides between racers)."""
-    for _ in range(3):  # a claim removed by hand between a failed create and the read: again
-        owner = _settled(read, root, epoch)
-        if owner is not None or create is None:
-            return owner
-        if create(names.claim_content(mine)):
-            return mine
-    raise StoreError(f"{root}/{layout.EPOCHS}/{names.claim_name(epoch)} keeps vanishing: something removes "
-                     "claims (dispatch-slurm never does)")
-
-
-def _claimant(st: Store, epoch: int, mine: str | None, missing_root_ok: bool = False) -> str | None:
-    """Who claimed ``epoch`` (None: nobody); ``mine`` given: claim it for ``mine`` if nobody
-    has. ``missing_root_ok``: a root that does not exist yet (an array task's, made with its
-    exec folder) has no claims. The claim is never read through a symlink (the store's read)."""
+def _take(st: Store, epoch: int, mine: str) -> str:
+    """Who claimed ``epoch``, a missing claim created for ``mine`` first (the create decides
+    between racers)."""
     name = names.claim_name(epoch)
-    where = st.where(layout.EPOCHS, name)
-
-    def read() -> bytes | None:
-        if missing_root_ok and st.root_missing():
-            return None
-        return st.read(layout.EPOCHS, name, CLAIM_MAX + 1)
-
-    def create(body: bytes) -> bool:
+    for _ in range(3):  # a claim removed by hand between a failed create and the read: again
+        owner = _settled(st, epoch)
+        if owner is not None:
+            return owner
         try:
-            return st.create(layout.EPOCHS, name, body)  # the content made durable, then epochs/
+            if st.create(layout.EPOCHS, name, names.claim_content(mine)):  # the content made durable, then epochs/
+                return mine
         except OSError as e:
-            raise StoreError(f"{where}: {e.strerror}") from None
-    return _owner(read, create if mine is not None else None, st.root, epoch, mine)
+            raise StoreError(f"{st.where(layout.EPOCHS, name)}: {e.strerror}") from None
+    raise StoreError(f"{st.where(layout.EPOCHS, name)} keeps vanishing: something removes "
+                     "claims (dispatch-slurm never does)")
 
 
 # ---- the entry points ---------------------------------------------------------------------
 
-def claim(root: str, attempt: str, fix_root: str | None = None) -> None:
-    """Claim the epoch ``attempt`` carries for it, or find it already its own; EpochClaimed
-    (naming the other job and the fix) when another attempt holds it. ``fix_root``: the
-    root to name in the fix (an array job's %a pattern)."""
+def claim(st: Store, attempt: str, fix_root: str | None = None) -> None:
+    """Claim the epoch ``attempt`` carries for it in ``st``'s root, or find it already its
+    own; EpochClaimed (naming the other job and the fix) when another attempt holds it.
+    ``fix_root``: the root to name in the fix (an array job's %a pattern)."""
     epoch = epoch_of(attempt)
-    owner = _claimant(at(root), epoch, attempt)
+    owner = _take(st, epoch, attempt)
     if owner != attempt:
-        raise EpochClaimed(claimed_message(root, epoch, owner, attempt, fix_root), owner)
+        raise EpochClaimed(claimed_message(st.root, epoch, owner, attempt, fix_root), owner)
 
 
-def check_submission(root: str, n: int, label: str = "DISPATCH_SUBMISSION") -> None:
-    """Refuse a submission number never allocated under ``<root>/sub/`` (``root``: where N
-    is allocated, the parent of an array's %a roots): a hand-set N is how two jobs come
-    to share an epoch."""
+def check_submission(st: Store, n: int, label: str = "DISPATCH_SUBMISSION") -> None:
+    """Refuse a submission number never allocated under ``<root>/sub/`` (``st``: the store
+    of the root where N is allocated, the parent of an array's %a roots): a hand-set N is
+    how two jobs come to share an epoch."""
     decompose(n * 10**6)  # N in range
-    entry = names.submission_name(n)
-    where = f"{root}/{layout.SUB}/{entry}"
-    st = at(root)
-    st.reachable()
+    entry, root = names.submission_name(n), st.root
     if not st.has(layout.SUB, entry):
-        raise EnvError(f"{label}={n} was never allocated under {root} (no {where}): a submission number comes "
-                       f"from `dispatch-slurm submit {root} -- ...`, `dispatch-slurm run` or `sbatch "
+        raise EnvError(f"{label}={n} was never allocated under {root} (no {root}/{layout.SUB}/{entry}): a submission "
+                       f"number comes from `dispatch-slurm submit {root} -- ...`, `dispatch-slurm run` or `sbatch "
                        f"--dispatch-checkpoint={root}`, which create {layout.SUB}/<N> and pass N to the job, or "
                        "leave it unset in a plain sbatch job, which then allocates its own; never set it by hand")
 
 
-def prepare(values: dict, mode: int, pattern: str, label: str = "DISPATCH_SUBMISSION", mkdir: bool = True) -> str:
-    """What every way in does once it has computed an execution's values (env, the
-    Prolog's user child, the TaskProlog; remote.c and claim.c in the plugin): refuse an
-    epoch another job claimed; for the execution's first process, refuse an N never
-    allocated; make the exec folder; claim the epoch. ``pattern``: the root as the job
-    named it (an array's ``.../task-%a``); ``mkdir=False`` checks only, creating nothing."""
+def prepare(st: Store, values: Mapping[str, str], mode: int, pattern: str, label: str = "DISPATCH_SUBMISSION",
+            mkdir: bool = True) -> str:
+    """What every way in does once it has the execution's values (enter(); remote.c and
+    claim.c in the plugin): refuse an epoch another job claimed; for the execution's first
+    process, refuse an N never allocated; make the exec folder; claim the epoch. ``st``:
+    the store of the root where the job's N is allocated (job_store()); ``pattern``: the
+    root as the job named it (an array's ``.../task-%a``, whose task root is the one other
+    store opened here); ``mkdir=False`` checks only, creating nothing. The exec folder
+    exists before the claim: an array task's root is made with it."""
     root, attempt = values["DISPATCH_CHECKPOINT"], values["DISPATCH_ATTEMPT"]
-    epoch = epoch_of(attempt)
-    st = at(root)
+    epoch, array = epoch_of(attempt), "%a" in pattern
+    here = st if st.root == root else at(root)
     st.reachable()  # a missing bucket is said as such, not as a missing claim
-    owner = _claimant(st, epoch, None, missing_root_ok="%a" in pattern)
+    owner = _settled(here, epoch, missing_root_ok=array)
     if owner is not None and owner != attempt:
         raise EpochClaimed(claimed_message(root, epoch, owner, attempt, pattern), owner)
     if owner is None:  # the first process: its N must be one a submission allocated (a later
         # one finds the claim, as does a step re-running env with an array task's expanded root)
-        check_submission(names.submission_dir(pattern), int(values["DISPATCH_SUBMISSION"]), label)
+        check_submission(st, int(values["DISPATCH_SUBMISSION"]), label)
     if not mkdir:
         return values["DISPATCH_EXEC_DIR"]
-    path = st.make_exec_dir(attempt, mode, create_root="%a" in pattern)
-    claim(root, attempt, pattern)
+    path = here.make_exec_dir(attempt, mode, create_root=array)
+    if owner is None:
+        claim(here, attempt, pattern)
     return path
+
+
+def job_store(inputs: Mapping[str, str]) -> Store:
+    """The one store enter() takes: the root the job named, where its N is allocated (for an
+    array's ``.../task-%a``, the folder holding the task roots)."""
+    return at(names.submission_dir(envmod.named_root(inputs)))
+
+
+def enter(st: Store, inputs: Mapping[str, str], site: Site, *, create: bool = True, own_number: bool = True,
+          label: str = "DISPATCH_SUBMISSION") -> dict[str, str]:
+    """Every way into an execution written in Python (``env`` and ``env --local``, the
+    Prolog's user child, the TaskProlog) comes here, so they cannot drift: the job's N (a
+    plain sbatch job's own, jobs.fill), the values (contract/env.compute: the contract the C
+    plugin's user_init computes too, tests/vectors), then prepare(). ``st``: job_store(inputs),
+    opened once by the caller and used for every step; ``create=False`` (env --no-mkdir)
+    looks up and checks, creating nothing; ``own_number=False`` (the Prolog: its jobs carry
+    the N sbatch's plugin allocated) never allocates one. The execution's values, in
+    contract order."""
+    filled = jobs.fill(st, inputs, site, create=create) if own_number else inputs
+    values = envmod.compute(filled, site)
+    prepare(st, values, site.exec_mode, envmod.named_root(inputs), label, mkdir=create)
+    return values
 
 
 def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
@@ -190,7 +199,7 @@ def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
         raise BadPath(f"refusing to publish {save} at epoch {epoch}: DISPATCH_ATTEMPT={publisher} is an "
                       f"execution of epoch {names.attempt_epoch(publisher)}; publish at its own epoch")
     root = st.root
-    owner = _claimant(st, epoch, publisher)
+    owner = _take(st, epoch, publisher) if publisher is not None else _settled(st, epoch)
     where = st.where(layout.EPOCHS, names.claim_name(epoch))
     if owner is None:
         raise BadPath(f"refusing to adopt {save} at epoch {epoch}: no execution has claimed that epoch "
@@ -214,7 +223,7 @@ def newest_of_job(root: str, attempt: str) -> str:
     for name in sorted(st.listing(layout.EPOCHS), reverse=True):
         if not name.isdigit() or not mine < int(name) <= top:
             continue
-        owner = _claimant(st, int(name), None)
+        owner = _settled(st, int(name))
         if owner is not None and _job(owner) == _job(attempt):
             return owner  # the greatest such epoch: the listing is walked from the top
     return attempt

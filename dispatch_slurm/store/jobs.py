@@ -21,12 +21,13 @@ body (never seen half-written)."""
 
 import re
 import time
+from collections.abc import Mapping
 
 from ..contract import env as envmod
 from ..contract import layout, names
 from ..contract.siteconf import Site
 from ..errors import BadName, EnvError, StoreError
-from .roots import at
+from .base import Store
 
 SETTLE_S = 5.0  # an entry read empty or without its newline: its writer is between create and write
 _ENTRY = re.compile(rb"([0-9]{6})\n")
@@ -60,14 +61,14 @@ def _parse(data: bytes, where: str) -> int | None:
     return int(m[1])
 
 
-def lookup(root: str, cluster: str, job_id: str) -> int | None:
-    """The N recorded for the job, or None; an incomplete entry is read again until
-    SETTLE_S, then refused naming the file."""
+def lookup(st: Store, cluster: str, job_id: str) -> int | None:
+    """The N recorded for the job under ``st``'s root, or None; an incomplete entry is read
+    again until SETTLE_S, then refused naming the file."""
     name = entry_name(cluster, job_id)
-    where = f"{root}/{layout.JOBS}/{name}"
+    where = st.where(layout.JOBS, name)
     deadline, pause = time.monotonic() + SETTLE_S, 0.01
     while True:
-        data = at(root).read(layout.JOBS, name, 64)
+        data = st.read(layout.JOBS, name, 64)
         if data is None:
             return None
         n = _parse(data, where)
@@ -81,38 +82,39 @@ def lookup(root: str, cluster: str, job_id: str) -> int | None:
         pause = min(pause * 2, 0.2)
 
 
-def for_job(root: str, cluster: str, job_id: str) -> int:
-    """The job's submission number under ``root`` (where N is allocated: the parent of an
-    array's %a roots): the recorded one, else one allocated now and recorded."""
+def for_job(st: Store, cluster: str, job_id: str) -> int:
+    """The job's submission number under ``st``'s root (where N is allocated: the parent of
+    an array's %a roots): the recorded one, else one allocated now and recorded."""
     name = entry_name(cluster, job_id)
     for _ in range(3):
-        n = lookup(root, cluster, job_id)
+        n = lookup(st, cluster, job_id)
         if n is not None:
             return n
-        st = at(root)
         n = st.allocate_submission()
         if st.create(layout.JOBS, name, f"{names.submission_name(n)}\n".encode()):
             return n
-    raise StoreError(f"{root}/{layout.JOBS}/{name} keeps vanishing: something removes it (dispatch-slurm never does)")
+    raise StoreError(f"{st.where(layout.JOBS, name)} keeps vanishing: something removes it (dispatch-slurm never does)")
 
 
-def fill(environ, site=None, create: bool = True):
+def fill(st: Store, environ: Mapping[str, str], site: Site | None = None, create: bool = True) -> Mapping[str, str]:
     """``environ`` with DISPATCH_SUBMISSION set to the job's number when it is unset (a
     plain sbatch job); unchanged when it is set (`submit`, the plugin: checked against
-    sub/ later) or when DISPATCH_CHECKPOINT is not. The other inputs are checked first,
-    so a bad one spends no number. ``create=False`` (env --no-mkdir) only looks the
-    number up and refuses when none is recorded yet."""
+    sub/ later) or when DISPATCH_CHECKPOINT is not. ``st``: the store of the root where N
+    is allocated (epochs.job_store). The other inputs are checked first, so a bad one
+    spends no number. ``create=False`` (env --no-mkdir) only looks the number up and
+    refuses when none is recorded yet."""
     if environ.get("DISPATCH_SUBMISSION") or not environ.get("DISPATCH_CHECKPOINT"):
         return environ
     envmod.check_inputs(environ, site or Site(), need_submission=False)
-    root = names.submission_dir(names.normalize_root(environ["DISPATCH_CHECKPOINT"]))
     cluster, job_id = job_key(environ)
     if create:
-        n = for_job(root, cluster, job_id)
+        n = for_job(st, cluster, job_id)
     else:
-        n = lookup(root, cluster, job_id)
-        if n is None:
+        found = lookup(st, cluster, job_id)
+        if found is None:
+            root = st.root
             raise EnvError(f"job {job_id} has no submission number under {root} yet "
                            f"(no {root}/{layout.JOBS}/{entry_name(cluster, job_id)}): the job's first "
                            "`dispatch-slurm env` (without --no-mkdir) or the TaskProlog allocates it")
+        n = found
     return {**environ, "DISPATCH_SUBMISSION": str(n)}

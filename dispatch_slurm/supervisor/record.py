@@ -15,7 +15,7 @@ from typing import Callable
 from .. import store
 from ..contract.layout import RECORD
 from ..errors import DispatchError
-from ..retention.cessation import executions
+from ..slurm.cessation.executions import executions
 
 SCHEMA = 1
 _NUM = (int, float)

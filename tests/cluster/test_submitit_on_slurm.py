@@ -102,7 +102,7 @@ def test_submitit_job_through_time_limits_preemption_and_a_cut(slurm_cluster: Cl
         answer = json.loads(c.exec(CONTROLLER, f"{CLIENT} result {folder} {job}", user="alice").stdout)
         # R=3 ended while its node was cut off: Slurm runs no Epilog for it (its slurmstepd's
         # completion, sent once the node is back, is answered "wrong node"); the node's next
-        # job, anyone's, records its cessation from the Prolog's record (hooks.sweep)
+        # job, anyone's, records its cessation from the Prolog's record (the sweep, hooks/epilog.py)
         nxt = c.submit("bob", args=["-w", node, "-o", "/dev/null", "--wrap", "true"])
         c.wait_job(nxt, lambda j: j.ended, timeout=180)
     finally:

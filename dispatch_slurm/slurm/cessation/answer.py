@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..contract import epoch as epochmod
-from ..contract import layout, names
-from ..errors import DispatchError
-from ..store import ceased
-from .client import JobInfo, Slurm, SlurmError
+from ...contract import epoch as epochmod
+from ...contract import layout, names
+from ...errors import DispatchError
+from ...store import ceased
+from ..client import JobInfo, Slurm, SlurmError
 
 CEASED, NOT_CEASED, UNKNOWN = "ceased", "not_ceased", "unknown"
 EXIT = {CEASED: 0, NOT_CEASED: 1, UNKNOWN: 2}
@@ -80,10 +80,11 @@ def check(slurm: Slurm, job_id: int, restart: int = 0, *, root: Optional[str] = 
             out["slurm"].update(state=j.state, flags=sorted(j.flags), restart_count=j.restart_count)
         if ended is None:
             raise _Unknown(why)
-        same = j is not None and j.restart_count == restart
-        start = started if started is not None else rec.get("start_time") or (j.start_time if same else None)
+        now = j if j is not None and j.restart_count == restart else None  # Slurm shows execution R itself
+        same = now is not None
+        start = started if started is not None else rec.get("start_time") or (now.start_time if now else None)
         attempt = rec.get("attempt") or _attempt(slurm, job_id, restart, g, n, cluster or rec.get("cluster"), j)
-        ran_on = _ran_on(out, nodes or rec.get("nodes") or (j.nodes if same else None), same, root, attempt)
+        ran_on = _ran_on(out, nodes or rec.get("nodes") or (now.nodes if now else None), same, root, attempt)
         if ran_on is None:
             raise _Unknown(f"{why}; which nodes ran execution R={restart} is unknown: pass --nodes, or --root "
                            "with the supervisor's record or the Epilog's records (those of a plugin job name them)")
@@ -171,7 +172,8 @@ def _conclude(out: dict, ended: bool, why: str, ran_on: list[str]) -> None:
 def describe(ev: dict) -> str:
     """An Epilog's evidence in words ({} for an entry that does not say how)."""
     if ev.get("by") == "cgroup v2":
-        word = {"gone": "removed", "empty": "empty"}.get(ev.get("state"), ev.get("state", "?"))
+        state = str(ev.get("state", "?"))
+        word = {"gone": "removed", "empty": "empty"}.get(state, state)
         return f"cgroup v2: job cgroup {ev.get('cgroup', '?')} {word}"
     if ev.get("by") == "process scan":
         return "no process carries DISPATCH_ATTEMPT (process scan)"

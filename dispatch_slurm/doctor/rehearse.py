@@ -22,11 +22,15 @@ import ctypes
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
-from ..contract.doctor import Signal, SlurmConf
-from . import probe
+from ..errors import DispatchError
+from ..runtime import probe
+from ..runtime.launch import descendants
+from .rules import Row, Signal, SlurmConf, rows
 
 POLL_S = 0.05
 
@@ -38,27 +42,6 @@ class Run:
     exit_code: int | None = None        # the command's status (-N: signal N)
     ready: int = 0                      # handlers installed when the signal was sent
     log: list = field(default_factory=list)  # (seconds after the signal, what happened)
-
-
-def descendants(root_pid: int) -> list[int]:
-    """Every live descendant of ``root_pid`` (through /proc's parent links), root_pid excluded."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root_pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _subreaper() -> None:
@@ -75,7 +58,7 @@ class Rehearsal:
         self.argv, self.probe_dir, self.every_process = list(argv), probe_dir, every_process
         self.env = {**(os.environ if env is None else env), "DISPATCH_PROBE_DIR": probe_dir}
         self.run = Run()
-        self.proc = None
+        self.proc: Optional[subprocess.Popen] = None
 
     def _note(self, what: str) -> None:
         at = 0.0 if self.run.sent_at is None else time.time() - self.run.sent_at
@@ -98,7 +81,8 @@ class Rehearsal:
         return descendants(os.getpid())
 
     def _send(self, sig: int, to_all: bool) -> None:
-        pids = self._alive() if to_all else ([self.proc.pid] if self.run.exit_code is None else [])
+        first = [self.proc.pid] if self.proc is not None and self.run.exit_code is None else []
+        pids = self._alive() if to_all else first
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -177,3 +161,17 @@ class Rehearsal:
             if self._until(self.run.end_at):
                 self._send(signal.SIGKILL, True)
         self._until(time.time() + 5)
+
+
+def local(argv: list[str], sig: Signal, conf: SlurmConf, ranks: int, ready_timeout: float, preempt: bool,
+          probe_dir: Optional[str], every_process: bool) -> tuple[Run, list[Row]]:
+    """The local rehearsal of ``argv`` and what its ranks' handlers recorded (in ``probe_dir``,
+    else a new temporary folder)."""
+    where = probe_dir or tempfile.mkdtemp(prefix="dispatch-doctor-")
+    os.makedirs(where, exist_ok=True)
+    r = Rehearsal(argv, where, every_process=every_process)
+    try:
+        run = r.rehearse(sig, conf, ranks, ready_timeout, preempt)
+    except FileNotFoundError as e:
+        raise DispatchError(f"cannot run {argv[0]!r}: {e.strerror}") from None
+    return run, rows(probe.read(where), run.sent_at or time.time(), run.end_at or time.time())

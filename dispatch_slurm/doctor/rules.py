@@ -32,7 +32,7 @@ save in flight with them.
 import re
 from dataclasses import dataclass, field
 
-from .signals import Signal, parse_signal, sbatch_options, script_options
+from ..contract.signals import Signal, parse_signal, sbatch_options, script_options
 
 TORCHRUN_KILL_S = 30  # torchrun's default --shutdown-timeout
 TORCHRUN_HANDLES = frozenset({"TERM", "INT", "HUP", "QUIT"})  # TORCHELASTIC_SIGNALS_TO_HANDLE's default

@@ -18,8 +18,8 @@ import os
 import socket
 from typing import Iterable, Optional
 
-from .. import store
-from ..contract import layout
+from ... import store
+from ...contract import layout
 _OTHERS = ("prolog", "epilog", "epilog (rejoined)", "sweep", "person")  # sources that are not the execution's
 _NOT_ITS_OWN = ("cessation", "hold", "release", "gc", "retired")
 

@@ -1,0 +1,62 @@
+"""This node's evidence that an execution's processes are gone, for its Epilog and the hooks'
+sweep: no process carries the execution's ``DISPATCH_ATTEMPT`` (a process scan of /proc),
+no slurmstepd of the job is left (one that outlives its tasks, retrying the completion
+towards slurmctld, still holds the job), and, where Slurm tracks the job by cgroup v2 on this
+node, its job cgroup is empty or gone (cgroup.py: a process that dropped its environment
+stays in the cgroup). A node that cannot show it records nothing: absence of evidence is
+never evidence."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+from . import cgroup
+
+WAIT_S = 30.0  # how long an Epilog waits for the execution's processes to go
+POLL_S = 0.2
+
+
+def processes_with(attempt: str, job: Optional[str] = None) -> list[int]:
+    """Pids on this node whose environment carries this execution's token or, given the
+    ``job`` id, that are one of its slurmstepds (``slurmstepd: [<job>.<step>]``)."""
+    needle = f"DISPATCH_ATTEMPT={attempt}".encode()
+    stepd = f"slurmstepd: [{job}.".encode() if job else None
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if stepd is not None:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f.read(len(stepd)) == stepd:
+                            found.append(int(pid))
+                            continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def wait_ceased(attempt: str, job: str, sluid: Optional[str], wait: float = WAIT_S) -> tuple[Optional[dict], str]:
+    """Wait (``wait`` seconds at most) until no process carries the execution's token and,
+    where Slurm tracks the job by cgroup v2 here, its job cgroup is empty or gone:
+    (the evidence, "") or (None, what is still there)."""
+    paths = cgroup.job_cgroups(job, sluid)
+    deadline = time.monotonic() + wait
+    while True:
+        left = processes_with(attempt)
+        cg, there = cgroup.state(paths) if paths is not None else (None, [])
+        if not left and cg != cgroup.POPULATED:
+            break
+        if time.monotonic() >= deadline:
+            if cg == cgroup.POPULATED:
+                left = sorted(set(left) | set(cgroup.pids(there)))
+                return None, f"{attempt}: job cgroup {', '.join(there)} still holds processes {left[:5]}"
+            return None, f"{attempt}: processes {left[:5]} still alive"
+        time.sleep(POLL_S)
+    if cg is None or paths is None:
+        return {"by": "process scan"}, ""
+    return {"by": "cgroup v2", "cgroup": " or ".join(there or paths), "state": cg}, ""
