@@ -2,8 +2,13 @@
 
 Bare: open(root), open(pub), open(O_CREAT|O_EXCL|O_NOFOLLOW), close, fsync(pub),
 fsync(root). publish() adds the validation (walk to the save, whose save it is, name
-encoding, NAME_MAX) and its event line; the save's own fsync is left out of both
-(sync=False) as it costs the same either way. Goal: ratio <= 1.3. Runs alternate so drift hits both.
+encoding, NAME_MAX, the epoch's claim, the write-once record, each file whole) and its event
+line; the save's own fsync is left out of both (sync=False) as it costs the same either way.
+Goal: ratio <= 1.1. Runs alternate so drift hits both. On a shared machine the fsyncs' time
+swings by 10x from minute to minute, and the ratio of medians with it; what publish adds is
+also shown as the median of each pair's difference (wall) and of its CPU time (user+system,
+which an fsync's wait does not count): those stay put. The same script measures e1361b3, the
+reference figure, whose publish took (root, save, step, epoch).
 
 Then the check that every file of a save is whole (store/whole.py: a torn torch.save zip or
 safetensors file is never published), on a save shaped like a Hugging Face checkpoint (a
@@ -24,8 +29,11 @@ import tempfile
 import time
 
 from dispatch_slurm import store
-from dispatch_slurm.contract import names
-from dispatch_slurm.store.durable import open_dir, sync_tree
+
+try:
+    from dispatch_slurm.contract import names
+except ImportError:  # e1361b3, before the package had layers
+    from dispatch_slurm import names  # type: ignore[no-redef]
 
 FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -57,24 +65,36 @@ def main():
             p = os.path.join(r2, "exec", "linux.1.1000000", f"checkpoint-{i}")
             os.mkdir(p)
             saves.append(p)
-        t_bare, t_pub = [], []
+        layered = hasattr(store, "at")
+        t_bare, t_pub, c_bare, c_pub = [], [], [], []
         for i, save in enumerate(saves):
             name = names.encode(1_000_000, i, f"exec/linux.1.1000000/checkpoint-{i}")
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             bare(r1, name)
-            t1 = time.perf_counter()
-            store.publish(save, i, root=r2, epoch=1_000_000, sync=False)
-            t2 = time.perf_counter()
+            c1, t1 = time.process_time(), time.perf_counter()
+            if layered:
+                store.publish(save, i, root=r2, epoch=1_000_000, sync=False)
+            else:
+                store.publish(r2, save, i, 1_000_000)
+            c2, t2 = time.process_time(), time.perf_counter()
             t_bare.append(t1 - t0)
             t_pub.append(t2 - t1)
+            c_bare.append(c1 - c0)
+            c_pub.append(c2 - c1)
         mb, mp = statistics.median(t_bare), statistics.median(t_pub)
         fs = os.statvfs(tmp)
         print(f"publish vs bare syscalls, {a.n} publications each, in {a.dir} (f_bsize {fs.f_bsize})")
-        print(f"  bare     median {mb * 1e6:9.1f} us   mean {statistics.fmean(t_bare) * 1e6:9.1f} us")
-        print(f"  publish  median {mp * 1e6:9.1f} us   mean {statistics.fmean(t_pub) * 1e6:9.1f} us")
+        print(f"  bare     median {mb * 1e6:9.1f} us   mean {statistics.fmean(t_bare) * 1e6:9.1f} us"
+              f"   CPU median {statistics.median(c_bare) * 1e6:7.1f} us")
+        print(f"  publish  median {mp * 1e6:9.1f} us   mean {statistics.fmean(t_pub) * 1e6:9.1f} us"
+              f"   CPU median {statistics.median(c_pub) * 1e6:7.1f} us")
         print(f"  ratio    median {mp / mb:.2f}x   mean {statistics.fmean(t_pub) / statistics.fmean(t_bare):.2f}x"
-              f"   (goal <= 1.3x)")
-        whole_check(tmp, max(50, a.n // 10), a.model_mb)
+              f"   (goal <= 1.1x)")
+        added = statistics.median(p - b for p, b in zip(t_pub, t_bare))
+        cpu = statistics.median(p - b for p, b in zip(c_pub, c_bare))
+        print(f"  publish adds, median of the pairs: {added * 1e6:.1f} us wall, {cpu * 1e6:.1f} us CPU")
+        if layered:
+            whole_check(tmp, max(50, a.n // 10), a.model_mb)
 
 
 def hf_like_save(path: str, model_mb: int) -> None:
@@ -113,6 +133,7 @@ def whole_check(tmp: str, n: int, model_mb: int) -> None:
     varies far more than the check's): publish's walk is the fsync walk plus, per file, the
     check; the walk with the check alone (fsync=False) is that added time, and a little more
     (its own walk down the save)."""
+    from dispatch_slurm.store.durable import open_dir, sync_tree
     root = os.path.join(tmp, "check")
     rel = "exec/linux.1.1000000/checkpoint-1"
     hf_like_save(os.path.join(root, rel), model_mb)

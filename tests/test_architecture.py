@@ -12,7 +12,10 @@
   os.environ / os.getenv, subprocess or pathlib there; the callers read and pass values in.
 * contract/env.py is the one module that reads DISPATCH_* variables from the environment
   (issue 21: ~20 reads across runtime, integrations and the store, each with its own
-  message for a missing one); the others ask its view, ``Execution.current()``."""
+  message for a missing one); the others ask its view, ``Execution.current()``.
+* No two modules import each other, however far round (a function's own import counts: the
+  supervisor's fleet and loop once did), and nothing changes the process's working
+  directory (one process follows many roots, each job with its own folder)."""
 
 import ast
 import os
@@ -100,6 +103,96 @@ def test_the_wheel_holds_the_package_and_no_test_bed(tmp_path):
     want = {f"dispatch_slurm/{p.relative_to(PKG)}" for p in PKG.rglob("*.py")}
     assert files == want
     assert not {f for f in files if any(x in f for x in ("dockerslurm", "trial", "workload", "wait", "testbed"))}
+
+
+def _module_name(name: str) -> str:
+    return name.removesuffix(".__init__")
+
+
+def _runtime_imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports when it runs: at its top or in a
+    function (an ``if TYPE_CHECKING:`` block is for type checkers only); ``from . import x``
+    is the submodule x when there is one, else the package itself."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                   for stmt in node.body for n in ast.walk(stmt)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+            mod = ".".join([*base, node.module] if node.module else base)
+            out |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names} & known
+    return out - {name}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports when it runs."""
+    paths = {_module_name(n): p for n, p in _modules()}
+    return {n: _runtime_imports(n, p, set(paths)) for n, p in paths.items()}
+
+
+def _circle(g: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports in ``g`` (its modules in order, the first again at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(g.get(m, ())):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+    return next((c for m in sorted(g) if m not in state and (c := visit(m))), None)
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    circle = _circle(module_graph())
+    assert circle is None, "an import circle: " + " -> ".join(circle or [])
+
+
+def test_the_circle_check_can_fail(tmp_path):
+    (tmp_path / "fleet.py").write_text("from .loop import Supervisor\n")
+    (tmp_path / "loop.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .fleet import Fleet\n"
+                                      "def run():\n    from .fleet import Fleet\n")
+    known = {"p.fleet", "p.loop"}
+    g = {f"p.{m}": _runtime_imports(f"p.{m}", tmp_path / f"{m}.py", known) for m in ("fleet", "loop")}
+    assert _circle(g) == ["p.fleet", "p.loop", "p.fleet"]
+    (tmp_path / "loop.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .fleet import Fleet\n")
+    assert _runtime_imports("p.loop", tmp_path / "loop.py", known) == set()
+
+
+def _chdirs(source: str) -> list[str]:
+    """Where a module changes the process's working directory: os.chdir / os.fchdir, called or
+    imported by name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("chdir", "fchdir"):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"from os import {a.name}" for a in node.names if a.name in ("chdir", "fchdir")]
+    return found
+
+
+def test_nothing_changes_the_process_working_directory():
+    """sbatch runs where its job was defined through its own cwd (subprocess), never by moving
+    this process: a supervisor of many roots, or the test runner, would follow it."""
+    found = {name: _chdirs(path.read_text()) for name, path in _modules()}
+    assert not {n: f for n, f in found.items() if f}, {n: f for n, f in found.items() if f}
+
+
+def test_the_chdir_check_can_fail():
+    assert _chdirs("import os\nfrom os import fchdir\nos.chdir(d)\n") == ["from os import fchdir", "os.chdir"]
 
 
 def test_every_module_is_maintainable():

@@ -6,6 +6,8 @@ on real Slurm."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from test_supervisor_rules import Clock, FakeSlurm, defn, facts
 
@@ -267,6 +269,23 @@ def test_once_over_many_roots_steps_each_until_it_waits(tmp_path):
     f = make_fleet(fake, clock, [member(r, fake, clock) for r in rs])
     res = f.run(once=True)
     assert len(fake.sbatch) == 3 and all(x.code == 0 and "nothing more to do" in x.message for x in res.values())
+
+
+def test_each_root_submits_from_its_own_folder_and_the_process_stays_put(tmp_path, monkeypatch):
+    """One process follows roots defined in different folders: each sbatch runs in its job's
+    own (its script is found there), and the process's working directory never moves."""
+    fake, clock = FakeSlurm(), Clock()
+    monkeypatch.chdir(tmp_path)
+    folders = []
+    for name in ("jobs-a", "jobs-b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "job.sh").write_text("#!/bin/sh\n#SBATCH -N 1\ntrue\n")
+        folders.append(str(tmp_path / name))
+    rs = roots(tmp_path, 2)
+    f = make_fleet(fake, clock, [member(r, fake, clock, cwd=d) for r, d in zip(rs, folders)])
+    f.run(once=True)
+    assert len(fake.sbatch) == 2 and os.getcwd() == str(tmp_path)
+    assert sorted(fake.cwds) == sorted(folders * 2)  # --test-only, then sbatch, each in its own folder
 
 
 @pytest.mark.parametrize("argv,roots,sbatch", [

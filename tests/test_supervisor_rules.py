@@ -44,10 +44,13 @@ class FakeSlurm:
         self.down = False  # slurmctld unreachable
         self.plugin = True  # sbatch --help lists the SPANK plugin's options
         self.cancellers: dict[int, int] = {}  # job -> uid, as sacct says; absent: no accounting
+        self.cwds: list[str | None] = []  # where each sbatch ran (None: the caller's own folder)
 
-    def __call__(self, argv, *, env=None, input=None):
+    def __call__(self, argv, *, env=None, input=None, cwd=None):
         argv = list(argv)
         self.calls.append(argv)
+        if argv[0] == "sbatch":
+            self.cwds.append(cwd)
         ok = lambda out="": CommandResult(0, out, "")  # noqa: E731
         if self.down:
             return CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller")
@@ -303,7 +306,7 @@ def test_once_steps_until_it_would_wait_and_resumes_where_it_stopped(root):
     def once():
         sup = new(root, fake, clock=clock, start_defn=None if (root / "record.jsonl").exists() else defn(resubmit=1))
         try:
-            return sup.run(once=True)
+            return sv.follow(sup, once=True)
         except sv.Finished as f:
             return f
         finally:
@@ -325,6 +328,24 @@ def test_once_steps_until_it_would_wait_and_resumes_where_it_stopped(root):
     assert [f["type"] for f in facts(root, "started")] == ["started", "started"]
     assert sorted(p.name for p in (root / "supervisor").iterdir() if p.name.endswith(".exited")) == \
         sorted(p.name + ".exited" for p in (root / "supervisor").iterdir() if p.name.isdigit())
+
+
+def test_sbatch_runs_where_the_job_was_defined_and_this_process_stays_put(root, tmp_path, monkeypatch):
+    """sbatch finds the script, and the job starts, in the folder `run` was started in (the
+    job's definition's cwd), given to sbatch itself: this process never moves, for it
+    follows many roots (each with its own folder), and may be a test runner."""
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    drive(sup, lambda: sup.state.job)
+    assert os.getcwd() == str(here), "the supervisor moved its process to the job's folder"
+    assert fake.cwds == [JOBS, JOBS], "sbatch --test-only and sbatch run where the job was defined"
+    gone = defn(cwd=str(tmp_path / "removed"))  # a folder gone since: sbatch runs where this process is
+    sup2 = new(tmp_path, fake, start_defn=gone)
+    drive(sup2, lambda: sup2.state.job)
+    assert fake.cwds[2:] == [None, None] and os.getcwd() == str(here)
 
 
 def test_no_submission_number_is_spent_on_a_refused_sbatch(root):

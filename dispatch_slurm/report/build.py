@@ -255,18 +255,20 @@ def _lost(old: dict, resumed: Optional[dict], candidates: list[dict]) -> dict:
             "steps_lost_why": f"nothing under the root tells what it computed {what}"}
 
 
-def build(root: str, slurm: Any = None, ask_slurm: bool = True) -> dict[str, Any]:
+def build(root: store.Root, slurm: Any = None, ask_slurm: bool = True) -> dict[str, Any]:
     """The report's data (what `report --json` prints). ``slurm``: the client to ask how
     the executions no supervisor recorded ended (default: this host's); ``ask_slurm``
-    False: not asked (their end then comes from the root alone)."""
+    False: not asked (their end then comes from the root alone). The root's store is
+    opened once and every reader below is given it."""
     st = store.at(root)
+    root = st.root
     inv = st.inventory()
-    every_fact = Record(root).read()
+    every_fact = Record(st).read()
     facts = [f for f in every_fact if f["type"] in RECORD_TYPES]
     pubs = _pub_times(st, sorted((p for s in inv.saves.values() for p in s.pubs), key=lambda p: p.name),
-                      evs := eventsmod.read(root))
+                      evs := eventsmod.read(st))
     folders = _folders(st, inv)
-    execs = sorted((_execution(a, folders[a], evs, facts, pubs, _cessation(root, a, evs)) for a in folders),
+    execs = sorted((_execution(a, folders[a], evs, facts, pubs, _cessation(st, a, evs)) for a in folders),
                    key=lambda e: (e["epoch"] is None, e["epoch"] or 0, e["attempt"]))
     _unrecorded_ends(root, execs, evs, slurm if ask_slurm else False)
     withdrawn = {e.get("name"): e["t"] for e in evs if e["type"] == "retired"}
@@ -279,7 +281,7 @@ def build(root: str, slurm: Any = None, ask_slurm: bool = True) -> dict[str, Any
                                                    "exists": inv.saves[latest.path].exists},
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
             "warnings": _warnings(evs),
-            "retention": status(root, ask=False, facts=every_fact, inv=inv)}
+            "retention": status(st, ask=False, facts=every_fact, inv=inv)}
 
 
 def _warnings(evs: list[dict]) -> list[dict]:
@@ -337,11 +339,11 @@ def _unrecorded_ends(root: str, execs: list[dict], evs: list[dict], slurm: Any) 
                       "grace_save": grace}
 
 
-def _cessation(root: str, attempt: str, evs: list[dict]) -> Optional[dict]:
+def _cessation(st: store.Store, attempt: str, evs: list[dict]) -> Optional[dict]:
     """The root's own cessation evidence for the execution (store/ceased.py); None when
     it cannot be read."""
     try:
-        return ceased.execution(root, attempt, evs)
+        return ceased.execution(st, attempt, evs)
     except (OSError, DispatchError):
         return None
 

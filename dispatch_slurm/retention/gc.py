@@ -23,33 +23,37 @@ from . import removal
 from .policy import REMOVE, SHOWN, Policy, Verdict, needs
 
 
-def gc(root: str, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterable[str] = (),
+def gc(root: store.Root, policy: Policy, *, slurm: Optional[Slurm] = None, said: Iterable[str] = (),
        dry_run: bool = False, facts: Iterable[dict] = ()) -> list[Verdict]:
-    """Ask about the executions the policy would remove something of, then collect."""
+    """Ask about the executions the policy would remove something of, then collect
+    (``root``: its name, or the store a caller keeps: every look at the root goes through it)."""
+    st = store.at(root)
+    root = st.root
     said = list(said)
     for a in said:
         if not a or "/" in a or a in (".", ".."):
             raise DispatchError(f"--ceased {a!r} is not an execution's name (a folder name under exec/)")
         if not dry_run:
-            events.record("cessation", root=root, attempt=a, answer="ceased", source="person",
+            events.record("cessation", root=st, attempt=a, answer="ceased", source="person",
                           by=getpass.getuser(), on=socket.gethostname())
-    want = needs(store.at(root).inventory(policy.pattern), policy, time.time())
-    verdicts = removal.collect(root, policy, ceased(root, want, slurm, said, facts), dry_run=dry_run)
+    want = needs(st.inventory(policy.pattern), policy, time.time())
+    verdicts = removal.collect(st, policy, ceased(st, want, slurm, said, facts), dry_run=dry_run)
     gone = [v for v in verdicts if v.action == REMOVE]
     if gone and not dry_run:
-        events.record("gc", root=root, attempt="gc", removed=[v.save.path for v in gone],
+        events.record("gc", root=st, attempt="gc", removed=[v.save.path for v in gone],
                       freed=sum(v.freed for v in gone), keep_last=policy.keep_last, keep_every=policy.keep_every)
     return verdicts
 
 
-def after_execution(root: str, keep_last: int, slurm: Slurm, facts: Iterable[dict] = ()) -> dict:
+def after_execution(root: store.Root, keep_last: int, slurm: Slurm, facts: Iterable[dict] = ()) -> dict:
     """The supervisor's gc (``run --keep-last``): the fields of its ``gc`` fact; ``waiting``
     counts the saves kept only until their execution is shown to have ceased and goes
     quiet, ``latest`` names the latest publication before it ran. A failure is recorded,
     never the supervisor's end."""
+    st = store.at(root)
     try:
-        latest = store.latest(root)
-        verdicts = gc(root, Policy(keep_last=keep_last), slurm=slurm, facts=facts)
+        latest = st.latest()
+        verdicts = gc(st, Policy(keep_last=keep_last), slurm=slurm, facts=facts)
     except (DispatchError, OSError) as e:
         return {"removed": 0, "freed": 0, "error": str(e)[-500:]}
     gone = [v for v in verdicts if v.action == REMOVE]
@@ -64,16 +68,17 @@ class Collector:
     once an execution has ended (``run``),
     and while the job runs (``again``) when a new publication pushes an older save out of
     the K kept, and every --cessation-interval while saves wait only for their execution
-    to cease and go quiet."""
+    to cease and go quiet. It works through the root's store the supervisor keeps."""
 
-    def __init__(self, root: str, slurm: Slurm, clock: Callable[[], float], facts: Callable[[], list[dict]]):
-        self.root, self.slurm, self.clock, self.facts = root, slurm, clock, facts
+    def __init__(self, root: store.Root, slurm: Slurm, clock: Callable[[], float], facts: Callable[[], list[dict]]):
+        self.store = store.at(root)
+        self.slurm, self.clock, self.facts = slurm, clock, facts
         self.at, self.waiting = 0.0, 0
         self.latest: str | None | bool = False  # False: no gc yet in this run
 
     def run(self, keep_last: int) -> dict:
         """The fields of a ``gc`` fact."""
-        f = after_execution(self.root, keep_last, self.slurm, self.facts())
+        f = after_execution(self.store, keep_last, self.slurm, self.facts())
         self.at, self.waiting, self.latest = self.clock(), f.get("waiting", 0), f.get("latest")
         return f
 
@@ -85,7 +90,7 @@ class Collector:
         due = self.waiting and self.clock() - self.at >= defn["cessation_interval"]
         if not due:
             try:
-                latest = store.latest(self.root)
+                latest = self.store.latest()
             except (DispatchError, OSError):
                 return None  # gc would fail the same way; the next execution's end records it
             due = latest is not None and latest.name != self.latest
@@ -99,7 +104,7 @@ def recorded_keep_last(facts: Iterable[dict]) -> Optional[int]:
     return next((f.get("keep_last") for f in reversed(list(facts)) if f["type"] == "job"), None)
 
 
-def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True,
+def status(root: store.Root, policy: Optional[Policy] = None, slurm: Optional[Slurm] = None, ask: bool = True,
            facts: Iterable[dict] = (), inv: Optional[store.Inventory] = None) -> dict:
     """The retention state of ROOT for the report: every save gc knows of as kept,
     reclaimable (a gc with ``policy`` would remove it now) or retired, with its size
@@ -108,14 +113,15 @@ def status(root: str, policy: Optional[Policy] = None, slurm: Optional[Slurm] = 
     executions ceased, unless ``ask`` is false (from the root alone: what gc retired
     before, and the executions every node of which recorded its Epilog). ``inv``: the
     root's inventory, if already read with the policy's pattern."""
+    st = store.at(root)
     facts = list(facts)
     if policy is None:
         policy = Policy(keep_last=recorded_keep_last(facts))
-    inv = inv or store.at(root).inventory(policy.pattern)
+    inv = inv or st.inventory(policy.pattern)
     want = needs(inv, policy, time.time())
-    said = (ceased(root, want, slurm, facts=facts) if ask else from_root(root, want)) if want else {}
-    rows = removal.state(root, policy, said, inv=inv)
+    said = (ceased(st, want, slurm, facts=facts) if ask else from_root(st, want)) if want else {}
+    rows = removal.state(st, policy, said, inv=inv)
     totals = {state: {"saves": sum(r["state"] == state for r in rows),
                       "bytes": sum(r["size"] for r in rows if r["state"] == state)} for state in SHOWN}
-    return {"root": root, "policy": {"keep_last": policy.keep_last, "keep_every": policy.keep_every,
+    return {"root": st.root, "policy": {"keep_last": policy.keep_last, "keep_every": policy.keep_every,
                                      "min_age": policy.min_age}, "saves": rows, "totals": totals}

@@ -37,7 +37,7 @@ from ..store import Inventory, events, retired_by, retirement_record
 from .policy import KEEP, REMOVE, Policy, Verdict, decide, empty_folders, pinned
 
 
-def collect(root: str, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *, dry_run: bool = False,
+def collect(root: store.Root, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *, dry_run: bool = False,
             now: Optional[float] = None) -> list[Verdict]:
     """Apply the policy to the root: every save's verdict, and what was freed. ``ceased``:
     attempt -> (ceased?, evidence); ``dry_run``: decide only."""
@@ -65,7 +65,7 @@ def collect(root: str, policy: Policy, ceased: Mapping[str, tuple[bool, str]], *
     return verdicts
 
 
-def state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[str, tuple[bool, str]]] = None,
+def state(root: store.Root, policy: Optional[Policy] = None, ceased: Optional[Mapping[str, tuple[bool, str]]] = None,
           now: Optional[float] = None, inv: Optional[Inventory] = None) -> list[dict]:
     """The retention state of every save gc knows of, as JSON-able rows: ``state`` kept,
     reclaimable (a gc with this policy would remove it now) or retired (removed), with
@@ -75,7 +75,7 @@ def state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[s
     return scan_state(root, policy, ceased, now, inv)[1]
 
 
-def scan_state(root: str, policy: Optional[Policy] = None, ceased: Optional[Mapping[str, tuple[bool, str]]] = None,
+def scan_state(root: store.Root, policy: Optional[Policy] = None, ceased: Optional[Mapping[str, tuple[bool, str]]] = None,
                now: Optional[float] = None, inv: Optional[Inventory] = None) -> tuple[Inventory, list[dict]]:
     """``state``, with the inventory it was decided from (``ls``: the latest, who retired what)."""
     policy = policy or Policy(min_age=0)

@@ -136,7 +136,9 @@ class Unfinished:
 
 
 class Watcher:
-    """The state of one watch: the exec folder, and the saves already published."""
+    """The state of one watch: the exec folder, and the saves already published. It opens
+    the root's store once (``fs``) and publishes through it, each publication in one
+    session of the root."""
 
     def __init__(self, exec_dir: str, root: str, epoch: int, layout: Layout, sync: bool = True,
                  on_publish=None):
@@ -170,7 +172,7 @@ class Watcher:
 
     def _published_before(self) -> None:
         """Saves this execution published before (an earlier watch, the trainer)."""
-        mine = [p for p in store.publications(self.root)
+        mine = [p for p in self.fs.publications()
                 if p.epoch == self.epoch and p.path.rsplit("/", 1)[0] == self.rel]
         self.done = {p.path.rsplit("/", 1)[-1] for p in mine}
         self.top = max((p.step for p in mine), default=None)
@@ -209,7 +211,7 @@ class Watcher:
         away meanwhile), or why it cannot be yet (a torn file)."""
         path = os.path.join(self.exec_dir, name)
         try:
-            res = store.publish(path, step, root=self.root, epoch=self.epoch, by="watch", sync=self.sync)
+            res = store.publish(path, step, root=self.fs, epoch=self.epoch, by="watch", sync=self.sync)
         except TornSave as e:
             return e.detail
         except BadPath:

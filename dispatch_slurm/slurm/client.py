@@ -66,20 +66,23 @@ class Slurm(Shell):
         env: Optional[Mapping[str, str]] = None,
         *,
         script: Optional[str] = None,
+        cwd: Optional[str] = None,
     ) -> int:
-        """``sbatch --parsable ARGV`` (with ``script`` on stdin if given); the job id."""
+        """``sbatch --parsable ARGV`` (with ``script`` on stdin if given), run in ``cwd`` if
+        given (where sbatch finds the script and where the job starts); the job id."""
         cmd = ["sbatch", "--parsable", *argv]
-        out = self.run(cmd, env=env, input=script).strip()
+        out = self.run(cmd, env=env, input=script, cwd=cwd).strip()
         m = re.match(r"^(\d+)(;\S+)?$", out.splitlines()[-1] if out else "")
         if not m:
             raise SlurmError(cmd, 0, f"no job id in {out!r}", what="printed no job id")
         return int(m.group(1))
 
-    def test_submit(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
-        """``sbatch --test-only ARGV``: Slurm validates the job (options, script, SPANK
-        options) without queueing it; SlurmError with sbatch's own message if it would be
-        refused. Asked before a submission number is spent on it."""
-        self.run(["sbatch", "--test-only", *argv], env=env)
+    def test_submit(self, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+                    cwd: Optional[str] = None) -> None:
+        """``sbatch --test-only ARGV`` (in ``cwd``, as ``submit``): Slurm validates the job
+        (options, script, SPANK options) without queueing it; SlurmError with sbatch's own
+        message if it would be refused. Asked before a submission number is spent on it."""
+        self.run(["sbatch", "--test-only", *argv], env=env, cwd=cwd)
 
     def job(self, job_id: int) -> JobInfo:
         """The job as slurmctld knows it now or, once slurmctld forgot it (MinJobAge after it

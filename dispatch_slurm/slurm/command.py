@@ -45,7 +45,8 @@ class CommandResult:
 
 
 class Runner(Protocol):
-    """Runs one command: ``runner(argv, env=..., input=...) -> CommandResult``.
+    """Runs one command: ``runner(argv, env=..., input=...) -> CommandResult``, and with
+    ``cwd=...`` when a caller names the folder to run it in (sbatch: where a job was defined).
 
     ``env`` is added to the caller's environment (the job inherits it through
     sbatch's default ``--export=ALL``); ``input`` is fed on stdin."""
@@ -61,12 +62,15 @@ def local_runner(
     env: Optional[Mapping[str, str]] = None,
     input: Optional[str] = None,
     timeout: float = 120.0,
+    cwd: Optional[str] = None,
 ) -> CommandResult:
-    """Run a command on this host (a login or compute node)."""
+    """Run a command on this host (a login or compute node), in ``cwd`` if given (this
+    process's own working directory is never changed: one process follows many roots)."""
     full_env = None if env is None else {**os.environ, **env}
     try:
         p = subprocess.run(
-            list(argv), capture_output=True, text=True, env=full_env, input=input, timeout=timeout, check=False
+            list(argv), capture_output=True, text=True, env=full_env, input=input, timeout=timeout, check=False,
+            cwd=cwd,
         )
     except FileNotFoundError as e:
         raise SlurmError(argv, None, f"{argv[0]} not found: is Slurm's client installed and on PATH? ({e})") from e
@@ -93,10 +97,13 @@ class Shell:
         self._version: Optional[tuple[int, int]] = None
 
     def run(
-        self, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, input: Optional[str] = None
+        self, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, input: Optional[str] = None,
+        cwd: Optional[str] = None,
     ) -> str:
-        """Run one command; its stdout, or SlurmError naming the command and its stderr."""
-        res = self.runner(list(argv), env=env, input=input)
+        """Run one command (in ``cwd`` if given); its stdout, or SlurmError naming the command
+        and its stderr."""
+        where = {} if cwd is None else {"cwd": cwd}  # a runner asked for no folder need not take one
+        res = self.runner(list(argv), env=env, input=input, **where)
         if res.returncode != 0:
             raise SlurmError(argv, res.returncode, res.stderr or res.stdout)
         return res.stdout

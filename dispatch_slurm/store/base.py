@@ -13,13 +13,13 @@ store (s3.py) through conditional PUTs, which are durable when they return."""
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from ..contract import layout, names
 from ..contract.names import Publication
 from ..errors import BadPath, StoreError
 from . import inventory, protocol
+from .inventory import Folder, Inventory
 
 
 class Store:
@@ -117,6 +117,11 @@ class Store:
 
     def save_exists(self, rel: str) -> bool:
         raise NotImplementedError
+
+    def realpath(self, rel: str) -> Optional[str]:
+        """The real path of the save ``rel`` as this host names it (POSIX: symlinks of the
+        root resolved), when the store knows it cheaply; None otherwise."""
+        return None
 
     def sync(self, save) -> None:
         """Make a save's data durable without publishing it (POSIX: fsync its files and
@@ -221,8 +226,7 @@ class Store:
     def latest(self) -> Optional[Publication]:
         """The publication with the greatest (epoch, step) a person has not retired, or
         None; a latest gc retired is an error (protocol.latest)."""
-        return protocol.latest(self.listing(layout.PUB), self.root, lambda name: self.read(layout.RETIRED, name),
-                               lambda: self.listing(layout.RETIRED), self.mv)
+        return protocol.latest(self)
 
     def allocate_submission(self) -> int:
         """The next submission number N under ``sub/``, lock-free: max+1 created if absent,
@@ -230,8 +234,7 @@ class Store:
         one N, hence one epoch, to two submissions). Only under a root the user owns."""
         with self:
             self.owned()
-            return protocol.allocate(self.listing(layout.SUB), lambda name: self.create(layout.SUB, name),
-                                     self.where(layout.SUB))
+            return protocol.allocate(self)
 
     def pins(self) -> set[str]:
         where = self.where(layout.PINNED)
@@ -248,15 +251,6 @@ class Store:
         """Drop the pin of ``save`` (which may be gone); (its path, whether a pin was there)."""
         rel = self.relpath(save)
         return rel, self.delete(layout.PINNED, names.path_name(rel))
-
-    @contextmanager
-    def adopting(self, rel: str) -> Iterator[None]:
-        """Around the publication of another execution's save: pin it, refuse it if gc has
-        retired it, unpin it once published if the pin was ours (protocol.adopting)."""
-        name = names.path_name(rel)
-        with protocol.adopting(rel, lambda: self.create(layout.PINNED, name), lambda: self.listing(layout.RETIRED),
-                               lambda: self.delete(layout.PINNED, name), self.where(layout.RETIRED)):
-            yield
 
     def retire(self, marks: list[str]) -> None:
         """gc's markers, every one (one an earlier, killed gc made is fine), durably; and
@@ -291,7 +285,7 @@ class Store:
                 return None
             return self.fill_empty(layout.RETIRED, name, record) or None
 
-    def check_problems(self, inv: inventory.Inventory) -> None:
+    def check_problems(self, inv: Inventory) -> None:
         """Saves gc could not retire (their marker's name over the store's limit): left alone."""
         for s in inv.saves.values():
             new = [p.name for p in s.pubs] if s.pubs or s.retired else inventory.markers(s)
@@ -299,8 +293,8 @@ class Store:
             if why and not s.problem:
                 s.problem = why
 
-    def finish_inventory(self, pubs: list[Publication], marks: list[str], folders: dict[str, inventory.Folder],
-                         pattern: str, by_person: dict[str, dict]) -> inventory.Inventory:
+    def finish_inventory(self, pubs: list[Publication], marks: list[str], folders: dict[str, Folder],
+                         pattern: str, by_person: dict[str, dict]) -> Inventory:
         """The inventory from the listings every store makes: the saves pub/ and retired/
         name, the exec folders' leftovers, the latest, the pins; the caller measures sizes."""
         saves = inventory.known_saves(pubs, marks, self.where(layout.RETIRED))

@@ -18,12 +18,12 @@ import json
 from ..contract import layout
 from ..errors import BadPath, DispatchError, StoreError
 from . import events
-from .roots import at
+from .roots import Root, at
 
 MAX_EVIDENCE = 256 << 10  # one JSON object: how, and the execution's node list (~20,000 names fit)
 
 
-def record(root: str, attempt: str, node: str, evidence: dict | None = None, nodes: list[str] | None = None) -> bool:
+def record(root: Root, attempt: str, node: str, evidence: dict | None = None, nodes: list[str] | None = None) -> bool:
     """Record that ``attempt``'s processes on ``node`` are gone (``evidence``: how that is
     known; ``nodes``: every node of the execution); True if recorded now, False if it
     already was (a second Epilog run changes nothing)."""
@@ -33,7 +33,7 @@ def record(root: str, attempt: str, node: str, evidence: dict | None = None, nod
     return at(root).create(layout.CEASED, f"{attempt}.{node}", json.dumps(body, sort_keys=True).encode() if body else b"")
 
 
-def nodes(root: str, attempt: str) -> set[str]:
+def nodes(root: Root, attempt: str) -> set[str]:
     """The nodes whose Epilog recorded that this execution's processes are gone."""
     prefix = f"{attempt}."
     return {e[len(prefix):] for e in at(root).listing(layout.CEASED) if e.startswith(prefix)}
@@ -47,7 +47,7 @@ def _evidence(data: bytes | None) -> dict:
     return ev if isinstance(ev, dict) else {}
 
 
-def entries(root: str, attempt: str) -> dict[str, dict]:
+def entries(root: Root, attempt: str) -> dict[str, dict]:
     """node -> the evidence its Epilog recorded for this execution (``{}``: an empty entry,
     one that is not a JSON object, or one that cannot be read)."""
     st = at(root)
@@ -69,7 +69,7 @@ def _names(value) -> set[str]:
     return set()
 
 
-def execution(root: str, attempt: str, evs: list[dict] | None = None) -> dict:
+def execution(root: Root, attempt: str, evs: list[dict] | None = None) -> dict:
     """The execution's cessation from the root alone: ``nodes`` (every node the Epilogs'
     entries and the Prolog's ``execution_started`` events name; [] when none names them),
     ``recorded`` (node -> its Epilog's evidence), ``missing`` (nodes without an entry),
@@ -77,10 +77,11 @@ def execution(root: str, attempt: str, evs: list[dict] | None = None) -> dict:
     the nodes are unknown), ``at`` (the last Epilog's ``cessation`` event, when every node
     recorded one) and ``why`` in words. ``evs``: the root's events, if already read (else
     this attempt's are read; a root without events/ has none)."""
-    recorded = entries(root, attempt)
+    st = at(root)
+    recorded = entries(st, attempt)
     if evs is None:
         try:
-            evs = events.read(root, attempt, strict=False)
+            evs = events.read(st, attempt, strict=False)
         except (OSError, DispatchError):  # an events file nobody can read is no evidence either way
             evs = []
     mine = [e for e in evs if e.get("attempt") == attempt]

@@ -111,14 +111,28 @@ def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0
     with _named(name, dir_fd):
         fd = os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
     try:
-        new = os.fstat(fd).st_size == 0
+        new = sync and os.fstat(fd).st_size == 0
         write_all(fd, data)
         if sync:
             os.fsync(fd)
     finally:
         os.close(fd)
-    if sync and new:
+    if new:
         _sync_directory(dir_fd)
+
+
+def read_upto(fd: int, n: int) -> bytes:
+    """``n`` bytes of ``fd`` from where it stands, fewer at its end. os.read may return less
+    than asked: read until ``n`` or the end (a caller that knows the size from fstat reads a
+    small entry in one call)."""
+    chunks = []
+    while n > 0:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -55,7 +55,7 @@ import time
 from ..contract.env import Execution
 from ..contract.layout import EVENTS
 from ..errors import DispatchError
-from .roots import at
+from .roots import Root, at, name_of
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "training_finished", "published",
@@ -63,13 +63,14 @@ TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete",
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def emit(type_: str, root: str | None = None, attempt: str | None = None, **fields) -> dict | None:
+def emit(type_: str, root: Root | None = None, attempt: str | None = None, **fields) -> dict | None:
     """Append one event for this process; returns it, or None when no root is known
     (no $DISPATCH_CHECKPOINT: the program runs outside dispatch, so there is nowhere to
-    write). Uses only os-level calls, so it is safe inside a signal handler."""
+    write). ``root``: its name, or the store a caller holds (written through it, in its
+    session if one is open). Uses only os-level calls, so it is safe inside a signal handler."""
     if type_ not in TYPES:
         raise ValueError(f"unknown event type {type_!r} (one of {', '.join(sorted(TYPES))})")
-    ex = Execution.current(root=root)
+    ex = Execution.current(root=name_of(root))
     if not ex.root:
         return None
     attempt = attempt or ex.attempt or "unknown"
@@ -82,7 +83,7 @@ def emit(type_: str, root: str | None = None, attempt: str | None = None, **fiel
            "attempt": attempt, "epoch": epoch,
            "host": host, "pid": os.getpid(), **fields}
     line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
-    at(ex.root).add_event(f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}", line)
+    at(root or ex.root).add_event(f"{_UNSAFE.sub('_', attempt)}.{_UNSAFE.sub('_', host)}.{os.getpid()}", line)
     return rec
 
 
@@ -96,21 +97,22 @@ def record(type_: str, **kwargs) -> dict | None:
         return None
 
 
-def _files(root: str, attempt: str | None = None):
+def _files(root: Root, attempt: str | None = None):
     """(name, content) of every events file (on S3: object) under ``root``, in name order;
     only ``attempt``'s when given (its files are named ``<attempt>.<host>.<pid>...``)."""
     yield from at(root).event_files(f"{_UNSAFE.sub('_', attempt)}." if attempt else "")
 
 
-def read(root: str, attempt: str | None = None, strict: bool = True) -> list[dict]:
+def read(root: Root, attempt: str | None = None, strict: bool = True) -> list[dict]:
     """Every event under ``root`` (only ``attempt``'s when given), ordered by time; a line
     that is not an event (not a JSON object with a time) is an error naming its file and
     line: a torn line means a writer broke the contract. ``strict=False`` leaves such a
     line out instead, for readers that weigh evidence (the supervisor) and must not stop
     on a writer killed in mid-line."""
-    folder = os.path.join(os.fspath(root), EVENTS)
+    st = at(root)
+    folder = os.path.join(st.root, EVENTS)
     out = []
-    for name, data in _files(os.fspath(root), attempt):
+    for name, data in _files(st, attempt):
         for no, line in enumerate(data.splitlines(), 1):
             try:
                 ev = json.loads(line)

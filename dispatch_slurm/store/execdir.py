@@ -15,50 +15,14 @@ saves on local disk copies each one into the exec folder before it is published.
 from __future__ import annotations
 
 import os
-import stat
 
 from ..contract import layout
 from ..contract.env import Execution
 from ..contract.epoch import decompose
 from ..errors import DispatchError
+from .links import NODE_LOCAL, symlink_on_the_way
 from .publish import owner
 from .roots import at
-
-NODE_LOCAL = ("dispatch-slurm refuses an exec folder on node-local storage: the next execution, possibly on "
-              "another node, could not read its saves, so none could be resumed from. Save into the real folder "
-              "under the root on the shared filesystem (remove the link; `dispatch-slurm env` creates the folder "
-              "again), and copy a save staged on local disk into it before it is published")
-
-
-def symlink_on_the_way(root: str, rel: str) -> str | None:
-    """Why a component of ``root``/``rel`` (below the root) is not a real folder: a symlink
-    (named with its target), a file, or missing; None when every one is a real folder."""
-    path = root.rstrip("/") or "/"
-    for part in rel.split("/"):
-        path = f"{path}/{part}"
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return f"{path} does not exist (`dispatch-slurm env` creates the exec folder)"
-        except OSError as e:
-            return f"{path}: {e.strerror}"
-        if stat.S_ISLNK(st.st_mode):
-            try:
-                target = os.readlink(path)
-            except OSError:
-                target = "?"
-            real = os.path.realpath(path)
-            where = "" if _inside(real, root) else ", outside the checkpoint root"
-            return f"{path} is a symlink to {target}{where}. {NODE_LOCAL}"
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{path} is not a folder"
-    return None
-
-
-def _inside(path: str, root: str) -> bool:
-    rel = os.path.relpath(path, os.path.realpath(root))
-    return not (rel == ".." or rel.startswith("../"))
-
 
 def _relpath(exec_dir: str, root: str, local: bool) -> str:
     """``exec_dir`` under ``root``: lexically, or (POSIX) through another alias of the root;

@@ -15,15 +15,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, Optional, cast
 
 from ..contract import layout, names
 from ..errors import BadPath, StoreError, TornSave
 from . import inventory, whole
+from .inventory import Folder, Save
 from .base import Store
-from .durable import (DirFds, append, create_new, ensure_dir, in_the_way, open_dir, remove_tree, rmdir_empty,
-                      sync_tree, times, truncate, usage, walk, walk_to)
+from .links import symlink_on_the_way
+from .durable import (DirFds, append, create_new, ensure_dir, in_the_way, open_dir, read_upto, remove_tree,
+                      rmdir_empty, sync_tree, times, truncate, usage, walk, walk_to)
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -65,6 +66,11 @@ def open_entry(root: str, root_fd: int, name: str, create: bool = False) -> int 
         raise StoreError(f"{where}: {e.strerror}") from None
 
 
+def ensure_entry(root: str, root_fd: int, name: str) -> int:
+    """``open_entry``, the folder made first when it does not exist (never None)."""
+    return cast(int, open_entry(root, root_fd, name, create=True))
+
+
 def _folder(fd: int) -> inventory.Folder:
     entries: dict[str, bool] = {}
     first, last, newest = times(fd, entries)
@@ -84,9 +90,10 @@ class PosixStore(Store):
 
     def __init__(self, root: str):
         super().__init__(root)
-        self._root_fd: Optional[int] = None
+        self._root_fd = -1  # the root's fd, inside a session
         self._depth = 0
-        self._folders_open: dict[str, int] = {}  # protocol folders opened in this session
+        self._folders_open: dict[str, int] = {}  # folders under the root opened in this session
+        self._name_max: Optional[int] = None  # the root filesystem's NAME_MAX, asked once
 
     @classmethod
     def absolute(cls, value: str, from_env: bool) -> str:
@@ -115,29 +122,44 @@ class PosixStore(Store):
                 os.close(fd)
             self._folders_open.clear()
             os.close(self._root_fd)
-            self._root_fd = None
+            self._root_fd = -1
 
-    @contextmanager
-    def _folder(self, folder: str, create: bool = False) -> Iterator[Optional[int]]:
-        """An fd of ``<root>/<folder>`` (None when it does not exist and not ``create``); kept
-        open for the rest of a session (gc reads every marker of retired/ through one fd),
-        closed on exit otherwise."""
-        with self:
-            root_fd = self._root_fd
-            fd = self._folders_open.get(folder)
+    def _dir(self, folder: str) -> Optional[int]:
+        """An fd of ``<root>/<folder>`` (None when it does not exist), for the caller's session
+        (the caller holds one), kept until it ends: gc reads every marker of retired/ through
+        one fd, a publication reaches pub/, epochs/ and events/ once."""
+        fd = self._folders_open.get(folder)
+        if fd is None:
+            fd = open_entry(self.root, self._root_fd, folder)
             if fd is not None:
-                yield fd
-                return
-            fd = open_entry(self.root, root_fd, folder, create)
-            if fd is not None and self._depth > 1:  # inside a session: kept until it ends
                 self._folders_open[folder] = fd
-                yield fd
-                return
-            try:
-                yield fd
-            finally:
-                if fd is not None:
-                    os.close(fd)
+        return fd
+
+    def _made(self, folder: str) -> int:
+        """``_dir``, the folder made first when it does not exist."""
+        if folder not in self._folders_open:
+            self._folders_open[folder] = ensure_entry(self.root, self._root_fd, folder)
+        return self._folders_open[folder]
+
+    def _parent(self, rel: str) -> int:
+        """An fd of the folder holding ``rel`` (a canonical path under the root), walked down
+        from the root's fd without following a symlink (durable.walk_to's errors), for the
+        caller's session and kept until it ends: a publication checks the save, syncs it
+        and checks each file whole through the folders it walked once."""
+        head = rel.rpartition("/")[0]
+        if not head:
+            return self._root_fd
+        fd = self._folders_open.get(head)
+        if fd is None:
+            fd = self._folders_open[head] = walk_to(rel, self._root_fd)
+        return fd
+
+    def _limit(self) -> int:
+        """The root filesystem's limit on a name (asked once per store)."""
+        if self._name_max is None:
+            with self:
+                self._name_max = os.fpathconf(self._root_fd, "PC_NAME_MAX")
+        return self._name_max
 
     def reachable(self) -> None:
         """Every call opens the root and says what is wrong with it: nothing to ask first."""
@@ -155,12 +177,14 @@ class PosixStore(Store):
     # -- entries of protocol folders ----------------------------------------------------
 
     def listing(self, folder: str) -> list[str]:
-        with self._folder(folder) as fd:
+        with self:
+            fd = self._dir(folder)
             return [] if fd is None else os.listdir(fd)
 
     def read(self, folder: str, name: str, limit: Optional[int] = 1 << 20) -> Optional[bytes]:
         where = self.where(folder, name)
-        with self._folder(folder) as fd:
+        with self:
+            fd = self._dir(folder)
             if fd is None:
                 return None
             try:
@@ -170,13 +194,17 @@ class PosixStore(Store):
             except OSError as e:
                 hint = "; it is a symlink, which the protocol never follows (remove it)" if e.errno == errno.ELOOP else ""
                 raise StoreError(f"{where}: {e.strerror}{hint}") from None
-            with os.fdopen(f, "rb") as fh:
-                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            try:
+                st = os.fstat(f)
+                if not stat.S_ISREG(st.st_mode):
                     raise StoreError(f"{where} is not a regular file (remove it)")
-                return fh.read() if limit is None else fh.read(limit)
+                return read_upto(f, st.st_size if limit is None else min(limit, st.st_size))
+            finally:
+                os.close(f)
 
     def has(self, folder: str, name: str) -> bool:
-        with self._folder(folder) as fd:
+        with self:
+            fd = self._dir(folder)
             if fd is None:
                 return False
             try:
@@ -187,7 +215,8 @@ class PosixStore(Store):
 
     def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444, sync_root: bool = True) -> bool:
         """O_EXCL-create, the content fsynced, then the folder and the root."""
-        with self, self._folder(folder, create=True) as fd:
+        with self:
+            fd = self._made(folder)
             root_fd = self._root_fd
             try:
                 create_new(name, fd, body, mode)
@@ -198,7 +227,8 @@ class PosixStore(Store):
             return True
 
     def delete(self, folder: str, name: str) -> bool:
-        with self._folder(folder) as fd:
+        with self:
+            fd = self._dir(folder)
             if fd is None:
                 return False
             try:
@@ -210,7 +240,8 @@ class PosixStore(Store):
 
     def fill_empty(self, folder: str, name: str, body: bytes) -> bytes:
         """gc makes its markers read-only: made writable for the write, read-only again after."""
-        with self._folder(folder) as dir_fd:
+        with self:
+            dir_fd = self._dir(folder)
             if dir_fd is None:
                 raise StoreError(f"{self.where(folder)} does not exist: nothing to fill")
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -235,10 +266,8 @@ class PosixStore(Store):
         return b""
 
     def too_long(self, folder: str, name: str) -> Optional[str]:
-        with self:
-            fd = self._root_fd
-            if len(os.fsencode(name)) > os.fpathconf(fd, "PC_NAME_MAX"):
-                return f"its {folder}/ name would be over the filesystem's limit: left alone"
+        if len(os.fsencode(name)) > self._limit():
+            return f"its {folder}/ name would be over the filesystem's limit: left alone"
         return None
 
     def flush(self, folder: str) -> None:
@@ -246,7 +275,8 @@ class PosixStore(Store):
             with self:
                 os.fsync(self._root_fd)
             return
-        with self._folder(folder) as fd:
+        with self:
+            fd = self._dir(folder)
             if fd is not None:
                 os.fsync(fd)
 
@@ -264,24 +294,17 @@ class PosixStore(Store):
             if rel == "." or rel == ".." or rel.startswith("../"):
                 raise BadPath(f"save {save} is not inside the checkpoint root {root}")
         names.check_relpath(rel)
-        with self:
-            root_fd = self._root_fd
-            try:
-                parent = walk_to(rel, root_fd)
-            except FileNotFoundError:
-                raise BadPath(f"save {save} does not exist") from None
-            except OSError as e:
-                if in_the_way(e):
-                    raise BadPath(f"save {save}: a component is a symlink or not a folder; "
-                                  "a save must be a real folder or file inside the root") from None
-                raise
-            try:
+        try:
+            with self:
+                parent = self._parent(rel)
                 st = os.stat(rel.rsplit("/", 1)[-1], dir_fd=parent, follow_symlinks=False)
-            except FileNotFoundError:
-                raise BadPath(f"save {save} does not exist") from None
-            finally:
-                if parent != root_fd:
-                    os.close(parent)
+        except FileNotFoundError:
+            raise BadPath(f"save {save} does not exist") from None
+        except OSError as e:
+            if in_the_way(e):
+                raise BadPath(f"save {save}: a component is a symlink or not a folder; "
+                              "a save must be a real folder or file inside the root") from None
+            raise
         if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
             raise BadPath(f"save {save} is a symlink or special file, not a folder or file")
         return rel
@@ -294,6 +317,20 @@ class PosixStore(Store):
 
     def save_exists(self, rel: str) -> bool:
         return os.path.lexists(os.path.join(self.root, rel))
+
+    def realpath(self, rel: str) -> Optional[str]:
+        """The real path of a save checked in this session (``save_relpath``: no symlink
+        below the root), told by the kernel from the fd of its folder the check walked (one
+        readlink, no walk); None where /proc does not tell it."""
+        with self:
+            parent = self._parent(rel)
+            try:
+                folder = os.readlink(f"/proc/self/fd/{parent}")
+            except OSError:
+                return None
+        if not folder.startswith("/") or folder.endswith(" (deleted)"):
+            return None
+        return f"{folder.rstrip('/')}/{rel.rsplit('/', 1)[-1]}"
 
     def sync(self, save) -> None:
         """fsync only: a rank syncing its own part while another rank still writes its own
@@ -311,26 +348,24 @@ class PosixStore(Store):
         self._sync(rel, save, whole_file, fsync)
 
     def _sync(self, rel: str, save, check, fsync: bool) -> None:
-        with self, DirFds() as fds:
-            root_fd = self._root_fd
-            parent = fds.add(os.dup(root_fd)) if "/" not in rel else fds.add(walk_to(rel, root_fd))
-            try:
+        try:
+            with self:
+                parent = self._parent(rel)
                 sync_tree(rel.rsplit("/", 1)[-1], parent, check, fsync)
-            except FileNotFoundError:
-                raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
+        except FileNotFoundError:
+            raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
 
     def publication_fits(self, name: str, rel: str) -> None:
         """Refuse a publication name over the filesystem's limit before anything is created."""
-        with self:
-            fd = self._root_fd
-            limit = os.fpathconf(fd, "PC_NAME_MAX")
+        limit = self._limit()
         if len(os.fsencode(name)) > limit:
             raise BadPath(f"publication name for {rel!r} is {len(name)} bytes, over this filesystem's "
                           f"limit of {limit}: use a shorter save path (at most ~{(limit - 42) * 5 // 8} bytes)")
 
     def create_publication(self, name: str) -> bool:
         """O_EXCL-create pub/<name>, then fsync pub/ and the root."""
-        with self, self._folder(layout.PUB, create=True) as pub_fd:
+        with self:
+            pub_fd = self._made(layout.PUB)
             root_fd = self._root_fd
             try:
                 create_new(name, pub_fd, sync=False)
@@ -369,7 +404,6 @@ class PosixStore(Store):
                 exec_fd = fds.add(ensure_dir(layout.EXEC, root_fd)[0])
                 att_fd = fds.add(ensure_dir(attempt, exec_fd, mode)[0])
             except NotADirectoryError:
-                from .execdir import symlink_on_the_way  # execdir reads the publish rules, which need this store
                 why = symlink_on_the_way(root, layout.exec_relpath(attempt)) or f"{path}: not a folder"
                 raise BadPath(f"{why}; refusing to follow it") from None
             except PermissionError:
@@ -384,7 +418,8 @@ class PosixStore(Store):
     # -- events: one file per process, appended without fsync ---------------------------
 
     def add_event(self, name: str, line: bytes) -> None:
-        with self._folder(layout.EVENTS, create=True) as fd:
+        with self:
+            fd = self._made(layout.EVENTS)
             append(f"{name}.jsonl", fd, line, sync=False)
 
     def event_files(self, prefix: str = "") -> list[tuple[str, bytes]]:
@@ -408,10 +443,11 @@ class PosixStore(Store):
             self.check_problems(inv)
         return inv
 
-    def _folders(self) -> dict[str, inventory.Folder]:
+    def _folders(self) -> dict[str, Folder]:
         """Every real folder under exec/ (a symlink or a file there is nobody's)."""
-        out: dict[str, inventory.Folder] = {}
-        with self._folder(layout.EXEC) as exec_fd:
+        out: dict[str, Folder] = {}
+        with self:
+            exec_fd = self._dir(layout.EXEC)
             for attempt in sorted(os.listdir(exec_fd)) if exec_fd is not None else []:
                 try:
                     fd = open_dir(attempt, dir_fd=exec_fd)
@@ -424,7 +460,7 @@ class PosixStore(Store):
         return out
 
     @staticmethod
-    def _measure(save: inventory.Save, root_fd: int) -> None:
+    def _measure(save: Save, root_fd: int) -> None:
         try:
             parent = walk(save.path, root_fd)
         except FileNotFoundError:
@@ -464,9 +500,11 @@ class PosixStore(Store):
 
     def drop_empty(self, attempts: list[str]) -> None:
         if attempts:
-            with self._folder(layout.EXEC) as exec_fd:
-                for attempt in attempts:
-                    rmdir_empty(attempt, exec_fd)
+            with self:
+                exec_fd = self._dir(layout.EXEC)
+                if exec_fd is not None:
+                    for attempt in attempts:
+                        rmdir_empty(attempt, exec_fd)
 
     # -- an execution's folder, as watch reads it ----------------------------------------
 
@@ -491,13 +529,14 @@ class PosixStore(Store):
 
     def read_all(self, name: str) -> bytes:
         with self:
-            root_fd = self._root_fd
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._root_fd)
             except FileNotFoundError:
                 return b""
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
+        try:
+            return read_upto(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
 
     def append(self, name: str, data: bytes) -> None:
         with self:
@@ -510,13 +549,15 @@ class PosixStore(Store):
             truncate(name, root_fd, length)
 
     def mtime(self, folder: str, name: str) -> Optional[float]:
-        with self._folder(folder) as fd:
+        with self:
+            fd = self._dir(folder)
             try:
                 return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime if fd is not None else None
             except FileNotFoundError:
                 return None
 
     def touch(self, folder: str, name: str) -> None:
-        with self._folder(folder) as fd:
+        with self:
+            fd = self._dir(folder)
             if fd is not None:
                 os.utime(name, dir_fd=fd, follow_symlinks=False)

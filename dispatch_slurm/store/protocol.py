@@ -1,18 +1,22 @@
-"""The protocol over a listing, whichever store listed it: the POSIX store (posix.py)
-and the S3 store (s3.py) list ``pub/`` and ``sub/`` their own way and hand the names
-here, so the rules (every entry parsed, a bad one an error naming it and the fix, the
-latest the greatest name not retired (a person's retirement skipped on purpose, gc's
+"""The protocol's rules, written once for every store: the POSIX store (posix.py) and the
+S3 store (s3.py) list, read and create the entries of ``pub/``, ``sub/``, ``retired/`` and
+``pinned/`` their own way (base.py's primitives), and these functions, given the store,
+apply the rules over them: every entry parsed, a bad one an error naming it and the fix,
+the latest the greatest name not retired (a person's retirement skipped on purpose, gc's
 an error), N allocated by create-if-absent, an adopter's pin before its look at
-retired/) exist once."""
+retired/."""
 
 import shlex
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ..contract import layout, names
 from ..contract.names import Publication
 from ..errors import BadName, BadPath, DispatchError, StoreError
+
+if TYPE_CHECKING:  # the store calls these rules with itself
+    from .base import Store
 
 
 def checked(entries: list[str], where: str, mv: str = "mv") -> list[str]:
@@ -65,27 +69,25 @@ def latest_of(pubs: list[Publication], retired: Container[str], by_person: Conta
     return next((p for p in reversed(pubs) if p.name == name), None)
 
 
-def latest(entries: list[str], root: str, marker: Callable[[str], bytes | None],
-           retired: Callable[[], Iterable[str]], mv: str = "mv") -> Publication | None:
+def latest(st: "Store") -> Publication | None:
     """The publication with the greatest (epoch, step) that a person has not retired,
     or None if there is none.
 
     Every entry is parsed; fixed-width digits make the greatest name the latest, so
-    the common case costs one look at ``retired/`` (``marker``: the content of
-    ``retired/<name>``, None if absent). gc never retires the latest publication
-    (retention/removal.py); one that is retired anyway by gc (an empty marker: a bug, or
-    made by hand) is an error, never a save to resume from. A person's marker (it holds
-    who and why) makes ``latest`` skip to the previous publication not retired (listed
-    from ``retired``), on purpose (see ``live_latest``)."""
-    where = f"{root}/{layout.PUB}"
-    entries = checked(entries, where, mv)
+    the common case costs one look at ``retired/`` (the greatest name's marker). gc never
+    retires the latest publication (retention/removal.py); one that is retired anyway by
+    gc (an empty marker: a bug, or made by hand) is an error, never a save to resume from.
+    A person's marker (it holds who and why) makes ``latest`` skip to the previous
+    publication not retired (all of ``retired/`` listed), on purpose (see ``live_latest``)."""
+    root, where = st.root, st.where(layout.PUB)
+    entries = checked(st.listing(layout.PUB), where, st.mv)
     if not entries:
         return None
     top = max(entries)
-    content = marker(top)
+    content = st.read(layout.RETIRED, top)
     if content is None:
         return names.parse(top, where)
-    name, by_gc = live_latest(sorted(entries), set(retired()), lambda n: n == top and bool(content))
+    name, by_gc = live_latest(sorted(entries), set(st.listing(layout.RETIRED)), lambda n: n == top and bool(content))
     if by_gc:
         raise StoreError(f"{root}/{layout.RETIRED}/{top}: the latest publication is retired by gc (its save is "
                          "gone or going); gc never retires the latest, so this marker was made by hand or by a "
@@ -95,33 +97,32 @@ def latest(entries: list[str], root: str, marker: Callable[[str], bytes | None],
 
 
 @contextmanager
-def adopting(rel: str, pin: Callable[[], bool], retired: Callable[[], Iterable[str]], unpin: Callable[[], None],
-             where: str) -> Iterator[None]:
-    """Around the publication of another execution's save: ``pin`` it (True if this
-    call pinned it), refuse it if gc has ``retired`` it (the names under ``where``,
-    retired/), ``unpin`` it once published if the pin was ours. A gc retires before it
-    reads the pins, and this pins before it reads retired/, so a save is never both
-    adopted and removed."""
-    mine = pin()
+def adopting(st: "Store", rel: str) -> Iterator[None]:
+    """Around the publication of another execution's save: pin it (``pinned/``), refuse it
+    if gc has retired it, unpin it once published if the pin was this call's. A gc retires
+    before it reads the pins, and this pins before it reads retired/, so a save is never
+    both adopted and removed."""
+    pin, where = names.path_name(rel), st.where(layout.RETIRED)
+    mine = st.create(layout.PINNED, pin)
     try:
-        gone = [e for e in retired() if names.parse(e, where).path == rel]
+        gone = [e for e in st.listing(layout.RETIRED) if names.parse(e, where).path == rel]
         if gone:
             raise BadPath(f"refusing to adopt {rel}: it is retired ({layout.RETIRED}/{gone[0]}): gc retired it "
                           "(its files are gone or being removed) or a person did, on purpose")
         yield
     finally:
         if mine:
-            unpin()
+            st.delete(layout.PINNED, pin)
 
 
-def allocate(entries: list[str], create: Callable[[str], bool], where: str) -> int:
-    """The next submission number: max+1 of ``entries`` (``sub/``, every one parsed),
-    then ``create`` it (create-if-absent: True if this call created it); when another
-    submitter won that number, try the next. No lock: the create decides."""
-    n = max((names.parse_submission(e, where) for e in entries), default=0) + 1
+def allocate(st: "Store") -> int:
+    """The next submission number: max+1 of ``sub/`` (every entry parsed), created if
+    absent; when another submitter won that number, the next. No lock: the create decides."""
+    where = st.where(layout.SUB)
+    n = max((names.parse_submission(e, where) for e in st.listing(layout.SUB)), default=0) + 1
     while True:
         if n > 999_999:
             raise StoreError(f"{where}: no submission number left (N must be <= 999,999)")
-        if create(names.submission_name(n)):
+        if st.create(layout.SUB, names.submission_name(n)):
             return n
         n += 1

@@ -28,8 +28,9 @@ from ..contract.env import Execution
 from ..contract.epoch import decompose
 from ..contract.names import Publication
 from ..errors import BadPath
-from . import epochs, events, once
-from .roots import at
+from . import epochs, events, once, protocol
+from .base import Store
+from .roots import Root, at, name_of
 
 
 class Published(NamedTuple):
@@ -66,12 +67,12 @@ def owner(rel: str, epoch: int, attempt: str | None) -> str | None:
     return None
 
 
-def sync(save: str, *, root: str | None = None) -> None:
+def sync(save: str, *, root: Root | None = None) -> None:
     """fsync a save (files, then folders) without publishing it. Each rank of a sharded
     save calls it on what it wrote before the publishing rank publishes: on a shared
     filesystem an fsync flushes only the calling client's own writes. On S3 there is
     nothing to flush: an object is durable when its PUT returns."""
-    at(env_root(root)).sync(save)
+    at(root or env_root()).sync(save)
 
 
 def _decide(rel: str, save, epoch: int, step: int, attempt: str | None, adopt: bool) -> tuple[str, str | None]:
@@ -85,20 +86,24 @@ def _decide(rel: str, save, epoch: int, step: int, attempt: str | None, adopt: b
     return names.encode(epoch, step, rel), why
 
 
-def _create(st, save, decide, claim, sync: bool) -> tuple[str, str, str | None, bool]:
-    """Under one look at the root: the save checked, the epoch's claim checked, the save's
-    data made durable, then the publication created and made durable (POSIX: O_EXCL-create
-    pub/<name>, fsync pub/ and the root; S3: PUT with If-None-Match: *, durable on return)."""
-    with st:
-        rel = st.save_relpath(save)
-        name, why = decide(rel)
-        st.publication_fits(name, rel)
-        claim(rel, why)
-        st.sync_save(rel, save, fsync=sync)  # every file whole (whole.py), then durable
-        if not why:
-            return rel, name, why, st.create_publication(name)
-        with st.adopting(rel):  # another execution's save: gc may be removing it
-            return rel, name, why, st.create_publication(name)
+def _create(st: Store, save, epoch: int, step: int, attempt: str | None, adopt: bool,
+            sync: bool) -> tuple[str, str, str | None, bool]:
+    """Inside the caller's session (one look at the root): the save checked, the epoch's
+    claim checked, the save's data made durable, then the publication created and made
+    durable (POSIX: O_EXCL-create pub/<name>, fsync pub/ and the root; S3: PUT with
+    If-None-Match: *, durable on return). (rel, name, why it is not this execution's own
+    save, created now)."""
+    rel = st.save_relpath(save)
+    name, why = _decide(rel, save, epoch, step, attempt, adopt)
+    st.publication_fits(name, rel)
+    # one epoch per execution (epochs.py): the publishing execution is DISPATCH_ATTEMPT, else
+    # the writer of its own save; an adoption without DISPATCH_ATTEMPT joins the epoch's claimant
+    epochs.for_publication(st, epoch, attempt or (None if why else rel.split("/")[1]), save)
+    st.sync_save(rel, save, fsync=sync)  # every file whole (whole.py), then durable
+    if not why:
+        return rel, name, why, st.create_publication(name)
+    with protocol.adopting(st, rel):  # another execution's save: gc may be removing it
+        return rel, name, why, st.create_publication(name)
 
 
 def _step(save, step: int | None, pattern: str, adopt: bool) -> int:
@@ -120,36 +125,26 @@ def _step(save, step: int | None, pattern: str, adopt: bool) -> int:
     return step
 
 
-def publish(save: str, step: int | None = None, *, root: str | None = None, epoch: int | None = None,
+def publish(save: str, step: int | None = None, *, root: Root | None = None, epoch: int | None = None,
             by: str = "publish", sync: bool = True, adopt: bool = False,
             pattern: str = names.STEP_PATTERN) -> Published:
     """Publish ``save`` (a folder or file inside the root) at (epoch, step); durable on
-    return. Defaults: root $DISPATCH_CHECKPOINT, epoch $DISPATCH_EPOCH, step from the
-    save's name (``checkpoint-<step>``). See the module doc for whose save may be
-    published and what a retry does."""
-    ex = Execution.current(root=root, epoch=epoch)
-    root, epoch = ex.need("root", "epoch")
+    return. Defaults: root $DISPATCH_CHECKPOINT (a caller that keeps the root's store
+    passes it: everything, the event too, is done in one session of it), epoch
+    $DISPATCH_EPOCH, step from the save's name (``checkpoint-<step>``). See the module doc
+    for whose save may be published and what a retry does."""
+    ex = Execution.current(root=name_of(root), epoch=epoch)
+    where, epoch = ex.need("root", "epoch")
     once.refuse_writing(save)
     decompose(epoch)  # an epoch no (G, N, R) composes is refused before anything else
     step = _step(save, step, pattern, adopt)
     attempt = ex.attempt
-
-    def decide(rel):
-        return _decide(rel, save, epoch, step, attempt, adopt)
-
-    st = at(root)
-    root = st.root
-
-    def claim(rel, why):
-        """One epoch per execution (store/epochs.py): the publishing execution is
-        DISPATCH_ATTEMPT, else the writer of its own save; an adoption without
-        DISPATCH_ATTEMPT joins the epoch's claimant."""
-        epochs.for_publication(st, epoch, attempt or (None if why else rel.split("/")[1]), save)
-    rel, name, why, created = _create(st, save, decide, claim, sync)
-    once.published(save)
-    pub = Publication(epoch, step, rel, name)
-    parts = rel.split("/")
-    writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None
-    events.record("published", root=root, attempt=attempt or writer, step=step, path=rel, name=name, by=by,
-                  existed=not created, **({"adopted": True, "adopted_from": writer or rel} if why else {}))
-    return Published(pub, not created, bool(why))
+    st = at(root or where)
+    with st:
+        rel, name, why, created = _create(st, save, epoch, step, attempt, adopt, sync)
+        once.published(save, st.realpath(rel))
+        parts = rel.split("/")
+        writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None
+        events.record("published", root=st, attempt=attempt or writer, step=step, path=rel, name=name, by=by,
+                      existed=not created, **({"adopted": True, "adopted_from": writer or rel} if why else {}))
+    return Published(Publication(epoch, step, rel, name), not created, bool(why))

@@ -16,7 +16,9 @@ Everything the supervisor learns or decides is a *fact* appended to
 ``<root>/record.jsonl`` (record.py), and its state is a pure replay of those facts
 (state.py), so a restarted supervisor continues exactly where the record stops. One
 writer at a time: supervisors claim the root (claim.py). People talk to it through
-request entries (requests.py). The rules (rules.py) are applied by the loop (loop.py).
+request entries (requests.py). The rules (rules.py) are applied by each root's supervisor
+(loop.py: a state machine with one step), which the fleet (fleet.py) steps: the one loop,
+of one root or many.
 
 Submission is crash-safe: the intent (G, N and a tag) is recorded before sbatch runs
 and the job carries the tag as ``--comment``; a restarted supervisor that finds an
@@ -27,17 +29,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import names
+from ..contract.layout import RECORD
 from ..contract.signals import JobSignal
 from ..errors import DispatchError
 from ..slurm.client import Slurm, SlurmError
 from . import requests, sweep
 from .claim import DEFAULT_POLL, Claim
-from .fleet import Fleet, outcome
+from .fleet import Fleet, follow, outcome
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor, job_signal_of, lead_refusal
 from .record import Record
 from .render import render_plan
@@ -71,7 +74,7 @@ def plugin_options(slurm: Slurm) -> Optional[set[str]]:
         return None
 
 
-def signal_warning(root: str, defn: dict) -> Optional[str]:
+def signal_warning(root: store.Root, defn: dict) -> Optional[str]:
     """With --signal: a warning when the saves measured under ROOT do not fit the grace."""
     if defn.get("signal") is None:
         return None
@@ -102,15 +105,16 @@ def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
 
 
 def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool = False,
-              template: Optional[str] = None) -> Supervisor:
+              template: Optional[str] = None, say: Optional[Callable[[str], None]] = None) -> Supervisor:
     """A supervisor of ROOT, its claim taken and its record replayed (a new root: the job's
-    definition recorded, with ``template``, an array task's ``%a`` root), ready to step."""
+    definition recorded, with ``template``, an array task's ``%a`` root), ready to step;
+    ``say``: where its lines go (one of many roots: each line names it)."""
     root = normalize(root)
-    if not os.path.exists(Record(root).path):  # a new root's bad arguments: refused before its claim writes anything
+    if not os.path.exists(os.path.join(root, RECORD)):  # a new root's bad arguments: refused before its claim writes anything
         refused = signal_refusal({"g": 0, **make_defn(options, args)}, root)
         if refused:
             raise DispatchError(refused)
-    sup = Supervisor(root, slurm, poll=poll)
+    sup = Supervisor(root, slurm, poll=poll, say=say)
     try:
         st = sup.open("run --once" if once else "run")
         if st.facts:
@@ -120,7 +124,7 @@ def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slu
             defn = new_defn(options, args, sup.slurm)
             if template:
                 defn["array_root"] = template
-        if (warning := signal_warning(root, defn or st.defn)):
+        if (warning := signal_warning(sup.store, defn or st.defn)):
             sup.say(f"warning: {warning}")
         sup.start(defn)
     except BaseException:
@@ -142,11 +146,12 @@ def run(roots: str | list[str], options: dict, args: list[str], poll: float, slu
     if len(tasks) == 1 and roots_from is None:  # one root: its errors are the command's
         sup = open_root(normalize(tasks[0].root), options, tasks[0].args, poll, slurm, once, tasks[0].template)
         try:
-            return sup.run(once=once, max_poll=max_poll)
+            return follow(sup, once=once, max_poll=max_poll)
         finally:
             sup.close()
     fleet = Fleet(slurm, poll=poll, max_poll=max_poll, clock=time.time, sleep=time.sleep, name_roots=True,
-                  discover=roots_from and (lambda: _discovered(fleet, roots_from, options, args, poll, slurm, once)))
+                  discover=(lambda: _discovered(fleet, roots_from, options, args, poll, slurm, once)) if roots_from
+                  else None)
     for t in tasks:
         _join(fleet, normalize(t.root), options, t.args, poll, slurm, once, t.template)
     fleet.run(once)
@@ -155,8 +160,9 @@ def run(roots: str | list[str], options: dict, args: list[str], poll: float, slu
 
 def _join(fleet: Fleet, root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool,
           template: Optional[str] = None) -> None:
+    say = (lambda m: fleet.say(f"{root}: {m}")) if fleet.name_roots else None
     try:
-        fleet.add(open_root(root, options, args, poll, slurm, once, template))
+        fleet.add(open_root(root, options, args, poll, slurm, once, template, say))
     except (DispatchError, OSError) as e:
         fleet.fail(root, e)
 
@@ -176,16 +182,17 @@ def stop(root: str, message: Optional[str] = None, poll: float = DEFAULT_POLL,
     resubmitting nothing. Without a running supervisor, this process is it, until the
     job has ended."""
     root = normalize(root)
-    st = State.replay(Record(root).read())
+    where = store.at(root)
+    st = State.replay(Record(where).read())
     if st.g is None:
         raise DispatchError(f"{root} has no record of a job: nothing to stop")
     if st.finished and st.finished["outcome"] != "held":
         return Finished(EXIT_DONE, f"nothing to stop: {st.summary()}")
     try:
-        requests.make(root, f"stop.{st.g}", {**requests.who(), "message": message or ""})
+        requests.make(where, f"stop.{st.g}", {**requests.who(), "message": message or ""})
     except FileExistsError:
         pass  # asked already: wait for it like the first time
-    claim = Claim(root, poll, "stop")
+    claim = Claim(where, poll, "stop")
     claims, exited = claim.entries()
     if claims and claim.holder_alive(claims[-1], exited, wait=False):
         return Finished(EXIT_DONE, f"asked the running supervisor of {root} to stop (it cancels the job "
@@ -195,8 +202,8 @@ def stop(root: str, message: Optional[str] = None, poll: float = DEFAULT_POLL,
 
 def supersede(root: str, options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None) -> Finished:
     root = normalize(root)
-    facts = Record(root).read()
-    st = State.replay(facts)
+    where = store.at(root)
+    st = State.replay(Record(where).read())
     if st.g is None:
         raise DispatchError(f"{root} has no record of a job to supersede: start one with `dispatch-slurm run`")
     new_g = st.g + 1
@@ -204,18 +211,18 @@ def supersede(root: str, options: dict, args: list[str], poll: float, slurm: Opt
         raise DispatchError(f"generation {new_g} is over the maximum {epochmod.G_MAX:,}")
     defn = make_defn(options, args, base=st.defn)
     try:
-        requests.make(root, f"supersede.{new_g}", {**requests.who(), "args": args})
+        requests.make(where, f"supersede.{new_g}", {**requests.who(), "args": args})
     except FileExistsError:
         raise DispatchError(f"generation {new_g} of {root} was already requested "
                             f"({requests.path(root, f'supersede.{new_g}')})") from None
-    sup = Supervisor(root, slurm, poll=poll)
+    sup = Supervisor(where, slurm, poll=poll)
     try:
         st = sup.open("supersede", takeover=True)
-        if st.g + 1 != new_g:
+        if st.g is None or st.g + 1 != new_g:
             raise DispatchError(f"the record moved to generation {st.g} meanwhile; not superseding")
         sup.start(None)
         sup.supersede(defn)
-        return sup.run()
+        return follow(sup)
     except Finished as f:
         return f
     finally:
@@ -225,18 +232,19 @@ def supersede(root: str, options: dict, args: list[str], poll: float, slurm: Opt
 def release(root: str, message: Optional[str] = None) -> dict:
     """A person's answer to the standing hold: an O_EXCL entry the supervisor picks up."""
     root = normalize(root)
-    st = State.replay(Record(root).read())
+    where = store.at(root)
+    st = State.replay(Record(where).read())
     if st.hold is None:
         raise NoHold(f"no hold stands on {root} ({st.summary()})")
     h = st.hold
     body = {**requests.who(), "message": message or ""}
-    path_of = lambda h: requests.path(root, f"release.{h['hold']}")  # noqa: E731
+    name = f"release.{h['hold']}"
     try:
-        path = requests.make(root, f"release.{h['hold']}", body)
+        path = requests.make(where, name, body)
     except FileExistsError:
-        raise DispatchError(f"hold #{h['hold']} of {root} is already released ({path_of(h)}); "
+        raise DispatchError(f"hold #{h['hold']} of {root} is already released ({requests.path(root, name)}); "
                             "the supervisor applies it at its next poll") from None
-    claim = Claim(root, DEFAULT_POLL, "release")
+    claim = Claim(where, DEFAULT_POLL, "release")
     claims, exited = claim.entries()
     running = bool(claims) and claim.holder_alive(claims[-1], exited, wait=False)
     return {"hold": h["hold"], "job": h["job"], "r": h["r"], "replaces": h["replaces"], "entry": path,
@@ -248,6 +256,6 @@ def load_state(root: str) -> State:
 
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
-           "release", "stop", "open_root", "Fleet", "NoHold", "signal_warning", "submission_signal", "signal_refusal",
+           "release", "stop", "open_root", "Fleet", "follow", "NoHold", "signal_warning", "submission_signal", "signal_refusal",
            "lead_refusal", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

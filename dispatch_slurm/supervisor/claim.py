@@ -37,30 +37,32 @@ def _pid_is_supervisor(pid: int) -> bool:
 
 
 class Claim:
-    """One supervisor's claim on ``root`` (see the module doc)."""
+    """One supervisor's claim on ``root`` (see the module doc), through the root's store the
+    supervisor keeps (or, given a name, one of its own)."""
 
-    def __init__(self, root: str, poll: float, purpose: str, *, sleep=time.sleep, clock=time.monotonic):
-        self.root = root
+    def __init__(self, root: store.Root, poll: float, purpose: str, *, sleep=time.sleep, clock=time.monotonic):
+        self.store = store.at(root)
+        self.root = self.store.root
         self.poll, self.purpose = poll, purpose
         self.seq: Optional[int] = None
         self._sleep, self._clock = sleep, clock
 
     def entries(self) -> tuple[list[int], set[int]]:
         """(claims in order, the claims that said they exited)."""
-        items = store.at(self.root).listing(CLAIMS)
+        items = self.store.listing(CLAIMS)
         claims = sorted(int(e) for e in items if _CLAIM.fullmatch(e))
         exited = {int(m[1]) for e in items if (m := _EXITED.fullmatch(e))}
         return claims, exited
 
     def _info(self, seq: int) -> dict:
         try:
-            info = json.loads(store.at(self.root).read(CLAIMS, f"{seq:06d}") or b"{}")
+            info = json.loads(self.store.read(CLAIMS, f"{seq:06d}") or b"{}")
         except (ValueError, DispatchError):
             return {}
         return info if isinstance(info, dict) else {}
 
     def _mtime(self, seq: int) -> Optional[float]:
-        return store.at(self.root).mtime(CLAIMS, f"{seq:06d}")
+        return self.store.mtime(CLAIMS, f"{seq:06d}")
 
     def holder_alive(self, seq: int, exited: set[int], wait: bool = True) -> bool:
         """Is claimant ``seq`` still (possibly) writing?"""
@@ -94,7 +96,7 @@ class Claim:
         seq = (prev or 0) + 1
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "poll": self.poll,
                            "purpose": self.purpose, "t": time.time()}).encode()
-        if not store.at(self.root).create(CLAIMS, f"{seq:06d}", body, mode=0o644):
+        if not self.store.create(CLAIMS, f"{seq:06d}", body, mode=0o644):
             raise DispatchError(f"another supervisor is claiming {self.root} right now "
                                 f"(claim {seq:06d} exists); try again")
         self.seq = seq
@@ -112,7 +114,7 @@ class Claim:
     def heartbeat(self) -> None:
         if self.seq is not None:
             try:
-                store.at(self.root).touch(CLAIMS, f"{self.seq:06d}")
+                self.store.touch(CLAIMS, f"{self.seq:06d}")
             except (OSError, DispatchError):
                 pass  # a missed heartbeat only makes a successor wait longer
 
@@ -121,7 +123,7 @@ class Claim:
         if self.seq is None:
             return
         try:
-            store.at(self.root).create(CLAIMS, f"{self.seq:06d}.exited", mode=0o644)
+            self.store.create(CLAIMS, f"{self.seq:06d}.exited", mode=0o644)
         except (OSError, DispatchError):
             pass  # already said, or the root is gone: a successor falls back to the heartbeat
         self.seq = None

@@ -2,8 +2,8 @@
 share one Slurm read per poll.
 
 Why: one ``scontrol show job ID`` per poll per job is two slurmctld RPCs every 10 s per
-job (issue 26: 100 supervised jobs were ~1,200 RPCs a minute from one user, the pattern
-Slurm's rate limiting throttles). Here a poll reads every followed job in one call
+job (100 supervised jobs: ~1,200 RPCs a minute from one user, the pattern Slurm's rate
+limiting throttles). Here a poll reads every followed job in one call
 (``Slurm.find_jobs``: one read of slurmctld's memory, and one ``sacct`` for jobs it
 forgot), and the Slurm read itself is paced (``pace``): every poll while an execution
 is starting, pending or ending, at most every ``max_poll`` while everything runs. What
@@ -12,7 +12,9 @@ person's stop or release, a hold's cessation question, and a look at the root's
 ``ceased/`` and ``events/`` folders, whose change (the Epilog's evidence, a handler that
 caught the signal) makes the next poll read Slurm at once.
 
-A single ``run ROOT`` is a fleet of one: there is one loop."""
+A single ``run ROOT`` is a fleet of one (``follow``): this is the one loop. Each root's
+supervisor is a state machine (loop.py) the fleet steps until it has to wait; the step
+keeps the root's claim itself."""
 
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ from typing import Callable, Iterable, Optional
 from ..contract.layout import CEASED, EVENTS
 from ..errors import DispatchError
 from ..slurm.client import JobInfo, Slurm, SlurmError
-from . import rules
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor
 
 #: how many times slower than the poll Slurm is read while every followed job runs
@@ -73,13 +74,13 @@ def hot(sup: Supervisor, now: float) -> bool:
         return True
     end = seen.end_time
     lead = (st.defn.get("grace") or 0) + SIGNAL_SLACK if st.defn.get("signal") else 0
-    return bool(end) and now >= end - lead - 2 * sup.poll
+    return end is not None and end > 0 and now >= end - lead - 2 * sup.poll
 
 
 def disk_mark(root: str) -> tuple:
     """The mtimes of ``ceased/`` and ``events/``: a new entry (the Epilog's, a handler's)
     changes them. One stat each, no Slurm RPC."""
-    marks = []
+    marks: list[Optional[int]] = []
     for sub in (CEASED, EVENTS):
         try:
             marks.append(os.stat(os.path.join(root, sub)).st_mtime_ns)
@@ -131,8 +132,6 @@ class Fleet:
         self.reads = 0  # Slurm reads (one per poll that needed one): the benchmark's and tests' count
 
     def add(self, sup: Supervisor) -> None:
-        if self.name_roots:
-            sup.say = (lambda root: lambda m: self.say(f"{root}: {m}"))(sup.root)
         self.members[sup.root] = Member(sup, self.clock(), disk_mark(sup.root))
 
     def fail(self, root: str, error: Exception) -> None:
@@ -174,8 +173,7 @@ class Fleet:
             self.say(f"error: {e} (the roots already followed go on)")
 
     def _following(self) -> list[Member]:
-        return [m for m in self.members.values() if m.sup.state.job is not None and
-                rules.next_action(m.sup.state) == "follow"]
+        return [m for m in self.members.values() if m.sup.state.job is not None and m.sup.action == "follow"]
 
     def _read(self, due: list[str], now: float) -> None:
         """One Slurm read for every followed job, when any due one needs it (``hot``, a
@@ -191,7 +189,7 @@ class Fleet:
         stale = self.last_read is None or now - self.last_read >= self.max_poll - 0.5 * self.poll
         if not (changed or stale or any(hot(m.sup, now) for m in following)):
             return
-        ids = {m.sup.state.job for m in following}
+        ids = {job for m in following if (job := m.sup.state.job) is not None}
         self.last_read, self.reads = now, self.reads + 1
         try:
             self.snap = Snapshot(self.slurm.find_jobs(ids), asked=ids)
@@ -213,18 +211,14 @@ class Fleet:
         or None when it finished (its result recorded)."""
         m = self.members[root]
         sup = m.sup
-        sup.lookup = snap.find_job
         try:
             for _ in range(1000):  # a record that never asks to wait would be a bug: stop, named
-                if sup.claim is not None:
-                    if not sup.claim.mine():
-                        sup._lost_claim()
-                    sup.claim.heartbeat()
-                wait = sup.step()
+                # this poll's read, again after a step that changed something (it may say the job
+                # both started and ended); a job submitted in this poll is NOT_ASKED until the next
+                wait = sup.step(snap.find_job)
                 if wait:
                     m.due = self.clock() + min(wait, self.poll)
                     return wait
-                sup.lookup = _looked(snap, sup.state.job)
             raise DispatchError(f"{sup.record.path}: 1000 steps without a wait ({sup.state.summary()}); a bug?")
         except Finished as f:
             self.results[root] = f
@@ -235,7 +229,14 @@ class Fleet:
         return None
 
 
-def _looked(snap: Snapshot, job: Optional[int]) -> Callable:
-    """After a step that changed something, the same poll's answer is read again (it may say
-    the job both started and ended), but a job submitted in this step waits for the next."""
-    return snap.find_job if job in snap.asked else (lambda _id: NOT_ASKED)
+def follow(sup: Supervisor, once: bool = False, max_poll: Optional[float] = None) -> Finished:
+    """Step one root's supervisor in the fleet's loop (a fleet of one) until its job is
+    finished; with ``once``, only until the next step would have to wait (then exit 0: a
+    cron or scrontab entry runs it again later). The root's error is raised, as the
+    command's own."""
+    fleet = Fleet(sup.slurm, poll=sup.poll, max_poll=max_poll, clock=sup.clock, sleep=sup.sleep, say=sup.say)
+    fleet.add(sup)
+    result = fleet.run(once)[sup.root]
+    if result.code == EXIT_ERROR and fleet.errors.get(sup.root):
+        raise fleet.errors[sup.root]
+    return result

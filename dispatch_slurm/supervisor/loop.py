@@ -1,7 +1,9 @@
-"""The supervisor's loop: follow a job through Slurm and apply the rules.
+"""One root's supervisor: a state machine that follows a job through Slurm and applies
+the rules.
 
-``step()`` does at most one thing (records a fact and acts on Slurm) and returns how
-long to wait before the next; ``run()`` loops. Every decision is a fact in the record
+``Supervisor.step()`` does at most one thing (records a fact and acts on Slurm) and
+returns how long to wait before the next; the fleet (fleet.py) is the loop that steps
+every root's supervisor, one root or many. Every decision is a fact in the record
 *before* it is acted on, so a crash at any point is resumed by replaying the record."""
 
 from __future__ import annotations
@@ -47,39 +49,51 @@ def _say(msg: str) -> None:
     print(f"dispatch-slurm: {msg}", file=sys.stderr, flush=True)
 
 
-class Supervisor:
-    """One supervisor of one root. ``step()`` does at most one thing (records facts and
-    acts on Slurm) and returns how long to wait before the next; ``run()`` loops.
-    ``slurm``, ``clock``, ``sleep`` and ``ask`` are injectable for tests."""
+#: how a step reads the job: ``Slurm.find_job``, or the fleet's one read of every followed
+#: job (fleet.Snapshot.find_job, which may answer NOT_ASKED: look at the next poll)
+Lookup = Callable[[int], object]
 
-    def __init__(self, root: str, slurm: Optional[Slurm] = None, *, poll: float = DEFAULT_POLL,
+
+class Supervisor:
+    """One root's supervisor. It opens the root's store once and keeps it: its record, its
+    claim, the requests people make and its gc work through that store, each step in one
+    session of it. ``step()`` does at most one thing (records facts and acts on Slurm) and
+    returns how long to wait before the next. ``slurm``, ``clock``, ``sleep`` and ``ask``
+    are injectable for tests."""
+
+    def __init__(self, root: store.Root, slurm: Optional[Slurm] = None, *, poll: float = DEFAULT_POLL,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 ask: Optional[Callable[[dict], dict]] = None, say: Callable[[str], None] = _say):
-        self.root = root
+                 ask: Optional[Callable[[dict], dict]] = None, say: Optional[Callable[[str], None]] = None):
+        self.store = store.at(root)
+        self.root = self.store.root
         self.slurm = slurm or Slurm()
         self.poll = poll
-        self.clock, self.sleep, self.say = clock, sleep, say
+        self.clock, self.sleep, self.say = clock, sleep, say or _say
         self.ask = ask or (lambda h: ask_command(h, self.root, self.state.cluster))
-        self.record = Record(root, clock)
+        self.record = Record(self.store, clock)
         self.state = State()
         self.claim: Optional[Claim] = None
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
-        self.gc = Collector(root, self.slurm, clock, self.record.read)  # run --keep-last K
-        # how _follow reads the job: Slurm itself, or the fleet's one read for every root
-        # (fleet.Snapshot.find_job, which may answer NOT_ASKED: look at the next poll)
-        self.lookup: Callable[[int], object] = self.slurm.find_job
+        self.gc = Collector(self.store, self.slurm, clock, self.record.read)  # run --keep-last K
         self.seen: Optional[JobInfo] = None  # Slurm's last answer about the job (fleet.hot)
         self.quiet = False  # that answer said nothing new (rules.next_action: the gc's second chance)
+
+    @property
+    def action(self) -> Optional[str]:
+        """What the supervisor does next (rules.next_action of its state; None: nothing, a
+        bug): the one place the rules are asked, by ``step`` and by the fleet."""
+        return rules.next_action(self.state, self.quiet)
 
     # -- record ---------------------------------------------------------------------------
 
     def open(self, purpose: str, takeover: bool = False) -> State:
         """Claim the root and replay its record."""
-        self.claim = Claim(self.root, self.poll, purpose)
-        self.claim.acquire(takeover=takeover)
-        facts = self.record.open_for_append()
+        with self.store:
+            self.claim = Claim(self.store, self.poll, purpose)
+            self.claim.acquire(takeover=takeover)
+            facts = self.record.open_for_append()
         self.state = State.replay(facts)
         return self.state
 
@@ -94,9 +108,17 @@ class Supervisor:
         self.say(describe(f))
         return f
 
+    def _upkeep(self) -> None:
+        """Before each step: stop if another supervisor claimed the root since, else beat
+        the claim's heartbeat (a successor waits for it to stand still)."""
+        if self.claim is not None:
+            if not self.claim.mine():
+                self._lost_claim()
+            self.claim.heartbeat()
+
     def _lost_claim(self):
         me = self.claim
-        superseded = self.state.g is not None and requests.read(self.root, f"supersede.{self.state.g + 1}") is not None
+        superseded = self.state.g is not None and requests.read(self.store, f"supersede.{self.state.g + 1}") is not None
         if me is not None:
             me.exit()
         if superseded:
@@ -112,6 +134,10 @@ class Supervisor:
 
     def start(self, defn: Optional[dict]) -> None:
         """After open(): record who we are; for a new root, the job's definition."""
+        with self.store:
+            self._start(defn)
+
+    def _start(self, defn: Optional[dict]) -> None:
         try:
             cluster = self.slurm.cluster_name()
         except SlurmError as e:
@@ -127,40 +153,35 @@ class Supervisor:
                 raise DispatchError(f"{self.root} has no record yet: give the sbatch arguments after `--`")
             self.fact("job", **defn)
 
-    # -- the loop -------------------------------------------------------------------------
+    # -- the step ----------------------------------------------------------------------------
 
-    def run(self, once: bool = False, max_poll: Optional[float] = None) -> Finished:
-        """Step until the job is finished; with ``once``, only until the next step would
-        have to wait (then exit 0: a cron or scrontab entry runs it again later). The loop
-        is the fleet's (fleet.py), of one root here."""
-        from .fleet import Fleet
-        fleet = Fleet(self.slurm, poll=self.poll, max_poll=max_poll, clock=self.clock, sleep=self.sleep,
-                      say=self.say)
-        fleet.add(self)
-        result = fleet.run(once)[self.root]
-        if result.code == EXIT_ERROR and fleet.errors.get(self.root):
-            raise fleet.errors[self.root]
-        return result
+    def step(self, lookup: Optional[Lookup] = None) -> float:
+        """The claim's upkeep, then the next thing the state calls for (``action``), in one
+        session of the root; the seconds to wait before the next step. ``lookup``: how the
+        job is read (default: Slurm itself)."""
+        with self.store:
+            self._upkeep()
+            return self._next(lookup or self.slurm.find_job)
 
-    def step(self) -> float:
-        """Do the next thing the state calls for (rules.next_action); the seconds to wait
-        before the next step."""
+    def _next(self, lookup: Lookup) -> float:
         st = self.state
         if st.finished and st.finished["outcome"] != "held":
             raise self._outcome(st.finished)
         if st.stopping is None and st.g is not None:
-            req = requests.read(self.root, f"stop.{st.g}")
+            req = requests.read(self.store, f"stop.{st.g}")
             if req is not None:
                 self._stop(req)
                 return 0
-        action = rules.next_action(st, self.quiet)
+        action = self.action
         if action == "stopped":
             self.finish("stopped", stopped_message(st))
         if action is None:
             raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
+        if action == "follow":
+            return self._follow(lookup)
         return {"open_hold": self._open_hold, "hold": self._look_at_hold, "gc": self._gc, "decide": self._decide,
                 "apply_release": self._apply_release, "recover_intent": self._recover_intent,
-                "submit": self._submit, "gc_again": self._gc_again, "follow": self._follow}[action]() or 0
+                "submit": self._submit, "gc_again": self._gc_again}[action]() or 0
 
     def _open_hold(self) -> None:
         h = self._record(None, "hold", holds.opened(self.state, self.state.hold_needed, self.clock()))
@@ -173,7 +194,7 @@ class Supervisor:
         h = h or f
         ev = holds.event(f)
         if ev is not None:
-            events.record(type_, root=self.root, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **ev)
+            events.record(type_, root=self.store, attempt=h.get("attempt") or "supervisor", hold=h["hold"], **ev)
         return f
 
     def _apply_release(self) -> None:
@@ -190,7 +211,7 @@ class Supervisor:
         entry, the clock and, when the rules ask for it, the cessation signal's answer;
         the seconds until the next look."""
         h = self.state.hold
-        req = requests.read(self.root, f"release.{h['hold']}")
+        req = requests.read(self.store, f"release.{h['hold']}")
         look = holds.look(self.state, self.clock(), self.poll, self.root, req, asked_this_run=self.asked_this_run)
         if look.ask:
             answer = self.ask(h)
@@ -228,10 +249,10 @@ class Supervisor:
     def _submit(self) -> float:
         """Submit the next execution. ``sbatch --test-only`` first, so a job Slurm would
         refuse spends no submission number; an N that sbatch then refused anyway (Slurm
-        has no job with its tag) is used again, never a fresh one."""
+        has no job with its tag) is used again, never a fresh one. sbatch runs where the job
+        was defined (``cwd``): it finds the script there, and the job starts there."""
         st, defn = self.state, self.state.defn
-        if defn.get("cwd") and os.path.isdir(defn["cwd"]) and os.getcwd() != defn["cwd"]:
-            os.chdir(defn["cwd"])  # sbatch finds the script where the job was defined (many roots: each its own)
+        cwd = defn["cwd"] if defn.get("cwd") and os.path.isdir(defn["cwd"]) else None
         why = rules.give_up(st)
         if why is not None:
             self.finish("failed", why)
@@ -243,18 +264,19 @@ class Supervisor:
             # comes at the real sbatch, whose N is then used again (retry_n), never lost.
             argv = [a for a in argv if not a.startswith("--dispatch-")]
             try:
-                self.slurm.test_submit(argv, env or None)
+                self.slurm.test_submit(argv, env or None, cwd=cwd)
             except SlurmError as e:
                 self.fact("submit_failed", g=st.g, error=str(e)[-1000:], test_only=True)
                 return self.poll
             # an array task's N comes from the folder of the task roots, as for any array submission
-            n = store.allocate_submission(names.submission_dir(defn.get("array_root") or self.root))
+            array = defn.get("array_root")
+            n = (store.at(names.submission_dir(array)) if array else self.store).allocate_submission()
         tag = submission_tag(self.root, st.g, n)
         argv, env = sbatch_argv(defn, self.root, st.g, n, tag)
         warning = job_signal_of(defn, argv, env)  # what the rule needs to tell a signalled end
         self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0), warning=warning.as_fact())
         try:
-            job = self.slurm.submit(argv, env or None)
+            job = self.slurm.submit(argv, env or None, cwd=cwd)
         except SlurmError as e:
             self.fact("submit_failed", g=st.g, n=n, error=str(e)[-1000:])
             return self._recover_intent(refused=True)
@@ -285,13 +307,13 @@ class Supervisor:
             self.say(f"warning: Slurm did not answer ({e}); retrying every {self.poll:g} s")
             self._slurm_warned = True
 
-    def _follow(self) -> float:
+    def _follow(self, lookup: Lookup) -> float:
         """Ask Slurm about the job and record what changed (rules.observe); when nothing
         did, say so (``quiet``: rules.next_action may call for the gc's second chance)."""
         st = self.state
         self.quiet = False
         try:
-            j = self.lookup(st.job)
+            j = lookup(st.job)
         except SlurmError as e:
             self._slurm_trouble(e)
             return self.poll
@@ -307,7 +329,7 @@ class Supervisor:
             self.fact(type_, **fields)
             return 0
         self.quiet = True
-        return 0 if rules.next_action(st, True) == "gc_again" else self.poll
+        return 0 if self.action == "gc_again" else self.poll
 
     # -- `run --keep-last K` ----------------------------------------------------------------
 
@@ -356,14 +378,14 @@ class Supervisor:
         if not ended.get("attempt"):
             return ends.Own(error="the record names no attempt for it")
         try:
-            return ends.own_events(events.read(self.root, attempt=ended["attempt"], strict=False))
+            return ends.own_events(events.read(self.store, attempt=ended["attempt"], strict=False))
         except (OSError, DispatchError) as e:
             return ends.Own(error=f"{ended['attempt']}: {e}")
 
     def _latest_step(self) -> Optional[int]:
         """The latest publication's step: a continuation's progress (None: none, or unreadable)."""
         try:
-            pub = store.latest(self.root)
+            pub = self.store.latest()
         except (OSError, DispatchError) as e:
             self.fact("note", text=f"cannot read the latest publication ({e}); the next execution will "
                                    "fail on it too until it is fixed")
@@ -374,6 +396,10 @@ class Supervisor:
 
     def supersede(self, defn: dict) -> None:
         """After open(takeover=True) and start(None): end generation G, begin G+1."""
+        with self.store:
+            self._supersede(defn)
+
+    def _supersede(self, defn: dict) -> None:
         st = self.state
         old_g, old_job = st.g, st.job
         cancelled, state = False, None

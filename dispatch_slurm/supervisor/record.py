@@ -85,16 +85,17 @@ class Record:
     readers ignore such a tail, and the next writer cuts it off (it was never
     acknowledged) and records that it did."""
 
-    def __init__(self, root: str, clock: Callable[[], float] = time.time):
-        self.root = root
-        self.path = os.path.join(root, RECORD)
+    def __init__(self, root: store.Root, clock: Callable[[], float] = time.time):
+        self.store = store.at(root)  # the supervisor's own, when it passes it
+        self.root = self.store.root
+        self.path = os.path.join(self.root, RECORD)
         self._clock = clock
         self._seq = 0
         self._writer = False
 
     def _raw(self) -> bytes:
         """The record as it is (b"" on a store that cannot hold one: the supervisor refuses it)."""
-        return store.at(self.root).read_all(RECORD)
+        return self.store.read_all(RECORD)
 
     def read(self) -> list[dict]:
         """Every complete fact, in order (a torn last line is not a fact)."""
@@ -118,7 +119,7 @@ class Record:
         facts, tail = self._parse(data)
         self._seq, self._writer = len(facts), True
         if tail:
-            store.at(self.root).truncate(RECORD, len(data) - len(tail))
+            self.store.truncate(RECORD, len(data) - len(tail))
             self.append({"type": "torn_tail_dropped", "bytes": tail.decode("utf-8", "replace")})
             facts = self.read()
         return facts
@@ -128,12 +129,12 @@ class Record:
             raise DispatchError("record not opened for appending (a bug)")
         fact = check_fact({"v": SCHEMA, "seq": self._seq + 1, "t": round(self._clock(), 3), **fact},
                           f"new fact for {self.path} (a bug)")
-        store.at(self.root).append(RECORD, (json.dumps(fact, separators=(",", ":")) + "\n").encode())
+        self.store.append(RECORD, (json.dumps(fact, separators=(",", ":")) + "\n").encode())
         self._seq += 1
         return fact
 
 
-def execution(root: str, job_id: int, restart: int) -> dict:
+def execution(root: store.Root, job_id: int, restart: int) -> dict:
     """What the record says about execution (job, R), and the cluster; what the
     cessation signal needs when asked by hand."""
     facts = Record(root).read()

@@ -15,18 +15,20 @@ from .. import store
 from ..contract.layout import REQUESTS
 
 
-def path(root: str, name: str) -> str:
-    return os.path.join(root, REQUESTS, name)
+def path(root: store.Root, name: str) -> str:
+    return os.path.join(store.at(root).root, REQUESTS, name)
 
 
-def make(root: str, name: str, body: dict) -> str:
-    """O_EXCL-create ``<root>/requests/<name>`` (durable); FileExistsError if already made."""
-    if not store.at(root).create(REQUESTS, name, json.dumps(body).encode(), mode=0o644):
-        raise FileExistsError(path(root, name))
-    return path(root, name)
+def make(root: store.Root, name: str, body: dict) -> str:
+    """O_EXCL-create ``<root>/requests/<name>`` (durable); FileExistsError if already made.
+    ``root``: its name, or the store a supervisor keeps."""
+    st = store.at(root)
+    if not st.create(REQUESTS, name, json.dumps(body).encode(), mode=0o644):
+        raise FileExistsError(path(st, name))
+    return path(st, name)
 
 
-def read(root: str, name: str) -> dict | None:
+def read(root: store.Root, name: str) -> dict | None:
     """The request's body (``entry``: its path), or None if nobody made it."""
     data = store.at(root).read(REQUESTS, name)
     if data is None:

@@ -19,6 +19,7 @@ from typing import Iterable, Optional
 
 from ...contract import epoch as epochmod
 from ...contract import names
+from ... import store
 from ...contract.env import LOCAL_CLUSTER
 from ...errors import DispatchError
 from ...store import ceased as ceased_store
@@ -45,15 +46,17 @@ def _by_attempt(facts: list[dict]) -> dict[str, dict]:
             for (job, r), info in executions(facts).items() if info.get("attempt")}
 
 
-def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, said: Iterable[str] = (),
+def ceased(root: store.Root, attempts: Iterable[str], slurm: Optional[Slurm] = None, said: Iterable[str] = (),
            facts: Iterable[dict] = ()) -> dict[str, tuple[bool, str]]:
     """attempt -> (ceased?, the evidence or why it cannot be shown), asking Slurm only
     about the attempts not in ``said`` (a person's word); ``facts``: the supervisor's record
     of the root, if one ran (which nodes ran each execution)."""
+    st = store.at(root)
+    root = st.root
     said = set(said)
     out = {a: (True, "a person said so (gc --ceased)") for a in attempts if a in said}
-    out.update(from_root(root, set(attempts) - said))
-    out.update(from_this_host(root, set(attempts) - set(out)))
+    out.update(from_root(st, set(attempts) - said))
+    out.update(from_this_host(st, set(attempts) - set(out)))
     ask = sorted(set(attempts) - set(out))
     if not ask:
         return out
@@ -82,7 +85,7 @@ def ceased(root: str, attempts: Iterable[str], slurm: Optional[Slurm] = None, sa
     return out
 
 
-def from_root(root: str, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]:
+def from_root(root: store.Root, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]:
     """The attempts the root alone shows to have ceased: every node that ran the
     execution recorded its Epilog (store/ceased.py ``execution``); Slurm need not be
     asked about these, whoever submitted them (``run``, sbatch, submitit)."""
@@ -104,19 +107,20 @@ def is_local(attempt: str) -> bool:
     return parts is not None and parts[0] == LOCAL_CLUSTER
 
 
-def from_this_host(root: str, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]:
+def from_this_host(root: store.Root, attempts: Iterable[str]) -> dict[str, tuple[bool, str]]:
     """The local executions among ``attempts``, answered from their processes on this host
     (local.py), never by Slurm."""
     mine = [a for a in attempts if is_local(a)]
     if not mine:
         return {}
+    st = store.at(root)
     try:
-        evs = events.read(root, strict=False)
+        evs = events.read(st, strict=False)
     except (OSError, DispatchError):
         evs = []
     out = {}
     for a in mine:
-        ok, why = local.ceased(root, a, evs)
+        ok, why = local.ceased(st.root, a, evs)
         out[a] = (True, why) if ok else (False, f"{why}; if you know it has ceased: gc --ceased {a}")
     return out
 
