@@ -49,4 +49,3 @@ def check_site(path):
     click.echo(sitefile.check(path), nl=False)
 
 
-COMMANDS = (ceased, check_site)

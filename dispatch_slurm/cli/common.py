@@ -23,7 +23,6 @@ from .. import store
 from ..contract import names
 from ..contract.epoch import EPOCH_MAX, parse_part
 from ..errors import DispatchError
-from ..report.render import size  # noqa: F401  (one size formatter: the report's, IEC)
 
 ROOT_HELP = "ROOT defaults to $DISPATCH_CHECKPOINT."
 
@@ -116,7 +115,7 @@ def publication_json(root: str, p: names.Publication) -> dict:
 
 def retention_summary(saves) -> str:
     """One paragraph: what is kept, gone, retired and reclaimable, with sizes (``ls``)."""
-    from ..report.render import plural
+    from ..report.render import plural, size
 
     def total(pred):
         rows = [r for r in saves if pred(r)]

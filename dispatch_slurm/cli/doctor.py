@@ -361,4 +361,3 @@ def launch(sigs, command):
     sys.exit(code)
 
 
-COMMANDS = (doctor, launch)

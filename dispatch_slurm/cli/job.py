@@ -202,7 +202,6 @@ def mark(what):
     (marks.mark_saved if what == "saved" else marks.mark_finished)()
 
 
-COMMANDS = (env_, submit, watch, mark)
 
 
 def _unpublished(values: dict) -> None:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .. import retention, store
+from .. import store
 from ..contract import epoch as epochmod
 from ..contract import layout
 from . import common
@@ -96,6 +96,8 @@ def ls_(root, as_json):
     with `dispatch-slurm retire`); then, on stderr, unpublished saves and what gc can
     reclaim (`dispatch-slurm gc --dry-run` says more). On an s3:// root the size is the
     bytes stored."""
+    from .. import retention
+    from ..report.render import size
     inv, state = retention.scan_state(root)
     saves = {r["path"]: r for r in state}
     pubs, rows = sorted((p for s in inv.saves.values() for p in s.pubs), key=lambda p: p.name), []
@@ -110,7 +112,7 @@ def ls_(root, as_json):
     else:
         head = ("G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH")
         table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]), str(d["step"]),
-                           "yes" if d["exists"] else "NO", common.size(d["size"]),
+                           "yes" if d["exists"] else "NO", size(d["size"]),
                            d["state"] + (f" by {d['retired_by']}" if d["retired_by"] else ""),
                            common.text(d["path"])) for d in rows]
         widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
@@ -160,4 +162,3 @@ def decompose(value, as_json):
         click.echo(f"G={g} N={n} R={r}")
 
 
-COMMANDS = (publish, latest, ls_, epoch)

@@ -32,4 +32,3 @@ def report(root, as_json, plot_path):
         store.latest_save(root)  # raises `latest`'s own error, naming the fix
 
 
-COMMANDS = (report,)

@@ -202,5 +202,4 @@ def stop(root, message, poll):
     _supervise(supervisor.stop, root, message, poll)
 
 
-COMMANDS = (run, plan, supersede, release, stop)
 
