@@ -18,7 +18,6 @@ from dataclasses import asdict, replace
 import click
 
 from ..contract import doctor as rules
-from ..contract.siteconf import GRACE_CAP
 from ..errors import DispatchError
 from ..runtime import probe
 from . import common
@@ -120,16 +119,15 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--script", type=click.Path(exists=True, dir_okay=False), help="the sbatch script: its "
               "#SBATCH --signal and how it starts the trainer (srun, torchrun, accelerate launch, exec, trap)")
-@click.option("--signal", "sig", metavar="[B:]SIG@T", callback=_signal,
-              help="the job's --signal (over the script's), e.g. TERM@90 or B:USR2@120")
+@click.option("--signal", "sig", metavar=common.SIGNAL_METAVAR, callback=_signal,
+              help="the job's --signal, as sbatch takes it (over the script's), e.g. TERM@90 or B:USR2@120")
 @click.option("--where", type=click.Choice(["step", "shell"]), help="where the trainer runs: an srun step, "
               "or the batch shell itself  [default: from --script, else step]")
 @click.option("--launcher", type=click.Choice(["none", "torchrun", "accelerate"]),
               help="the launcher between Slurm and the ranks  [default: from --script, else none]")
 @click.option("--wrapped/--not-wrapped", default=None, help="the launcher runs under `dispatch-slurm launch`")
 @click.option("--processes", type=click.IntRange(1), help="accelerate launch's --num_processes")
-@click.option("--grace", type=click.FloatRange(0, GRACE_CAP), envvar="DISPATCH_GRACE_S", show_envvar=True,
-              help="the grace the handler counts on")
+@common.grace_option("the grace the handler counts on", fractions=True, envvar="DISPATCH_GRACE_S", show_envvar=True)
 @click.option("--save-seconds", type=click.FloatRange(0), callback=common.finite, help="a save's measured duration (else: "
               "measured by the rehearsal)")
 @click.option("--partition", help="the partition whose GraceTime and PreemptMode count  "
@@ -153,7 +151,7 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
               "the signal as Slurm will (the job ends)")
 @click.option("--probe-dir", type=click.Path(file_okay=False), help="where the handlers record (--job: "
               "default: the job's $DISPATCH_EXEC_DIR/dispatch-probe under --root)")
-@click.option("--root", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help="the job's checkpoint root (--job)")
+@common.root_option("the job's checkpoint root (--job)")
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def doctor(script, sig, where, launcher, wrapped, processes, grace, save_seconds, partition, use_slurm,
@@ -338,8 +336,9 @@ def _until_ended(s, job_id, t):
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--signal", "sigs", metavar="SIG[,SIG]", envvar="DISPATCH_SIGNAL", show_envvar=True,
-              help="the save signals besides SIGTERM, e.g. USR2 for --signal=USR2@90")
+@click.option("--signal", "sigs", metavar=common.SIGNAL_METAVAR, multiple=True, envvar="DISPATCH_SIGNAL",
+              show_envvar=True, callback=common.launch_signals, help="a save signal besides SIGTERM: the job's "
+              "--signal, as sbatch takes it (only SIG matters here); once per signal")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def launch(sigs, command):
     """Run a launcher (torchrun, accelerate launch, python) so that a save signal reaches

@@ -38,7 +38,7 @@ def publish(save, step, root, epoch_, adopt, no_sync, as_json):
         click.echo(f"{what}: step {pub.step} of {common.text(pub.path)} at epoch {pub.epoch} as {layout.PUB}/{pub.name}")
 
 
-@click.command(epilog=common.ROOT_HELP)
+@click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--path", "path_only", is_flag=True, help="print only the save's absolute path")
 @click.option("--json", "as_json", is_flag=True)
@@ -86,7 +86,7 @@ def _state(p, inv, exists: bool) -> tuple[str, str | None, str | None]:
     return ("kept" if exists else "gone"), None, None
 
 
-@click.command("ls", epilog=common.ROOT_HELP)
+@click.command("ls", cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--json", "as_json", is_flag=True)
 def ls_(root, as_json):

@@ -40,7 +40,7 @@ def _summary(verdicts, dry_run: bool) -> str:
             "execution has ceased and gone quiet")
 
 
-@click.command(epilog=common.ROOT_HELP)
+@click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--keep-last", type=click.IntRange(1), metavar="K",
               help="keep the K newest saves that still exist (the latest is always kept)")
@@ -111,7 +111,7 @@ def _user() -> str:
         return f"uid {os.getuid()}"
 
 
-@click.command(epilog=common.ROOT_HELP)
+@click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument()
 @click.argument("name", required=False)
 @click.option("--latest", "latest_", is_flag=True, help="retire the publication `dispatch-slurm latest` names "
