@@ -76,15 +76,25 @@ def _plan(root, *args, stderr_lines=0):
 @pytest.mark.parametrize("argv", [
     ["{root}", "--", "x.sbatch"], ["--root", "{root}", "--", "x.sbatch"], ["--root={root}", "x.sbatch"],
     ["--root", "{root}", "x.sbatch"], ["--via", "env", "--root", "{root}", "x.sbatch"],
+    ["--poll", "3", "--root={root}", "x.sbatch"], ["--shared-checkpoint", "--root", "{root}", "--", "x.sbatch"],
 ])
 def test_root_is_the_same_as_an_option_or_first(root, argv):
     p, _ = _plan(root, *(a.format(root=root) for a in argv))
     assert p["root"] == str(root) and p["sbatch"][-1] == "x.sbatch", p
 
 
-def test_root_named_twice_is_refused(root):
-    proc = cli("latest", root, "--root", root)
-    assert proc.returncode == 2 and "name the root once" in proc.stderr
+@pytest.mark.parametrize("argv", [["latest", "{root}", "--root", "{root}"], ["latest", "--root", "{root}", "{root}"],
+                                  ["plan", "--root", "{root}", "x.sbatch", "--root", "/data"]])
+def test_root_named_twice_or_after_the_arguments_is_refused(root, argv):
+    """A --root after an argument may be the batch script's own (sbatch x.sbatch --root /data):
+    never taken for the root, refused."""
+    proc = cli(*(a.format(root=root) for a in argv))
+    assert proc.returncode == 2 and "name the root once" in proc.stderr, proc.stderr
+
+
+def test_a_root_option_after_the_double_dash_is_sbatchs(root):
+    p, _ = _plan(root, "--root", root, "--", "x.sbatch", "--root", "/data")
+    assert p["root"] == str(root) and p["sbatch"][-3:] == ["x.sbatch", "--root", "/data"]
 
 
 @pytest.mark.parametrize("spec", ["TERM@90", "B:USR2@120", "b:usr2@120", "SIGUSR1@30", "12@45", "R:TERM@30",

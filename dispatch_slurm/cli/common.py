@@ -50,44 +50,52 @@ def root_argument(required: bool = True):
     the usage (commands with no argument after it); one of the two must be given either way."""
     def add(f):
         f = click.option("--root", "root_given", metavar="ROOT", expose_value=False, callback=_root_twice,
-                         help="the same as ROOT (publish, watch, ceased and doctor take the root this way)")(f)
+                         help="the same as ROOT, before the other arguments (as publish, watch, ceased and "
+                              "doctor take the root)")(f)
         return click.argument("root", envvar="DISPATCH_CHECKPOINT", required=required, callback=_root)(f)
     return add
 
 
 def _root_twice(ctx, param, value):
-    if value is not None:  # RootCommand moved every --root before parsing: only a second root is left
-        raise click.UsageError("name the root once: ROOT or --root ROOT", ctx=ctx)
+    if value is not None:  # RootCommand moved a --root before the arguments: this one came after one
+        raise click.UsageError("name the root once, first: ROOT, or --root ROOT before the other arguments",
+                               ctx=ctx)
 
 
-def roots_first(args: list[str]) -> list[str]:
-    """``--root X`` and ``--root=X`` (before a ``--``) moved to the front as positional
-    arguments, where ROOT is read: the same command line as naming ROOT first."""
+def roots_first(args: list[str], takes_value: set[str]) -> list[str]:
+    """``--root X`` and ``--root=X`` given before the command's first argument moved to the
+    front, where ROOT is read: the same command line as naming ROOT first. Words after an
+    argument are left as they are (sbatch's and the script's own, in run and submit); a
+    ``--root`` there reaches the option, which refuses it. ``takes_value``: the options
+    whose next word is their value (not an argument)."""
     roots: list[str] = []
-    rest: list[str] = []
     i = 0
     while i < len(args):
         a = args[i]
-        if a == "--":
-            rest += args[i:]
-            break
         if a == "--root" and i + 1 < len(args):
             roots.append(args[i + 1])
-            i += 2
+            del args[i:i + 2]
             continue
         if a.startswith("--root="):
             roots.append(a[len("--root="):])
-        else:
-            rest.append(a)
-        i += 1
-    return roots + rest
+            del args[i]
+            continue
+        if a == "--" or not a.startswith("-") or a == "-":
+            break  # the first argument
+        i += 2 if a in takes_value else 1  # an option, and its value
+    return roots + args
 
 
 class RootCommand(click.Command):
     """A command whose ROOT may also be given as ``--root ROOT`` (root_argument)."""
 
+    def roots_first(self, args: list[str]) -> list[str]:
+        takes_value = {name for p in self.params if isinstance(p, click.Option) and not p.is_flag and not p.count
+                       for name in p.opts}
+        return roots_first(list(args), takes_value)
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        moved = roots_first(args)
+        moved = self.roots_first(args)
         try:
             return super().parse_args(ctx, moved)
         except click.UsageError as e:

@@ -76,7 +76,7 @@ class _RootsThenSbatch(common.RootCommand):
     arguments never start with a root, one root is the only reading)."""
 
     def parse_args(self, ctx, args):
-        args = common.roots_first(args)
+        args = self.roots_first(args)
         if "--" not in args:
             return super().parse_args(ctx, args)
         i = args.index("--")
