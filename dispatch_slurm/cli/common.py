@@ -30,7 +30,6 @@ from .. import store
 from ..contract import names
 from ..contract.epoch import EPOCH_MAX, parse_part
 from ..contract.siteconf import GRACE_CAP
-from ..contract.signals import DEFAULT_WARN_TIME, parse_signal
 from ..errors import DispatchError
 
 ROOT_HELP = "ROOT (or --root ROOT) defaults to $DISPATCH_CHECKPOINT."
@@ -200,6 +199,7 @@ def signal_grace(spec: str | None, grace: int | None) -> tuple[str | None, int |
     signal without its time, the grace), the time being the grace (the seconds a save that
     starts on the signal gets before the limit). Without @T it is sbatch's 60 s; with
     ``--grace`` and no @T, the old spelling (the time was the grace), said deprecated."""
+    from ..contract.signals import DEFAULT_WARN_TIME, parse_signal  # here: not for the commands a job starts with
     if spec is None:
         return None, grace
     try:
@@ -228,6 +228,7 @@ def launch_signals(ctx, param, values):
     """launch's ``--signal``, once per signal, each as sbatch's --signal reads it (only its
     SIG matters here) -> the comma list $DISPATCH_SIGNAL holds. A comma list on the command
     line is the old spelling; $DISPATCH_SIGNAL's own is taken as it is."""
+    from ..contract.signals import parse_signal
     if not values:
         return None
     if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
