@@ -398,9 +398,10 @@ def _loaded(argv: list[str], env: dict) -> tuple[int, str, set[str]]:
 
 
 def _heavy(mods: set[str], command_module: str | None) -> set[str]:
-    """The modules of HEAVY, and the command modules other than ``command_module``'s, in ``mods``."""
-    commands = {m for m in mods if m.startswith("dispatch_slurm.cli.")} - {
-        "dispatch_slurm.cli.common", f"dispatch_slurm.cli.{command_module}"}
+    """The modules of HEAVY, and the command modules other than ``command_module``, in ``mods``."""
+    from dispatch_slurm.cli import COMMANDS
+    commands = {f"dispatch_slurm.cli.{m}" for m, _, _ in COMMANDS.values()} & mods - {
+        f"dispatch_slurm.cli.{command_module}"}
     return {m for m in mods if m in HEAVY or m.startswith(tuple(f"{h}." for h in HEAVY))} | commands
 
 
@@ -420,7 +421,8 @@ def test_the_commands_a_job_starts_with_import_only_what_they_use(tmp_path):
 
 
 def test_the_import_check_can_fail():
-    assert _heavy({"dispatch_slurm.cli.common", "dispatch_slurm.cli.protocol", "dispatch_slurm.supervisor.loop",
+    assert _heavy({"dispatch_slurm.cli.common", "dispatch_slurm.cli.options", "dispatch_slurm.cli.protocol",
+                   "dispatch_slurm.supervisor.loop",
                    "botocore.session", "json"}, "job") == {
         "dispatch_slurm.cli.protocol", "dispatch_slurm.supervisor.loop", "botocore.session"}
 

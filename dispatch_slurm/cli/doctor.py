@@ -20,7 +20,7 @@ import click
 from ..contract import doctor as rules
 from ..errors import DispatchError
 from ..runtime import probe
-from . import common
+from . import common, options
 
 
 def _signal(ctx, param, value):
@@ -119,7 +119,7 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--script", type=click.Path(exists=True, dir_okay=False), help="the sbatch script: its "
               "#SBATCH --signal and how it starts the trainer (srun, torchrun, accelerate launch, exec, trap)")
-@click.option("--signal", "sig", metavar=common.SIGNAL_METAVAR, callback=_signal,
+@click.option("--signal", "sig", metavar=options.SIGNAL_METAVAR, callback=_signal,
               help="the job's --signal, as sbatch takes it (over the script's), e.g. TERM@90 or B:USR2@120")
 @click.option("--where", type=click.Choice(["step", "shell"]), help="where the trainer runs: an srun step, "
               "or the batch shell itself  [default: from --script, else step]")
@@ -127,7 +127,7 @@ def render(sig, stack, conf, partition, wins, table, findings, run=None) -> str:
               help="the launcher between Slurm and the ranks  [default: from --script, else none]")
 @click.option("--wrapped/--not-wrapped", default=None, help="the launcher runs under `dispatch-slurm launch`")
 @click.option("--processes", type=click.IntRange(1), help="accelerate launch's --num_processes")
-@common.grace_option("the grace the handler counts on", fractions=True, envvar="DISPATCH_GRACE_S", show_envvar=True)
+@options.grace_option("the grace the handler counts on", fractions=True, envvar="DISPATCH_GRACE_S", show_envvar=True)
 @click.option("--save-seconds", type=click.FloatRange(0), callback=common.finite, help="a save's measured duration (else: "
               "measured by the rehearsal)")
 @click.option("--partition", help="the partition whose GraceTime and PreemptMode count  "
@@ -336,8 +336,8 @@ def _until_ended(s, job_id, t):
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--signal", "sigs", metavar=common.SIGNAL_METAVAR, multiple=True, envvar="DISPATCH_SIGNAL",
-              show_envvar=True, callback=common.launch_signals, help="a save signal besides SIGTERM: the job's "
+@click.option("--signal", "sigs", metavar=options.SIGNAL_METAVAR, multiple=True, envvar="DISPATCH_SIGNAL",
+              show_envvar=True, callback=options.launch_signals, help="a save signal besides SIGTERM: the job's "
               "--signal, as sbatch takes it (only SIG matters here); once per signal")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def launch(sigs, command):

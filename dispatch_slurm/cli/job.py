@@ -15,7 +15,7 @@ from ..contract import names
 from ..errors import DispatchError
 from ..slurm import sitefile
 from ..store import epochs, jobs
-from . import common
+from . import common, options
 
 
 @click.command("env")
@@ -60,9 +60,9 @@ def env_(fmt, no_mkdir, local):
 @common.root_argument()
 @click.option("--generation", type=click.IntRange(0, epochmod.G_MAX), default=0, show_default=True,
               help="G (supersessions)")
-@common.grace_option()
+@options.grace_option()
 @click.option("--shared-checkpoint", is_flag=True, help="the job cannot isolate its writes")
-@click.option("--signal", "sig", metavar=common.SIGNAL_METAVAR, help=common.SIGNAL_HELP)
+@click.option("--signal", "sig", metavar=options.SIGNAL_METAVAR, help=options.SIGNAL_HELP)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, required=True)
 def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args):
@@ -72,7 +72,7 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
 
         dispatch-slurm submit /scratch/me/run1 -- --nodes=2 train.sbatch"""
     from ..slurm.client import Slurm
-    sig, grace = common.signal_grace(sig, grace)
+    sig, grace = options.signal_grace(sig, grace)
     if any(a == "--export" or a.startswith("--export=") for a in sbatch_args):
         raise click.UsageError("submit sets --export itself; put variables in your environment")
     inputs = {"DISPATCH_CHECKPOINT": names.normalize_root(root), "DISPATCH_GENERATION": str(generation)}
@@ -114,7 +114,7 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
               "exited (refused if it does not exist at the start); SIGTERM is then ignored, so the trainer's last "
               "save (in its grace window) is published. Exit 1 when saves were left unpublished above the last "
               "one published")
-@common.watch_poll_options
+@options.watch_poll_options
 @click.option("--timeout", type=click.FloatRange(min=0.01, max=86400), default=300.0, show_default=True,
               callback=common.finite, help="a scan (listing, fsync, publication) taking longer is an error")
 @click.option("--incomplete-after", type=click.FloatRange(min=0, max=86400), default=300.0, show_default=True,
@@ -141,7 +141,7 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll_s, no_i
     so the job fails instead of ending with its progress unkept. Ctrl-C (SIGINT) ends it
     by that signal, after it names what it left unpublished."""
     from ..runtime import watch as watchmod
-    poll, interval = common.watch_polling(poll_s, no_inotify, interval)
+    poll, interval = options.watch_polling(poll_s, no_inotify, interval)
     if until_pid is not None:
         watchmod.check_pid(until_pid)
     root, epoch_ = store.env_root(root), store.env_epoch(epoch_)

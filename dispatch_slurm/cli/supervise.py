@@ -7,7 +7,7 @@ import sys
 import click
 
 from .. import supervisor
-from . import common
+from . import common, options
 
 
 def _supervisor_options(fn):
@@ -30,11 +30,11 @@ def _supervisor_options(fn):
         click.option("--via", type=click.Choice(["auto", "spank", "env"]), help="pass G and N by the SPANK "
                      "plugin's options, or exported in the environment (the script runs `dispatch-slurm env`); "
                      "auto: the plugin's where sbatch has them  [default: auto]"),
-        common.grace_option(),
-        click.option("--signal", "sig", metavar=common.SIGNAL_METAVAR, help=common.SIGNAL_HELP),
+        options.grace_option(),
+        click.option("--signal", "sig", metavar=options.SIGNAL_METAVAR, help=options.SIGNAL_HELP),
         click.option("--keep-last", type=click.IntRange(1), metavar="K", help="after each execution ends, "
                      "`dispatch-slurm gc ROOT --keep-last K`  [default: no gc]"),
-        common.poll_option("the job", supervisor.DEFAULT_POLL, 0.1),
+        options.poll_option("the job", supervisor.DEFAULT_POLL, 0.1),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -44,7 +44,7 @@ def _supervisor_options(fn):
 def _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig=None,
              keep_last=None) -> dict:
     dur = supervisor.parse_duration
-    sig, grace = common.signal_grace(sig, grace)
+    sig, grace = options.signal_grace(sig, grace)
     return {"resubmit": resubmit, "continuations": continuations, "shared": shared, "via": via, "grace": grace, "cessation_cmd": cessation_cmd,
             "signal": sig, "keep_last": keep_last,
             "hold_for": None if hold_for is None else dur(hold_for, "--hold-for"),
@@ -192,7 +192,7 @@ def release(root, message, as_json):
 @click.command(cls=common.RootCommand)
 @common.root_argument()
 @click.option("--message", "-m", help="why (kept in the record)")
-@common.poll_option("the job, when no supervisor runs", supervisor.DEFAULT_POLL, 0.1)
+@options.poll_option("the job, when no supervisor runs", supervisor.DEFAULT_POLL, 0.1)
 def stop(root, message, poll):
     """Stop supervising ROOT's job and cancel it: the supervisor (the running one, or this
     command when none runs) cancels the job, waits until Slurm says it ended, and finishes
