@@ -71,6 +71,7 @@ bench: venv
 	$(PY) benchmarks/bench_publish.py
 	$(PY) benchmarks/bench_latest.py
 	$(PY) benchmarks/bench_watch.py
+	$(PY) benchmarks/bench_startup.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info

@@ -100,7 +100,7 @@ def main():
     ap.add_argument("--interval", type=float, default=0.5, help="poll interval (the CLI default)")
     ap.add_argument("--dir", default=os.path.dirname(os.path.abspath(__file__)))
     a = ap.parse_args()
-    modes = {"inotify": [], "poll": ["--poll", "--interval", str(a.interval)]}
+    modes = {"inotify": [], "poll": ["--no-inotify", "--poll", str(a.interval)]}
     with tempfile.TemporaryDirectory(dir=a.dir, prefix=".bench-watch-") as tmp:
         lat = {k: latency(tmp, k, v, a.saves, a.size, a.interval) for k, v in modes.items()}
         cpu = idle_cpu(tmp, modes, a.idle)

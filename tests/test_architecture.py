@@ -18,6 +18,7 @@
   directory (one process follows many roots, each job with its own folder)."""
 
 import ast
+import json
 import os
 import pathlib
 import shutil
@@ -492,3 +493,76 @@ def test_hostlists_have_one_expander():
     cannot expand one list two ways."""
     found = {name for name, path in _modules() if "hostnames" in _constants(path.read_text())}
     assert found == {"dispatch_slurm.slurm.hostlist"}, found
+
+
+# ---- commands load only what they use ---------------------------------------------------------
+# `env`, `latest` and `publish` start every job (`publish` runs at every save): their import graph
+# is kept to the store and the contract (benchmarks/bench_startup.py measures the start-up).
+HEAVY = ("dispatch_slurm.supervisor", "dispatch_slurm.report", "dispatch_slurm.retention",
+         "dispatch_slurm.slurm.client", "dispatch_slurm.slurm.cessation", "dispatch_slurm.slurm.hooks",
+         "dispatch_slurm.runtime.watch", "dispatch_slurm.runtime.preempt",
+         "dispatch_slurm.integrations", "dispatch_slurm.doctor", "boto3", "botocore", "torch", "numpy",
+         "matplotlib", "transformers")
+_LOADED = ("import json, sys\nfrom dispatch_slurm.cli import main\ntry:\n    main(sys.argv[1:])\n"
+           "except SystemExit as e:\n    print(json.dumps([e.code, sorted(sys.modules)]), file=sys.__stderr__)")
+
+
+def _loaded(argv: list[str], env: dict) -> tuple[int, str, set[str]]:
+    """``dispatch-slurm ARGV`` in a fresh process: its exit code, stdout and every module it imported."""
+    r = subprocess.run([sys.executable, "-c", _LOADED, *argv], env={**os.environ, **env}, capture_output=True,
+                       text=True, timeout=120)
+    code, mods = json.loads(r.stderr.strip().splitlines()[-1])
+    return code or 0, r.stdout, set(mods)
+
+
+def _heavy(mods: set[str], command_module: str | None) -> set[str]:
+    """The modules of HEAVY, and the command modules other than ``command_module``, in ``mods``."""
+    from dispatch_slurm.cli import COMMANDS
+    commands = {f"dispatch_slurm.cli.{m}" for m, _, _ in COMMANDS.values()} & mods - {
+        f"dispatch_slurm.cli.{command_module}"}
+    return {m for m in mods if m in HEAVY or m.startswith(tuple(f"{h}." for h in HEAVY))} | commands
+
+
+def test_the_commands_a_job_starts_with_import_only_what_they_use(tmp_path):
+    code, out, mods = _loaded(["env", "--local", "--format", "json"], {"DISPATCH_CHECKPOINT": str(tmp_path)})
+    assert code == 0 and not _heavy(mods, "job"), sorted(_heavy(mods, "job"))
+    job = json.loads(out)  # a local execution's variables, as `eval "$(dispatch-slurm env --local)"` sets them
+    save = os.path.join(job["DISPATCH_EXEC_DIR"], "checkpoint-1")
+    os.mkdir(save)
+    with open(os.path.join(save, "trainer_state.json"), "w") as f:
+        f.write("{}")
+    for argv, module in ((["publish", save], "protocol"), (["latest", "--resume"], "protocol"), (["--help"], None)):
+        code, out, mods = _loaded(argv, job)
+        assert code == 0, argv
+        assert not _heavy(mods, module), (argv, sorted(_heavy(mods, module)))
+        assert argv[0] != "latest" or out.strip() == save  # it found what publish published
+
+
+def test_the_import_check_can_fail():
+    assert _heavy({"dispatch_slurm.cli.common", "dispatch_slurm.cli.options", "dispatch_slurm.cli.protocol",
+                   "dispatch_slurm.supervisor.loop",
+                   "botocore.session", "json"}, "job") == {
+        "dispatch_slurm.cli.protocol", "dispatch_slurm.supervisor.loop", "botocore.session"}
+
+
+def test_the_help_lists_each_commands_own_short_help_without_importing_it():
+    """The registry's short help (cli.COMMANDS) is each command's own, so `--help` lists what
+    click would list with every command imported, from the registry alone."""
+    import click
+    from click.testing import CliRunner
+
+    from dispatch_slurm import cli
+    every = cli.commands()
+    assert {n: c.get_short_help_str(1000) for n, c in every.items()} == {n: h for n, (_, _, h) in cli.COMMANDS.items()}
+    lazy = CliRunner().invoke(cli.dispatch, ["--help"], terminal_width=80).output
+    formatter = click.HelpFormatter(width=80)
+    click.Group.format_commands(cli.dispatch, click.Context(cli.dispatch, terminal_width=80), formatter)
+    assert "Commands:" in lazy and formatter.getvalue() in lazy  # click's own listing, every command imported
+
+
+def test_the_package_exports_its_public_names_on_first_use():
+    import dispatch_slurm
+    assert set(dispatch_slurm.__all__) == set(dispatch_slurm._PUBLIC)
+    assert all(getattr(dispatch_slurm, name) is not None for name in dispatch_slurm.__all__)
+    with pytest.raises(AttributeError):
+        getattr(dispatch_slurm, "no_such_name")

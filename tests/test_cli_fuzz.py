@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatch_slurm.cli import dispatch, main
+from dispatch_slurm.cli import commands, main
 from dispatch_slurm.supervisor.record import FACTS
 
 EXAMPLES = int(os.environ.get("DISPATCH_FUZZ_EXAMPLES", "60"))
@@ -28,7 +28,7 @@ TRIED = {"argv": 0, "records": 0}
 
 def _commands():
     """(path, click command) of every leaf command: ("epoch", "compose") etc."""
-    for name, cmd in sorted(dispatch.commands.items()):
+    for name, cmd in sorted(commands().items()):
         if isinstance(cmd, click.Group):
             yield from (((name, sub), c) for sub, c in sorted(cmd.commands.items()))
         else:

@@ -155,7 +155,7 @@ def test_watch_marker_mode_while_running(s3_env, s3_root):
     object appears: a folder's <save>/DONE, a file's <save>.DONE."""
     ex = f"{s3_root}/exec/{A1}"
     proc = subprocess.Popen([sys.executable, "-m", "dispatch_slurm", "watch", "--marker", "DONE",
-                             "--pattern", r"(?:checkpoint-|step_)([0-9]+)(?:\.pt)?", "--interval", "0.1"],
+                             "--pattern", r"(?:checkpoint-|step_)([0-9]+)(?:\.pt)?", "--poll", "0.1"],
                             env=_watch_env(s3_env, s3_root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

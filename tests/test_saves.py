@@ -7,7 +7,6 @@ import io
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 import time

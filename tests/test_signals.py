@@ -43,13 +43,14 @@ def test_submit_passes_the_signal_to_sbatch_and_warns(root, tmp_path):
     (root / "events" / "a.h.1.jsonl").write_text(json.dumps({"v": 1, "t": 1.0, "type": "checkpoint_complete",
                                                              "elapsed": 70.0}) + "\n")
     env = {"PATH": f"{sbatch.parent}:{os.environ['PATH']}"}
-    proc = cli("submit", root, "--grace", "60", "--signal", "B:TERM", "--", "job.sh", env=env)
+    proc = cli("submit", root, "--signal", "B:TERM@60", "--", "job.sh", env=env)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "argv").read_text().splitlines()[-2:] == ["--signal=B:TERM@60", "job.sh"]
     assert "took up to 70.0 s after the signal, more than the grace of 60 s" in proc.stderr
+    assert "DISPATCH_GRACE" in (tmp_path / "argv").read_text()  # the signal's time is the job's grace
 
-    proc = cli("submit", root, "--signal", "TERM", "--", "job.sh", env=env)
-    assert proc.returncode == 2 and "--signal needs --grace" in proc.stderr
+    proc = cli("submit", root, "--signal", "term", "--", "job.sh", env=env)  # sbatch's default time, 60 s
+    assert proc.returncode == 0 and (tmp_path / "argv").read_text().splitlines()[-2] == "--signal=TERM@60"
     proc = cli("submit", root, "--grace", "60", "--signal", "TERM@30", "--", "job.sh", env=env)
-    assert proc.returncode == 2 and "the time is the grace" in proc.stderr
-    assert sorted(os.listdir(root / "sub")) == ["000001"]  # refused input spent no submission number
+    assert proc.returncode == 2 and "--signal TERM@30 and --grace 60 disagree" in proc.stderr
+    assert sorted(os.listdir(root / "sub")) == ["000001", "000002"]  # refused input spent no submission number

@@ -1035,12 +1035,12 @@ def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
 
 def test_run_sets_sbatch_signal_from_the_grace_and_warns_when_saves_do_not_fit(root):
     """Issue 13: `run --signal` (as `submit --signal`): SIG the grace before the time limit."""
-    p = cli("plan", root, "--via", "spank", "--grace", "90", "--signal", "B:USR2", "--", "t.sbatch", check=True).stdout
-    assert "--signal=B:USR2@90" in p and "WARNING" not in p
+    p = cli("plan", root, "--via", "spank", "--signal", "B:USR2@90", "--", "t.sbatch", check=True).stdout
+    assert "--signal=B:USR2@90" in p and "--dispatch-grace=90" in p and "WARNING" not in p
     (root / "events").mkdir()
     (root / "events" / "a.h.1.jsonl").write_text(json.dumps({"t": 1.0, "type": "checkpoint_complete",
                                                              "elapsed": 120.0}) + "\n")
-    slow = cli("plan", root, "--via", "spank", "--grace", "90", "--signal", "TERM", "--", "t.sbatch", check=True)
+    slow = cli("plan", root, "--via", "spank", "--signal", "TERM@90", "--", "t.sbatch", check=True)
     assert "WARNING: saves of this root took up to 120.0 s" in slow.stdout
 
 
@@ -1053,9 +1053,10 @@ def test_run_sets_sbatch_signal_from_the_grace_and_warns_when_saves_do_not_fit(r
     (["--hold-for", "soon", "--", "x.sh"], "--hold-for"),
     (["--cessation-cmd", "ceased {jobid}", "--", "x.sh"], "placeholders"),
     ([], "no sbatch arguments"),
-    (["--signal", "TERM", "--", "x.sh"], "--signal needs --grace"),
-    (["--grace", "60", "--signal", "TERM@30", "--", "x.sh"], "the time is the grace"),
-    (["--grace", "60", "--signal", "TERM", "--", "--signal=USR1@9", "x.sh"], "--signal is set from run's own"),
+    (["--signal", "TERM@0", "--", "x.sh"], "--signal needs a grace of 1..65535 s"),
+    (["--grace", "60", "--signal", "TERM@30", "--", "x.sh"], "--signal TERM@30 and --grace 60 disagree"),
+    (["--signal", "TERM@400", "--", "x.sh"], "at most 300 s"),
+    (["--signal", "TERM@60", "--", "--signal=USR1@9", "x.sh"], "--signal is set from run's own"),
 ])
 def test_bad_input_is_refused_with_a_message_naming_it(root, args, needle):
     p = cli("run", root, *args)

@@ -53,8 +53,8 @@ def _helps() -> dict[str, str]:
     def walk(cmd, path):
         out[" ".join(path) or "dispatch-slurm"] = runner.invoke(dispatch, [*path, "--help"]).output
         if isinstance(cmd, click.Group):
-            for name, sub in cmd.commands.items():
-                walk(sub, [*path, name])
+            for name in cmd.list_commands(click.Context(cmd)):
+                walk(cmd.get_command(click.Context(cmd), name), [*path, name])
     walk(dispatch, [])
     return out
 

@@ -20,7 +20,7 @@ from testbed.workload import safetensors
 
 E1, E2 = 1_000_000, 2_000_000
 # inotify: polls so rare that only inotify can publish in time; poll: frequent polls
-MODES = {"inotify": ["--interval", "60"], "poll": ["--poll", "--interval", "0.1"]}
+MODES = {"inotify": ["--poll", "60"], "poll": ["--no-inotify", "--poll", "0.1"]}
 
 
 def hf_save(exec_dir, step, state=True):
@@ -266,7 +266,7 @@ def test_layout_and_vanished_saves(root, ex, monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (["--until-pid", "0"], "--until-pid"), (["--until-pid", "-1"], "--until-pid"),
-    (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"), (["--interval", "nan"], "--interval"),
+    (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"), (["--poll", "nan"], "--poll"),
 ])
 def test_arguments_that_would_hang_or_crash_are_refused(root, ex, args, message):
     out = subprocess.run([sys.executable, "-m", "dispatch_slurm", "watch", *args],
@@ -316,7 +316,7 @@ def test_watch_survives_the_trainers_rotation(root, ex, tmp_path, run):
 def test_a_save_left_incomplete_is_named_while_the_watch_runs(root, ex, running):
     """Named once it has been incomplete for --incomplete-after seconds, not before (a save
     being written is no problem); one line per save, with what it lacks and the fix."""
-    w = running("--incomplete-after", "0.5", "--poll", "--interval", "0.1")
+    w = running("--incomplete-after", "0.5", "--no-inotify", "--poll", "0.1")
     (ex / "checkpoint-10").mkdir()
     (ex / "checkpoint-10" / "model.pt").write_bytes(b"not a zip")
     hf_save(ex, 20)

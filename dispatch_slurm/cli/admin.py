@@ -6,17 +6,18 @@ import sys
 import click
 
 from ..contract import names
+from ..contract.epoch import G_MAX, N_MAX, N_MIN, R_MAX
 from ..slurm import sitefile
 from . import common
 
 
 @click.command()
 @click.argument("job_id", type=click.IntRange(1))
-@click.option("--restart", "-r", type=click.IntRange(0), default=0, show_default=True,
+@click.option("--restart", "-r", type=click.IntRange(0, R_MAX), default=0, show_default=True,
               help="R: which execution of the job")
 @common.root_option("checkpoint root: its epilog records, and the supervisor's record for G, N, nodes and start")
-@click.option("--generation", type=click.IntRange(0), help="G [default: from the record]")
-@click.option("--submission", type=click.IntRange(1), help="N [default: from the record]")
+@click.option("--generation", type=click.IntRange(0, G_MAX), help="G [default: from the record]")
+@click.option("--submission", type=click.IntRange(N_MIN, N_MAX), help="N [default: from the record]")
 @click.option("--cluster", help="ClusterName [default: Slurm's]")
 @click.option("--nodes", help="comma-separated nodes that ran the execution [default: record, or Slurm's]")
 @click.option("--started", type=click.IntRange(0), help="Unix time the execution started [default: record, "
@@ -49,4 +50,3 @@ def check_site(path):
     click.echo(sitefile.check(path), nl=False)
 
 
-COMMANDS = (ceased, check_site)

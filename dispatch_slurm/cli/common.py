@@ -2,14 +2,17 @@
 
 Root convention: a command about a root takes it as its first argument, ROOT (run,
 plan, supersede, release, stop, latest, ls, gc, report, retire, submit); a command about
-something inside a root takes ``--root`` (publish SAVE, watch, ceased JOBID). Either falls
-back to $DISPATCH_CHECKPOINT where it may be omitted. Every fallback to a DISPATCH_*
-variable is click's ``envvar=``, so ``--help`` names the variable.
+something inside a root takes ``--root`` (publish SAVE, watch, ceased JOBID, doctor).
+Every one of them takes ``--root ROOT`` too, so a script can name the root one way
+throughout. Either falls back to $DISPATCH_CHECKPOINT where it may be omitted. Every
+fallback to a DISPATCH_* variable is click's ``envvar=``, so ``--help`` names the variable.
 
 One rule for relative roots, in every command: a root named on the command line is made
 absolute at once (lexically: symlinks are kept), so what a command prints or records is
 absolute; a relative $DISPATCH_CHECKPOINT is refused, as `env` refuses it inside a job
-(every node and task of a job must read the same path)."""
+(every node and task of a job must read the same path).
+
+Every option's grammar is in options.py."""
 
 import math
 import os
@@ -23,27 +26,77 @@ from .. import store
 from ..contract import names
 from ..contract.epoch import EPOCH_MAX, parse_part
 from ..errors import DispatchError
-from ..report.render import size  # noqa: F401  (one size formatter: the report's, IEC)
 
-ROOT_HELP = "ROOT defaults to $DISPATCH_CHECKPOINT."
-
-
+ROOT_HELP = "ROOT (or --root ROOT) defaults to $DISPATCH_CHECKPOINT."
 def root_argument(required: bool = True):
-    """ROOT, from $DISPATCH_CHECKPOINT when omitted. ``required=False`` shows it as
-    [ROOT] in the usage (commands with no argument after it); one of the two must be
-    given either way."""
-    return click.argument("root", envvar="DISPATCH_CHECKPOINT", required=required, callback=_root)
+    """ROOT, from $DISPATCH_CHECKPOINT when omitted, or ``--root ROOT`` (the command's class
+    must be RootCommand, which reads it as ROOT). ``required=False`` shows it as [ROOT] in
+    the usage (commands with no argument after it); one of the two must be given either way."""
+    def add(f):
+        f = click.option("--root", "root_given", metavar="ROOT", expose_value=False, callback=_root_twice,
+                         help="the same as ROOT, before the other arguments (as publish, watch, ceased and "
+                              "doctor take the root)")(f)
+        return click.argument("root", envvar="DISPATCH_CHECKPOINT", required=required, callback=_root)(f)
+    return add
+
+
+def _root_twice(ctx, param, value):
+    if value is not None:  # RootCommand moved a --root before the arguments: this one came after one
+        raise click.UsageError("name the root once, first: ROOT, or --root ROOT before the other arguments",
+                               ctx=ctx)
+
+
+def roots_first(args: list[str], takes_value: set[str]) -> list[str]:
+    """``--root X`` and ``--root=X`` given before the command's first argument moved to the
+    front, where ROOT is read: the same command line as naming ROOT first. Words after an
+    argument are left as they are (sbatch's and the script's own, in run and submit); a
+    ``--root`` there reaches the option, which refuses it. ``takes_value``: the options
+    whose next word is their value (not an argument)."""
+    roots: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--root" and i + 1 < len(args):
+            roots.append(args[i + 1])
+            del args[i:i + 2]
+            continue
+        if a.startswith("--root="):
+            roots.append(a[len("--root="):])
+            del args[i]
+            continue
+        if a == "--" or not a.startswith("-") or a == "-":
+            break  # the first argument
+        i += 2 if a in takes_value else 1  # an option, and its value
+    return roots + args
+
+
+class RootCommand(click.Command):
+    """A command whose ROOT may also be given as ``--root ROOT`` (root_argument)."""
+
+    def roots_first(self, args: list[str]) -> list[str]:
+        takes_value = {name for p in self.params if isinstance(p, click.Option) and not p.is_flag and not p.count
+                       for name in p.opts}
+        return roots_first(list(args), takes_value)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        moved = self.roots_first(args)
+        try:
+            return super().parse_args(ctx, moved)
+        except click.UsageError as e:
+            if moved != args and "unexpected extra argument" in e.format_message():
+                raise click.UsageError("name the root once: ROOT or --root ROOT", ctx=ctx) from None
+            raise
 
 
 def root_option(help_: str = "checkpoint root"):
-    return click.option("--root", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help=help_,
+    return click.option("--root", metavar="ROOT", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help=help_,
                         callback=_root_option)
 
 
 def finite(ctx, param, value):
     """A number option must be a finite number: nan passes click's range checks, and inf
     passes a range without a maximum."""
-    if value is not None and not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise click.BadParameter(f"{value} is not a finite number", ctx=ctx, param=param)
     return value
 
@@ -116,7 +169,7 @@ def publication_json(root: str, p: names.Publication) -> dict:
 
 def retention_summary(saves) -> str:
     """One paragraph: what is kept, gone, retired and reclaimable, with sizes (``ls``)."""
-    from ..report.render import plural
+    from ..report.render import plural, size
 
     def total(pred):
         rows = [r for r in saves if pred(r)]

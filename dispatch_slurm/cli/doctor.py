@@ -9,9 +9,8 @@ import sys
 import click
 
 from ..contract.signals import parse_signal
-from ..contract.siteconf import GRACE_CAP
 from ..errors import DispatchError
-from . import common
+from . import common, options
 
 
 def _signal(ctx, param, value):
@@ -26,16 +25,15 @@ def _signal(ctx, param, value):
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--script", type=click.Path(exists=True, dir_okay=False), help="the sbatch script: its "
               "#SBATCH --signal and how it starts the trainer (srun, torchrun, accelerate launch, exec, trap)")
-@click.option("--signal", "sig", metavar="[B:]SIG@T", callback=_signal,
-              help="the job's --signal (over the script's), e.g. TERM@90 or B:USR2@120")
+@click.option("--signal", "sig", metavar=options.SIGNAL_METAVAR, callback=_signal,
+              help="the job's --signal, as sbatch takes it (over the script's), e.g. TERM@90 or B:USR2@120")
 @click.option("--where", type=click.Choice(["step", "shell"]), help="where the trainer runs: an srun step, "
               "or the batch shell itself  [default: from --script, else step]")
 @click.option("--launcher", type=click.Choice(["none", "torchrun", "accelerate"]),
               help="the launcher between Slurm and the ranks  [default: from --script, else none]")
 @click.option("--wrapped/--not-wrapped", default=None, help="the launcher runs under `dispatch-slurm launch`")
 @click.option("--processes", type=click.IntRange(1), help="accelerate launch's --num_processes")
-@click.option("--grace", type=click.FloatRange(0, GRACE_CAP), envvar="DISPATCH_GRACE_S", show_envvar=True,
-              help="the grace the handler counts on")
+@options.grace_option("the grace the handler counts on", fractions=True, envvar="DISPATCH_GRACE_S", show_envvar=True)
 @click.option("--save-seconds", type=click.FloatRange(0), callback=common.finite, help="a save's measured duration (else: "
               "measured by the rehearsal)")
 @click.option("--partition", help="the partition whose GraceTime and PreemptMode count  "
@@ -59,7 +57,7 @@ def _signal(ctx, param, value):
               "the signal as Slurm will (the job ends)")
 @click.option("--probe-dir", type=click.Path(file_okay=False), help="where the handlers record (--job: "
               "default: the job's $DISPATCH_EXEC_DIR/dispatch-probe under --root)")
-@click.option("--root", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help="the job's checkpoint root (--job)")
+@common.root_option("the job's checkpoint root (--job)")
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def doctor(as_json, **ask):
@@ -89,8 +87,9 @@ def doctor(as_json, **ask):
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--signal", "sigs", metavar="SIG[,SIG]", envvar="DISPATCH_SIGNAL", show_envvar=True,
-              help="the save signals besides SIGTERM, e.g. USR2 for --signal=USR2@90")
+@click.option("--signal", "sigs", metavar=options.SIGNAL_METAVAR, multiple=True, envvar="DISPATCH_SIGNAL",
+              show_envvar=True, callback=options.launch_signals, help="a save signal besides SIGTERM: the job's "
+              "--signal, as sbatch takes it (only SIG matters here); once per signal")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def launch(sigs, command):
     """Run a launcher (torchrun, accelerate launch, python) so that a save signal reaches
@@ -112,4 +111,3 @@ def launch(sigs, command):
     sys.exit(code)
 
 
-COMMANDS = (doctor, launch)

@@ -11,11 +11,11 @@ import click
 from .. import store
 from ..contract import env as envmod
 from ..contract import epoch as epochmod
-from ..contract import names, siteconf
+from ..contract import names
 from ..errors import DispatchError
 from ..slurm import sitefile
 from ..store import epochs
-from . import common
+from . import common, options
 
 
 @click.command("env")
@@ -54,14 +54,13 @@ def env_(fmt, no_mkdir, local):
     click.echo(envmod.render(values, fmt), nl=False)
 
 
-@click.command()
+@click.command(cls=common.RootCommand)
 @common.root_argument()
 @click.option("--generation", type=click.IntRange(0, epochmod.G_MAX), default=0, show_default=True,
               help="G (supersessions)")
-@click.option("--grace", type=click.IntRange(0, siteconf.GRACE_CAP), help="seconds to checkpoint after SIGTERM")
+@options.grace_option()
 @click.option("--shared-checkpoint", is_flag=True, help="the job cannot isolate its writes")
-@click.option("--signal", "sig", metavar="[B:]SIG", help="sbatch --signal=[B:]SIG@GRACE: SIG the grace "
-              "before the time limit (needs --grace); warns when measured saves do not fit")
+@click.option("--signal", "sig", metavar=options.SIGNAL_METAVAR, help=options.SIGNAL_HELP)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, required=True)
 def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args):
@@ -71,6 +70,7 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
 
         dispatch-slurm submit /scratch/me/run1 -- --nodes=2 train.sbatch"""
     from ..slurm.client import Slurm
+    sig, grace = options.signal_grace(sig, grace)
     if any(a == "--export" or a.startswith("--export=") for a in sbatch_args):
         raise click.UsageError("submit sets --export itself; put variables in your environment")
     inputs = {"DISPATCH_CHECKPOINT": names.normalize_root(root), "DISPATCH_GENERATION": str(generation)}
@@ -112,16 +112,14 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
               "exited (refused if it does not exist at the start); SIGTERM is then ignored, so the trainer's last "
               "save (in its grace window) is published. Exit 1 when saves were left unpublished above the last "
               "one published")
-@click.option("--poll", is_flag=True, help="poll instead of inotify")
-@click.option("--interval", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
-              callback=common.finite, help="seconds between polls")
+@options.watch_poll_options
 @click.option("--timeout", type=click.FloatRange(min=0.01, max=86400), default=300.0, show_default=True,
               callback=common.finite, help="a scan (listing, fsync, publication) taking longer is an error")
 @click.option("--incomplete-after", type=click.FloatRange(min=0, max=86400), default=300.0, show_default=True,
               callback=common.finite, help="seconds a save may stay incomplete before it is named on stderr")
 @click.option("--no-sync", is_flag=True, help="do not fsync a save's files before publishing it")
-def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interval, timeout, incomplete_after,
-          no_sync):
+def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll_s, no_inotify, interval, timeout,
+          incomplete_after, no_sync):
     """Publish each complete save in the exec folder, in step order, at this execution's
     epoch; one line per publication on stdout. Stops at the first error (exit 2).
 
@@ -141,6 +139,7 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll, interv
     so the job fails instead of ending with its progress unkept. Ctrl-C (SIGINT) ends it
     by that signal, after it names what it left unpublished."""
     from ..runtime import watch as watchmod
+    poll, interval = options.watch_polling(poll_s, no_inotify, interval)
     if until_pid is not None:
         watchmod.check_pid(until_pid)
     root, epoch_ = store.env_root(root), store.env_epoch(epoch_)
@@ -200,7 +199,6 @@ def mark(what):
     (marks.mark_saved if what == "saved" else marks.mark_finished)()
 
 
-COMMANDS = (env_, submit, watch, mark)
 
 
 def _unpublished(values: dict) -> None:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .. import retention, store
+from .. import store
 from ..contract import epoch as epochmod
 from ..contract import layout
 from . import common
@@ -38,7 +38,7 @@ def publish(save, step, root, epoch_, adopt, no_sync, as_json):
         click.echo(f"{what}: step {pub.step} of {common.text(pub.path)} at epoch {pub.epoch} as {layout.PUB}/{pub.name}")
 
 
-@click.command(epilog=common.ROOT_HELP)
+@click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--path", "path_only", is_flag=True, help="print only the save's absolute path")
 @click.option("--json", "as_json", is_flag=True)
@@ -86,7 +86,7 @@ def _state(p, inv, exists: bool) -> tuple[str, str | None, str | None]:
     return ("kept" if exists else "gone"), None, None
 
 
-@click.command("ls", epilog=common.ROOT_HELP)
+@click.command("ls", cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--json", "as_json", is_flag=True)
 def ls_(root, as_json):
@@ -96,6 +96,8 @@ def ls_(root, as_json):
     with `dispatch-slurm retire`); then, on stderr, unpublished saves and what gc can
     reclaim (`dispatch-slurm gc --dry-run` says more). On an s3:// root the size is the
     bytes stored."""
+    from .. import retention
+    from ..report.render import size
     inv, state = retention.scan_state(root)
     saves = {r["path"]: r for r in state}
     pubs, rows = sorted((p for s in inv.saves.values() for p in s.pubs), key=lambda p: p.name), []
@@ -110,7 +112,7 @@ def ls_(root, as_json):
     else:
         head = ("G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH")
         table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]), str(d["step"]),
-                           "yes" if d["exists"] else "NO", common.size(d["size"]),
+                           "yes" if d["exists"] else "NO", size(d["size"]),
                            d["state"] + (f" by {d['retired_by']}" if d["retired_by"] else ""),
                            common.text(d["path"])) for d in rows]
         widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
@@ -160,4 +162,3 @@ def decompose(value, as_json):
         click.echo(f"G={g} N={n} R={r}")
 
 
-COMMANDS = (publish, latest, ls_, epoch)

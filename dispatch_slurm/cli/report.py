@@ -9,7 +9,7 @@ from .. import store
 from . import common
 
 
-@click.command(epilog=common.ROOT_HELP)
+@click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--json", "as_json", is_flag=True, help="everything the report knows, as JSON")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="also draw the timeline as a PNG "
@@ -32,4 +32,3 @@ def report(root, as_json, plot_path):
         store.latest_save(root)  # raises `latest`'s own error, naming the fix
 
 
-COMMANDS = (report,)

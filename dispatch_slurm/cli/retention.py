@@ -11,7 +11,7 @@ import click
 
 from .. import retention, store
 from ..contract.names import STEP_PATTERN
-from ..report.render import plural
+from ..report.render import plural, size
 from ..retention import GONE, KEEP, REMOVE, Policy
 from ..supervisor.record import Record
 from . import common
@@ -33,14 +33,14 @@ def _summary(verdicts, dry_run: bool) -> str:
     did = "would remove" if dry_run else "removed"
     freed = sum(v.save.size if dry_run else v.freed for v in gone)
     rotated = sum(not v.save.exists for v in gone)
-    return (f"dispatch-slurm gc: {did} {plural(len(gone) - rotated, 'save')} ({common.size(freed)}) and "
+    return (f"dispatch-slurm gc: {did} {plural(len(gone) - rotated, 'save')} ({size(freed)}) and "
             f"{'would retire' if dry_run else 'retired'} {plural(rotated, 'publication')} whose save was already "
-            f"gone; kept {plural(len(kept), 'save')} ({common.size(sum(v.save.size for v in kept))}), "
-            f"{len(waiting)} of them ({common.size(sum(v.save.size for v in waiting))}) only until their "
+            f"gone; kept {plural(len(kept), 'save')} ({size(sum(v.save.size for v in kept))}), "
+            f"{len(waiting)} of them ({size(sum(v.save.size for v in waiting))}) only until their "
             "execution has ceased and gone quiet")
 
 
-@click.command(epilog=common.ROOT_HELP)
+@click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--keep-last", type=click.IntRange(1), metavar="K",
               help="keep the K newest saves that still exist (the latest is always kept)")
@@ -97,7 +97,7 @@ def _show(root: str, verdicts, dry_run: bool, as_json: bool) -> None:
     else:
         did = {KEEP: "keep", REMOVE: "would remove" if dry_run else "removed"}
         rows = [(did[v.action] if v.save.exists or v.action == KEEP else "retire" if dry_run else "retired",
-                 common.size(v.save.size), common.text(v.save.path), v.why) for v in verdicts if v.action != GONE]
+                 size(v.save.size), common.text(v.save.path), v.why) for v in verdicts if v.action != GONE]
         widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
         for r in rows:
             click.echo("  ".join([r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]), r[3]]))
@@ -111,7 +111,7 @@ def _user() -> str:
         return f"uid {os.getuid()}"
 
 
-@click.command(epilog=common.ROOT_HELP)
+@click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument()
 @click.argument("name", required=False)
 @click.option("--latest", "latest_", is_flag=True, help="retire the publication `dispatch-slurm latest` names "
@@ -155,4 +155,3 @@ def retire(root, name, latest_, reason, as_json):
     sys.stdout.flush()
 
 
-COMMANDS = (gc, retire)

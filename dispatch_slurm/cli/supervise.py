@@ -7,8 +7,7 @@ import sys
 import click
 
 from .. import supervisor
-from ..contract.siteconf import GRACE_CAP
-from . import common
+from . import common, options
 
 
 def _supervisor_options(fn):
@@ -31,13 +30,11 @@ def _supervisor_options(fn):
         click.option("--via", type=click.Choice(["auto", "spank", "env"]), help="pass G and N by the SPANK "
                      "plugin's options, or exported in the environment (the script runs `dispatch-slurm env`); "
                      "auto: the plugin's where sbatch has them  [default: auto]"),
-        click.option("--grace", type=click.IntRange(0, GRACE_CAP), help="seconds to checkpoint after SIGTERM"),
-        click.option("--signal", "sig", metavar="[B:]SIG", help="sbatch --signal=[B:]SIG@GRACE: SIG the grace "
-                     "before the time limit (needs --grace); warns when this root's measured saves do not fit"),
+        options.grace_option(),
+        click.option("--signal", "sig", metavar=options.SIGNAL_METAVAR, help=options.SIGNAL_HELP),
         click.option("--keep-last", type=click.IntRange(1), metavar="K", help="after each execution ends, "
                      "`dispatch-slurm gc ROOT --keep-last K`  [default: no gc]"),
-        click.option("--poll", type=click.FloatRange(min=0.1, max=3600), default=supervisor.DEFAULT_POLL,
-                     show_default=True, help="seconds between two looks at the job"),
+        options.poll_option("the job", supervisor.DEFAULT_POLL, 0.1),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -47,6 +44,7 @@ def _supervisor_options(fn):
 def _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig=None,
              keep_last=None) -> dict:
     dur = supervisor.parse_duration
+    sig, grace = options.signal_grace(sig, grace)
     return {"resubmit": resubmit, "continuations": continuations, "shared": shared, "via": via, "grace": grace, "cessation_cmd": cessation_cmd,
             "signal": sig, "keep_last": keep_last,
             "hold_for": None if hold_for is None else dur(hold_for, "--hold-for"),
@@ -72,12 +70,13 @@ def _supervise(fn, *args):
     sys.exit(result.code)
 
 
-class _RootsThenSbatch(click.Command):
+class _RootsThenSbatch(common.RootCommand):
     """``run ROOT [ROOT...] [OPTIONS] -- SBATCH_ARGS``: before ``--``, the roots and run's
     options; after it, sbatch's arguments. Without ``--``: ROOT, then sbatch's (as sbatch
     arguments never start with a root, one root is the only reading)."""
 
     def parse_args(self, ctx, args):
+        args = self.roots_first(args)
         if "--" not in args:
             return super().parse_args(ctx, args)
         i = args.index("--")
@@ -127,7 +126,7 @@ def run(root, resubmit, continuations, shared, hold_for, cessation_interval, ces
                max_poll, roots_from)
 
 
-@click.command()
+@click.command(cls=common.RootCommand)
 @common.root_argument()
 @_supervisor_options
 @click.option("--json", "as_json", is_flag=True)
@@ -154,7 +153,7 @@ def plan(root, resubmit, continuations, shared, hold_for, cessation_interval, ce
     click.echo(json.dumps(p, indent=2) if as_json else supervisor.render_plan(p), nl=as_json)
 
 
-@click.command()
+@click.command(cls=common.RootCommand)
 @common.root_argument()
 @_supervisor_options
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
@@ -168,7 +167,7 @@ def supersede(root, resubmit, continuations, shared, hold_for, cessation_interva
     _supervise(supervisor.supersede, root, opts, list(sbatch_args), poll)
 
 
-@click.command()
+@click.command(cls=common.RootCommand)
 @common.root_argument()
 @click.option("--message", "-m", help="why it is safe (kept in the record)")
 @click.option("--json", "as_json", is_flag=True)
@@ -190,11 +189,10 @@ def release(root, message, as_json):
         click.echo(f"no supervisor is running for {root}: `dispatch-slurm run {root}` applies it", err=True)
 
 
-@click.command()
+@click.command(cls=common.RootCommand)
 @common.root_argument()
 @click.option("--message", "-m", help="why (kept in the record)")
-@click.option("--poll", type=click.FloatRange(min=0.1, max=3600), default=supervisor.DEFAULT_POLL,
-              show_default=True, help="seconds between two looks at the job, when no supervisor runs")
+@options.poll_option("the job, when no supervisor runs", supervisor.DEFAULT_POLL, 0.1)
 def stop(root, message, poll):
     """Stop supervising ROOT's job and cancel it: the supervisor (the running one, or this
     command when none runs) cancels the job, waits until Slurm says it ended, and finishes
@@ -202,5 +200,4 @@ def stop(root, message, poll):
     _supervise(supervisor.stop, root, message, poll)
 
 
-COMMANDS = (run, plan, supersede, release, stop)
 
