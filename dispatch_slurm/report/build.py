@@ -40,6 +40,7 @@ from ..retention import status
 from ..store import ceased
 from ..store import events as eventsmod
 from ..supervisor.record import Record
+from . import goodput
 
 RECORD_TYPES = ("started", "ended", "rule", "hold", "cessation", "release", "finished", "stop")
 
@@ -211,12 +212,14 @@ def build(root: str) -> dict[str, Any]:
                               "overlap_s": overlap, "gap_s": gap, "resumed_from": resumed, "steps_lost": lost})
     holds = _holds(facts)
     latest = inv.latest  # what `latest` names
-    return {"root": root, "executions": execs, "interruptions": interruptions, "holds": holds,
+    r = {"root": root, "executions": execs, "interruptions": interruptions, "holds": holds,
             "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
                              for p, t in pubs],
             "latest": None if latest is None else {"step": latest.step, "path": latest.path},
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
             "retention": status(root, ask=False, facts=every_fact, inv=inv)}
+    r["goodput"] = goodput.of_report(r, every_fact)
+    return r
 
 
 def _cessation(root: str, attempt: str, evs: list[dict]) -> Optional[dict]:

@@ -218,7 +218,8 @@ class Trainer:
         if a.trap == "own":
             signal.signal(signal.SIGTERM, lambda s, _: self.signalled.append(s))
         elif a.trap == "handler":
-            from dispatch_slurm import install_preemption_handler, stop_requested
+            from dispatch_slurm import install_preemption_handler
+            from dispatch_slurm.runtime.preempt import stop_requested
             install_preemption_handler(lambda left: self.save(), defer=True)
         time.sleep(a.warmup)  # loading the model and the data
         while self.step < a.max_steps:
