@@ -155,9 +155,12 @@ def estimate(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
         rate = (ps[-1]["step"] - ps[0]["step"]) / (ps[-1]["t"] - ps[0]["t"]) \
             if len(ps) >= 2 and ps[-1]["t"] > ps[0]["t"] and ps[-1]["step"] > ps[0]["step"] else median_rate
         begin = _resume_step(r, e["attempt"])
-        first = ps[0]["t"] - (ps[0]["step"] - begin) / rate if rate else e["started_at"]
-        first = min(max(first, e["started_at"]), ps[0]["t"])
-        intervals.append((e["started_at"], first, "restore"))
+        first = min(ps[0]["t"] - (ps[0]["step"] - begin) / rate if rate else e["started_at"], ps[0]["t"])
+        # a start known only from the folder's oldest file comes after rotation removed the older
+        # ones: never later than its first step
+        started = min(e["started_at"], first)
+        first = max(first, started)
+        intervals.append((started, first, "restore"))
         upto = kept.get(e["attempt"])
         cut = max((p["t"] for p in ps if upto is not None and p["step"] <= upto), default=first)
         intervals.append((first, cut, "productive"))
@@ -166,7 +169,7 @@ def estimate(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
             took = saves.get(p["path"], mean_save)
             intervals.append((p["t"] - took, p["t"], "save"))
     intervals += _grace_saves(r["root"])
-    begin_t = min(e["started_at"] for e in execs)
+    begin_t = min(min(a for a, _, _ in intervals), min(e["started_at"] for e in execs))
     facts = list(facts)
     for a, b in _queued(facts):
         intervals.append((a, b, "queue"))

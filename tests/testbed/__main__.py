@@ -73,13 +73,19 @@ def trial(scenarios, mode, trials, target, suite, tracking, profile, base, nodes
 @click.option("--mode", type=click.Choice(["naive", "dispatch", "both"]), default="both", show_default=True)
 @click.option("--steps", type=click.IntRange(20), default=480, show_default=True,
               help="training steps of a run (0.25 s each; a save every 20)")
+@click.option("--kind", "kinds", multiple=True, help="draw faults among these kinds only (repeat; default: all of "
+                                                      "timelimit, cancel, preempt, requeue, partition, partition-long, "
+                                                      "crash, stall, enospc, ctld-restart, stray)")
 @click.option("--tracking", type=click.Choice(["linuxproc", "cgroup"]), help="docker-slurm's process tracking")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write every run's result as JSON")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="a PNG per run into this folder "
                                                                             "(needs matplotlib)")
 @click.option("--keep", "keep_dir", type=click.Path(file_okay=False),
               help="copy each run's files (root, trainer log, job output) here when something happened")
-def campaign(suite, seed, runs, faults, duration, setup, mode, steps, tracking, json_path, plot_dir, keep_dir):
+@click.option("--dry-run", is_flag=True, help="print each run's setup and fault schedule (as if every fault hit), "
+                                              "start nothing")
+def campaign(suite, seed, runs, faults, duration, setup, mode, steps, kinds, tracking, json_path, plot_dir, keep_dir,
+             dry_run):
     """The fault campaign: runs under a seeded schedule of overlapping faults (time limits,
     scancel, preemption, requeue, partitions, node crashes, stalls, a full filesystem,
     slurmctld restarts, stray files in pub/), dispatch-slurm beside one shared folder, each
@@ -91,12 +97,19 @@ def campaign(suite, seed, runs, faults, duration, setup, mode, steps, tracking, 
     if not (runs or faults or duration):
         runs = 1
     fixed = camp.parse_setup(setup)
+    unknown = sorted(set(kinds) - set(camp.KINDS))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: one of {', '.join(camp.KINDS)}", param_hint="--kind")
     if plot_dir:
         trialmod.pyplot()  # refuse before hours of runs, not after
         Path(plot_dir).mkdir(parents=True, exist_ok=True)
     if keep_dir:
         Path(keep_dir).mkdir(parents=True, exist_ok=True)
     modes = ("dispatch", "naive") if mode == "both" else (mode,)
+    params = camp.Params(steps=steps, hf_steps=min(steps, 240), kinds=tuple(kinds) or None)
+    if dry_run:
+        click.echo(camp.plan(suite, seed, runs, faults, fixed, params))
+        return
     results: list = []
 
     def save() -> None:
@@ -104,8 +117,7 @@ def campaign(suite, seed, runs, faults, duration, setup, mode, steps, tracking, 
             with open(json_path, "w") as f:
                 json.dump(results, f, indent=1, default=str)
 
-    params = camp.Params(steps=steps, hf_steps=min(steps, 240))
-    camp.run(suite=suite, profile="fast", seed=seed, runs=runs, faults=faults,
+    camp.run(suite=suite, setup_text=setup or "", profile="fast", seed=seed, runs=runs, faults=faults,
              duration=duration * 60 if duration else None, modes=modes, fixed=fixed, params=params,
              say=lambda m: click.echo(m, err=True), plot_dir=Path(plot_dir) if plot_dir else None,
              keep=Path(keep_dir) if keep_dir else None, tracking=tracking, results=results, each=save)

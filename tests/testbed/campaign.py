@@ -22,12 +22,12 @@ makes from the root alone.
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
 import os
 import random
 import re
+import shlex
 import shutil
 import statistics
 import threading
@@ -73,7 +73,7 @@ KINDS: dict[str, tuple[float, tuple[float, float]]] = {
     "stray": (1.0, (10, 40)),          # a stray file in pub/, removed by a person later
 }
 NODE_FAULTS = ("partition", "partition-long", "crash")
-GIVE_UP = 5  # a user who resubmits by hand gives up after this many jobs in a row without a new step
+GIVE_UP = 8  # a user who resubmits by hand gives up after this many jobs in a row without a new step
 STRAYS = ("notes.txt", ".nfs000000000123abcd00000001", "00000000000001000000-00000000000000000100-MZXW6===")
 
 
@@ -112,6 +112,7 @@ class Params:
     deadline_s: float = 1500.0
     mean_gap_s: float = 25.0
     resubmit: int = 100
+    kinds: Optional[tuple[str, ...]] = None  # draw faults among these kinds only (None: every kind)
 
 
 def parse_setup(text: Optional[str]) -> dict[str, Any]:
@@ -163,7 +164,8 @@ def schedule_for(seed: int, p: Params, n: Optional[int] = None) -> list[Fault]:
     faults with durations overlap the next ones."""
     rng = random.Random(f"faults:{seed}")
     count = rng.randint(2, 5) if n is None else n
-    kinds, weights = list(KINDS), [w for w, _ in KINDS.values()]
+    kinds = [k for k in KINDS if p.kinds is None or k in p.kinds]
+    weights = [KINDS[k][0] for k in kinds]
     out, t = [], rng.uniform(10, 25)
     for _ in range(count):
         kind = rng.choices(kinds, weights)[0]
@@ -174,9 +176,32 @@ def schedule_for(seed: int, p: Params, n: Optional[int] = None) -> list[Fault]:
     return out
 
 
-def replay_command(suite: str, seed: int, mode: str, setup: str = "", steps: Optional[int] = None) -> str:
-    more = (f" --setup {setup}" if setup else "") + (f" --steps {steps}" if steps else "")
+def replay_command(suite: str, seed: int, mode: str, setup: str = "", steps: Optional[int] = None,
+                   kinds: Optional[tuple[str, ...]] = None) -> str:
+    more = (f" --setup {setup}" if setup else "") + (f" --steps {steps}" if steps else "") + \
+        "".join(f" --kind {k}" for k in kinds or ())
     return f"PYTHONPATH=tests python -m testbed campaign --suite {suite} --seed {seed} --runs 1 --mode {mode}{more}"
+
+
+def plan(suite: str, seed: int, runs: Optional[int], faults: Optional[int], fixed: dict, p: Params) -> str:
+    """What a campaign would run, one line per run, as if every fault hit (``--dry-run``;
+    ``--duration`` alone: the first 100 runs)."""
+    hf = suite == "bookworm"
+    lines: list[str] = []
+    total, kinds, setups = 0, dict[str, int](), set()
+    for i in range(runs or 10_000):
+        if runs is None and (total >= faults if faults else i >= 100):
+            break
+        s = setup_for(seed + i, fixed, hf=hf)
+        sched = schedule_for(seed + i, p)
+        total += len(sched)
+        setups.add(s.label())
+        for f in sched:
+            kinds[f.kind] = kinds.get(f.kind, 0) + 1
+        lines.append(f"seed {seed + i}: {s.label()}: " + ", ".join(f"{f.kind}@{f.at:.0f}s" for f in sched))
+    lines.append(f"{len(lines)} runs, {len(setups)} setups, {total} faults: "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    return "\n".join(lines)
 
 
 # -- the job scripts ---------------------------------------------------------------------------
@@ -193,7 +218,7 @@ def readme_job_script(readme: Path) -> str:
 def wrapper(trainer: str, args: list[str], site: Optional[str] = None) -> str:
     """A ``train.py`` that runs ``trainer`` with ``args`` first, as a user's entry point would
     (``site``: a folder of packages to add, e.g. this machine's torch)."""
-    path = f"sys.path.append({site!r})\n" if site else ""
+    path = f"sys.path.insert(0, {site!r})\n" if site else ""
     return (f"import sys\n{path}sys.argv[1:1] = {args!r}\nsys.argv[0] = {trainer!r}\n"
             f"exec(compile(open({trainer!r}).read(), {trainer!r}, 'exec'), "
             f"{{'__name__': '__main__', '__file__': {trainer!r}}})\n")
@@ -214,6 +239,7 @@ class Side:
         self.shared = f"/checkpoints/{FS}/{run.id}/{mode}/shared" if mode == "naive" else None
         self.log = f"{self.dir}/train.jsonl"
         self.jobs: list[int] = []
+        self.retry_at = 0.0
         self.outcome: Optional[dict] = None
         self.events: list[dict] = []
         s = run.setup
@@ -363,22 +389,34 @@ class Side:
             self.note("ended", state="done", job=job)
         elif len(self.jobs) > self.camp.params.resubmit or self.stuck():
             self.outcome = {"state": "failed", "message": f"no resubmission is left: the user gave up after "
-                                                          f"{len(self.jobs)} jobs (the last {GIVE_UP} made no step)",
+                                                          f"{len(self.jobs)} jobs (the last {GIVE_UP} made no new step)",
                             "t": time.time(), "by": "user"}
             self.note("ended", state="failed", job=job)
-        else:
+        elif time.time() >= self.retry_at:
+            # a user looks before resubmitting again: the longer, the more jobs in a row made no step
+            idle = self.idle_jobs()
+            if idle and self.retry_at == 0.0:
+                self.retry_at = time.time() + 5.0 * idle
+                return
+            self.retry_at = 0.0
             self.note("job ended before training finished; resubmitted by its user", job=job, state=j.state)
             self.submit()
 
-    def stuck(self) -> bool:
-        """The last ``GIVE_UP`` jobs applied no step beyond what earlier ones had (a user
-        who resubmits by hand gives up then)."""
-        if len(self.jobs) < GIVE_UP:
-            return False
-        recent = {str(j) for j in self.jobs[-GIVE_UP:]}
+    def idle_jobs(self) -> int:
+        """How many of the last jobs, in a row, applied no step beyond what earlier ones had."""
         recs = self.log_records()
-        before = max((r["step"] for r in recs if r["op"] == "step" and r.get("job") not in recent), default=0)
-        return not any(r["op"] == "step" and r.get("job") in recent and r["step"] > before for r in recs)
+        best, idle = 0, 0
+        for j in self.jobs:
+            mine = [r["step"] for r in recs if r["op"] == "step" and r.get("job") == str(j)]
+            if mine and max(mine) > best:
+                best, idle = max(mine), 0
+            else:
+                idle += 1
+        return idle
+
+    def stuck(self) -> bool:
+        """A user who resubmits by hand gives up after ``GIVE_UP`` jobs in a row without a new step."""
+        return self.idle_jobs() >= GIVE_UP
 
     def running(self) -> tuple[Optional[int], list[str]]:
         """The current job and its nodes when it runs."""
@@ -403,6 +441,30 @@ class Side:
 # -- the nemesis -----------------------------------------------------------------------------------
 
 
+class Undo:
+    """A fault's undoing, run once: by its timer, or at once when the run ends."""
+
+    def __init__(self, nemesis: "Nemesis", fn: Callable[[], None], a: "Applied"):
+        self.nemesis, self.fn, self.a = nemesis, fn, a
+        self.lock = threading.Lock()
+        self.ran = False
+        self.timer: Optional[threading.Timer] = None
+
+    def now(self) -> None:
+        with self.lock:
+            if self.ran:
+                return
+            self.ran = True
+        if self.timer is not None:
+            self.timer.cancel()
+        try:
+            self.fn()
+        except Exception as e:  # keep undoing the rest: a cluster left broken spoils the next run
+            self.nemesis.errors.append(f"undoing {self.a.kind}: {e}")
+            self.nemesis.camp.say(f"run {self.nemesis.rs.seed}: undoing {self.a.kind} failed: {e}")
+        self.a.t1 = time.time()
+
+
 @dataclass
 class Applied:
     kind: str
@@ -423,51 +485,36 @@ class Nemesis(threading.Thread):
         super().__init__(daemon=True, name=f"nemesis-{run.seed}")
         self.camp, self.rs, self.bed = camp, run, camp.bed
         self.applied: list[Applied] = []
-        self.pending: list[tuple[float, int, Callable[[], None], Applied]] = []
+        self.undos: list[Undo] = []
         self.busy: set[str] = set()
         self.done = threading.Event()
-        self.lock = threading.Lock()
         self.errors: list[str] = []
-        self.seq = 0
 
     def run(self) -> None:  # noqa: D401 - Thread.run
+        """Apply each fault at its time. Undoing runs on timers of its own, so a fault whose
+        Slurm queries hang (a controller that cannot resolve a dead node) never delays the
+        undoing that would unblock it."""
         t0 = self.rs.t0
-        todo = sorted(self.rs.schedule, key=lambda f: f.at)
-        while not self.done.is_set():
-            now = time.time()
-            with self.lock:
-                while self.pending and self.pending[0][0] <= now:
-                    _, _, undo, a = heapq.heappop(self.pending)
-                    self._undo(undo, a)
-            if todo and t0 + todo[0].at <= now:
-                f = todo.pop(0)
-                if any(side.outcome is None for side in self.rs.sides):
-                    self._apply(f)
-            if not todo and not self.pending:
-                break
-            self.done.wait(0.5)
+        for f in sorted(self.rs.schedule, key=lambda f: f.at):
+            if self.done.wait(max(0.0, t0 + f.at - time.time())):
+                return
+            if any(side.outcome is None for side in self.rs.sides):
+                self._apply(f)
 
     def finish(self) -> None:
+        """Stop applying, and undo at once every fault still in force."""
         self.done.set()
         if self.is_alive():
-            self.join(120)
-        with self.lock:
-            while self.pending:
-                _, _, undo, a = heapq.heappop(self.pending)
-                self._undo(undo, a)
-
-    def _undo(self, undo: Callable[[], None], a: Applied) -> None:
-        try:
-            undo()
-        except Exception as e:  # keep undoing the rest: a cluster left broken spoils the next run
-            self.errors.append(f"undoing {a.kind}: {e}")
-            self.camp.say(f"run {self.rs.seed}: undoing {a.kind} failed: {e}")
-        a.t1 = time.time()
+            self.join(300)
+        for u in list(self.undos):
+            u.now()
 
     def later(self, seconds: float, undo: Callable[[], None], a: Applied) -> None:
-        with self.lock:
-            self.seq += 1
-            heapq.heappush(self.pending, (time.time() + seconds, self.seq, undo, a))
+        u = Undo(self, undo, a)
+        self.undos.append(u)
+        u.timer = threading.Timer(seconds, u.now)
+        u.timer.daemon = True
+        u.timer.start()
 
     def _apply(self, f: Fault) -> None:
         a = Applied(f.kind, f.at, time.time())
@@ -480,7 +527,7 @@ class Nemesis(threading.Thread):
         except (ClusterError, SlurmError, OSError) as e:
             a.detail += f" (failed: {str(e)[-300:]})"
             self.errors.append(f"{f.kind}: {e}")
-        if a.t1 is None and not any(x[3] is a for x in self.pending):
+        if a.t1 is None and not any(u.a is a for u in self.undos):
             a.t1 = time.time()
         self.applied.append(a)
         self.camp.say(f"run {self.rs.seed}: fault {f.kind}{' (missed: nothing ran)' if a.missed else ''} "
@@ -521,8 +568,10 @@ class Nemesis(threading.Thread):
             preemptors.append(self.bed.submit("bob", args=["-p", "high", "-w", n, "--exclusive", "-o", "/dev/null",
                                                            "-J", "preemptor", "--wrap", f"sleep {f.duration:.0f}"]))
         a.detail = f"high-tier jobs {preemptors} on {nodes} for {f.duration:.0f}s"
-        self.later(f.duration + 30, lambda: [self.bed.exec("ctl", ["scancel", str(p)], check=False)
-                                             for p in preemptors] and None, a)
+        def cancel() -> None:
+            for p in preemptors:
+                self.bed.exec("ctl", ["scancel", str(p)], check=False)
+        self.later(f.duration + 30, cancel, a)
 
     def _partition(self, f: Fault, a: Applied, live, running, duration: Optional[float] = None) -> None:
         nodes = self._nodes(running, f)
@@ -555,6 +604,7 @@ class Nemesis(threading.Thread):
 
         def boot() -> None:
             self.bed.boot(n)
+            self.camp.pin_addresses()  # its address may have changed
             self.busy.discard(n)
         self.later(f.duration, boot, a)
 
@@ -580,6 +630,9 @@ class Nemesis(threading.Thread):
 
     def _enospc(self, f: Fault, a: Applied, live, running) -> None:
         fs = self.bed.checkpoints / FS
+        if not os.path.ismount(fs):
+            a.missed, a.detail = True, f"/checkpoints/{FS} is no filesystem of its own (Cluster(tmpfs=...)): not filled"
+            return
         filler = fs / ".campaign-filler"
         free = os.statvfs(fs).f_bavail * os.statvfs(fs).f_frsize
         with open(filler, "wb") as out:
@@ -592,6 +645,7 @@ class Nemesis(threading.Thread):
 
     def _ctld_restart(self, f: Fault, a: Applied, live, running) -> None:
         self.bed.restart("ctl")
+        self.camp.pin_addresses()
         self.camp.wait_controller()
         a.detail = "slurmctld restarted"
 
@@ -605,7 +659,10 @@ class Nemesis(threading.Thread):
                 made.append(p)
         a.missed = not made
         a.detail = f"{[str(p.name) for p in made]} in pub/ for {f.duration:.0f}s"
-        self.later(f.duration, lambda: [p.unlink(missing_ok=True) for p in made] and None, a)
+        def remove() -> None:
+            for p in made:
+                p.unlink(missing_ok=True)
+        self.later(f.duration, remove, a)
 
 
 # -- a run -----------------------------------------------------------------------------------------
@@ -634,16 +691,39 @@ class Campaign:
             self.params.min_job_age = float(age[0])
         bed.path("campaign").mkdir(exist_ok=True)
         bed.path("campaign").chmod(0o1777)
+        if hasattr(bed, "kill"):
+            self.pin_addresses()
 
     def job(self, job: int):
-        """The job as Slurm says (None when neither slurmctld nor sacct knows it); a controller
-        that does not answer (restarting) is asked again."""
-        for _ in range(60):
+        """The job as Slurm says (None when neither slurmctld nor sacct knows it, or slurmctld
+        did not answer for a minute: restarting, or busy)."""
+        deadline = time.time() + 60
+        while True:
             try:
                 return self.bed.slurm.job(job)
             except SlurmError:
+                if time.time() > deadline:
+                    return None
                 time.sleep(1)
-        return None
+
+    def pin_addresses(self) -> None:
+        """Every host's address in every container's /etc/hosts. Docker's DNS forgets a stopped
+        container's name, which a real crashed node keeps; slurmctld (22.05) then blocks on a
+        name it cannot resolve, and nothing answers until the node is back."""
+        hosts = ["db", "ctl", *self.bed.node_names]
+        addr = {}
+        for h in hosts:
+            c = self.bed._container(h)
+            c.reload()
+            ips = [n.get("IPAddress") for n in c.attrs["NetworkSettings"]["Networks"].values() if n.get("IPAddress")]
+            if ips:
+                addr[h] = ips[0]
+        lines = "".join(f"{ip}\t{h}\t# pinned by the campaign\n" for h, ip in addr.items())
+        for h in hosts:
+            if h in addr:
+                self.bed.exec(h, f"grep -v 'pinned by the campaign' /etc/hosts > /tmp/hosts.campaign; "
+                                 f"printf '%s' {shlex.quote(lines)} >> /tmp/hosts.campaign; "
+                                 "cat /tmp/hosts.campaign > /etc/hosts", check=False)
 
     def wait_controller(self) -> None:
         self.bed.wait_until(lambda: self.bed.exec("ctl", ["scontrol", "ping"], check=False).returncode == 0,
@@ -662,10 +742,12 @@ class Campaign:
             s.start()
         nemesis = Nemesis(self, run)
         t_start = time.time()
+        def stepping() -> bool:
+            for s in run.sides:
+                s.poll()
+            return all(s.stepping() or s.outcome for s in run.sides)
         try:
-            self.bed.wait_until(lambda: all(s.stepping() or s.outcome for s in run.sides) or
-                                [s.poll() for s in run.sides] and False, timeout=300,
-                                what=f"run {seed}: every mode's first step", poll=1)
+            self.bed.wait_until(stepping, timeout=300, what=f"run {seed}: every mode's first step", poll=1)
         except ClusterError as e:
             self.say(str(e))
         run.t0 = time.time()
@@ -754,12 +836,13 @@ class Campaign:
         for side in run.sides:
             crun = self.checker_run(side, nemesis.applied)
             found = checker.check(crun)
-            g = measured_goodput(crun, side, [a for a in nemesis.applied if not a.missed], self.params)
+            g = measured_goodput(crun, sum(1 for a in nemesis.applied if not a.missed), self.params)
             est = None
             if side.hroot is not None and (side.hroot / "pub").exists():
                 est = report_estimate(str(side.hroot))
-            replay = replay_command(self.suite, run.seed, side.mode, steps=self.params.steps
-                                    if self.params.steps != Params.steps else None)
+            replay = replay_command(self.suite, run.seed, side.mode, setup=self.fixed_text,
+                                    steps=self.params.steps if self.params.steps != Params.steps else None,
+                                    kinds=self.params.kinds)
             result["modes"][side.mode] = {
                 "outcome": side.outcome, "jobs": side.jobs, "events": side.events,
                 "anomalies": checker.as_dicts(found), "goodput": g, "report_estimate": est, "replay": replay,
@@ -788,6 +871,7 @@ class Campaign:
         return result
 
     plot_dir: Optional[Path] = None
+    fixed_text = ""  # the --setup given, for the replay command
     _hf_refs: dict = {}
 
     def hf_reference(self, seed: int) -> Optional[str]:
@@ -843,7 +927,7 @@ def lineage(execs: list[checker.Execution], rel: Callable[[Optional[str]], Optio
     return out
 
 
-def measured_goodput(run: checker.Run, side: Side, applied: list[Applied], p: Params) -> dict:
+def measured_goodput(run: checker.Run, faults: int, p: Params) -> dict:
     """The run's wall time in goodput's buckets, from the trainer's log and Slurm's
     accounting, and Young/Daly's prediction for its fault rate, save and restart times."""
     c = checker.Checker(run)
@@ -891,7 +975,6 @@ def measured_goodput(run: checker.Run, side: Side, applied: list[Applied], p: Pa
     done = [r["t"] for r in c.log if r["op"] == "done"]
     wall1 = max(done) if done else max(e.last_t for e in execs)
     out = goodput.summary(goodput.split(wall0, wall1, intervals))
-    faults = len(applied)
     tau = p.save_every * p.step_time
     delta = statistics.mean(saves) if saves else 0.0
     r_mean = statistics.mean(restarts) if restarts else 0.0
@@ -954,11 +1037,14 @@ def summarize(results: list[dict]) -> str:
         wall = sum(g["wall_s"] for g in gs)
         b = {k: sum(g["buckets"][k] for g in gs) for k in goodput.BUCKETS}
         preds = [g["prediction"] for g in gs if g.get("prediction")]
-        daly = statistics.mean(x["daly"] for x in preds if x["daly"] is not None) if preds else None
-        young = statistics.mean(x["young"] for x in preds if x["young"] is not None) if preds else None
+        dalys = [x["daly"] for x in preds if x["daly"] is not None]
+        youngs = [x["young"] for x in preds if x["young"] is not None]
+        daly = statistics.mean(dalys) if dalys else None
+        young = statistics.mean(youngs) if youngs else None
         lines.append(f"goodput, {mode}: {100 * b['productive'] / wall:.1f}% of {wall:.0f}s; "
                      + ", ".join(f"{k} {100 * v / wall:.1f}%" for k, v in b.items() if k != "productive")
-                     + (f"; Young {100 * young:.1f}%, Daly {100 * daly:.1f}% predicted" if daly is not None else ""))
+                     + (f"; Young {100 * young:.1f}%, Daly {100 * daly:.1f}% predicted"
+                        if daly is not None and young is not None else ""))
     return "\n".join(lines)
 
 
@@ -1034,7 +1120,7 @@ def _quick_run(side: Side) -> checker.Run:
                        folder=str(side.bed.path(side.shared)) if side.shared else None)
 
 
-def run(*, suite: str, profile: str, seed: int, runs: Optional[int], faults: Optional[int], duration: Optional[float],
+def run(*, suite: str, profile: str, setup_text: str = "", seed: int, runs: Optional[int], faults: Optional[int], duration: Optional[float],
         modes: tuple[str, ...], fixed: dict, params: Params, say: Callable[[str], None],
         plot_dir: Optional[Path] = None, keep: Optional[Path] = None, tracking: Optional[str] = None,
         results: Optional[list] = None, each: Callable[[], None] = lambda: None) -> list[dict]:
@@ -1050,6 +1136,7 @@ def run(*, suite: str, profile: str, seed: int, runs: Optional[int], faults: Opt
     try:
         camp = Campaign(cluster, params, say, keep=keep, suite=suite)
         camp.plot_dir = plot_dir
+        camp.fixed_text = setup_text
         t_end = time.time() + duration if duration else None
         applied, i = 0, 0
         while True:

@@ -462,9 +462,9 @@ class Checker:
         for r in self.log:
             if r["op"] in ("save_begin", "save"):
                 writers.setdefault(self.rel(r["path"]) or "", set()).add(r["attempt"])
-        for path, who in sorted(writers.items()):
-            if len(who) > 1:
-                self.flag("mixed-save", f"{path} written by {', '.join(sorted(who))}")
+        for path, both in sorted(writers.items()):
+            if len(both) > 1:
+                self.flag("mixed-save", f"{path} written by {', '.join(sorted(both))}")
         last = {ex.attempt: ex.last_t for ex in self.execs}
         latest_writer: dict[str, tuple[float, str]] = {}
         for r in self.log:
@@ -489,8 +489,7 @@ class Checker:
             if ex.ops("resume_failed", rank=None):
                 continue
             resumed = next((r["step"] for r in ex.ops("resume")), 0)
-            applied = [(e.steps_before(start["t"]), e) for e in self.execs[:i]]
-            applied = [(s, e) for s, e in applied if s is not None]
+            applied = [(s, e) for e in self.execs[:i] if (s := e.steps_before(start["t"])) is not None]
             if not applied:
                 continue
             done, prev = max(applied, key=lambda se: se[0])

@@ -2,8 +2,8 @@
 ``transformers.Trainer`` that saves every ``--save-every`` steps and keeps two saves.
 
 With dispatch-slurm (default) it uses the integration as the user guide shows it:
-``output_dir()``, ``DispatchCallback()`` (publishes each save, saves and exits 0 on SIGTERM),
-``resume_from_checkpoint()``. With ``--naive`` it is the framework alone: one shared
+``DispatchCallback()`` (publishes each save, saves and exits 0 on SIGTERM), and the README job
+script's ``--output-dir``/``--resume-from`` (else ``output_dir()``, ``resume_from_checkpoint()``). With ``--naive`` it is the framework alone: one shared
 ``--output-dir``, resumed from ``get_last_checkpoint``, killed by SIGTERM.
 
 It logs like dettrain.py (start, resume, step, save_begin, save, done), and ``done`` carries
@@ -38,7 +38,8 @@ def digest(model) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--output-dir", help="--naive: the one shared folder")
+    ap.add_argument("--output-dir", help="--naive: the one shared folder; else the exec folder (default: output_dir())")
+    ap.add_argument("--resume-from", help="the save to resume from (default: resume_from_checkpoint())")
     ap.add_argument("--naive", action="store_true")
     ap.add_argument("--max-steps", type=int, required=True)
     ap.add_argument("--save-every", type=int, default=20)
@@ -63,9 +64,10 @@ def main(argv=None) -> None:
         out = a.output_dir
         os.makedirs(out, exist_ok=True)
         resume = get_last_checkpoint(out)
-    else:
+    else:  # the README's job script passes both; a script of its own asks the integration
         from dispatch_slurm.integrations.hf import DispatchCallback, output_dir, resume_from_checkpoint
-        out, resume = output_dir(), resume_from_checkpoint()
+        out = a.output_dir or output_dir()
+        resume = a.resume_from if a.output_dir else resume_from_checkpoint()
         callbacks.append(DispatchCallback())
     log("start", resume_from=resume, max_steps=a.max_steps, save_every=a.save_every, step_time=a.step_time,
         trap="hf", ranks=1, seed=a.seed)
