@@ -127,6 +127,43 @@ def _resume_step(r: dict, attempt: str) -> int:
     return 0
 
 
+def _published(e: dict) -> list[dict]:
+    """The execution's publications with a time, oldest first."""
+    return sorted((p for p in e["publications"] if p["t"] is not None), key=lambda p: p["t"])
+
+
+def _rate(ps: list[dict]) -> Optional[float]:
+    """Steps per second between an execution's first and last publication."""
+    if len(ps) >= 2 and ps[-1]["t"] > ps[0]["t"] and ps[-1]["step"] > ps[0]["step"]:
+        return (ps[-1]["step"] - ps[0]["step"]) / (ps[-1]["t"] - ps[0]["t"])
+    return None
+
+
+def _end(e: dict) -> float:
+    """When the execution ended: Slurm's word (the record), else its last write."""
+    end = (e["ended"] or {}).get("at") or e["last_write_at"] or e["started_at"]
+    return max(end, e["last_write_at"] or end)
+
+
+def _execution(r: dict, e: dict, rate: Optional[float], upto: Optional[int], saves: dict[str, float],
+               mean_save: float) -> list[tuple[float, float, str]]:
+    """One execution's intervals: restore to its first step, productive to the save the
+    lineage kept (``upto``), recomputed after it, and its saves."""
+    ps, end = _published(e), _end(e)
+    if not ps:
+        return [(e["started_at"], end, "recomputed" if upto is None else "restore")]
+    rate = _rate(ps) or rate
+    begin = _resume_step(r, e["attempt"])
+    first = min(ps[0]["t"] - (ps[0]["step"] - begin) / rate if rate else e["started_at"], ps[0]["t"])
+    # a start known only from the folder's oldest file comes after rotation removed the older
+    # ones: never later than its first step
+    started = min(e["started_at"], first)
+    first = max(first, started)
+    cut = max((p["t"] for p in ps if upto is not None and p["step"] <= upto), default=first)
+    out = [(started, first, "restore"), (first, cut, "productive"), (cut, end, "recomputed")]
+    return out + [(p["t"] - saves.get(p["path"], mean_save), p["t"], "save") for p in ps]
+
+
 def estimate(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
     """The buckets of a run from its report (``report.build``) and the supervisor's facts;
     None while no execution has published."""
@@ -135,47 +172,15 @@ def estimate(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
         return None
     saves = _save_times(r["root"], r)
     mean_save = statistics.mean(saves.values()) if saves else 0.0
-    rates = []
-    for e in execs:
-        ps = sorted((p for p in e["publications"] if p["t"] is not None), key=lambda p: p["t"])
-        if len(ps) >= 2 and ps[-1]["t"] > ps[0]["t"] and ps[-1]["step"] > ps[0]["step"]:
-            rates.append((ps[-1]["step"] - ps[0]["step"]) / (ps[-1]["t"] - ps[0]["t"]))
+    rates = [x for x in (_rate(_published(e)) for e in execs) if x]
     median_rate = statistics.median(rates) if rates else None
     kept = _lineage(r)
     intervals: list[tuple[float, float, str]] = []
-    ends = []
     for e in execs:
-        ps = sorted((p for p in e["publications"] if p["t"] is not None), key=lambda p: p["t"])
-        end = (e["ended"] or {}).get("at") or e["last_write_at"] or e["started_at"]
-        end = max(end, e["last_write_at"] or end)
-        ends.append(end)
-        if not ps:
-            intervals.append((e["started_at"], end, "restore" if e["attempt"] in kept else "recomputed"))
-            continue
-        rate = (ps[-1]["step"] - ps[0]["step"]) / (ps[-1]["t"] - ps[0]["t"]) \
-            if len(ps) >= 2 and ps[-1]["t"] > ps[0]["t"] and ps[-1]["step"] > ps[0]["step"] else median_rate
-        begin = _resume_step(r, e["attempt"])
-        first = min(ps[0]["t"] - (ps[0]["step"] - begin) / rate if rate else e["started_at"], ps[0]["t"])
-        # a start known only from the folder's oldest file comes after rotation removed the older
-        # ones: never later than its first step
-        started = min(e["started_at"], first)
-        first = max(first, started)
-        intervals.append((started, first, "restore"))
-        upto = kept.get(e["attempt"])
-        cut = max((p["t"] for p in ps if upto is not None and p["step"] <= upto), default=first)
-        intervals.append((first, cut, "productive"))
-        intervals.append((cut, end, "recomputed"))
-        for p in ps:
-            took = saves.get(p["path"], mean_save)
-            intervals.append((p["t"] - took, p["t"], "save"))
+        intervals += _execution(r, e, median_rate, kept.get(e["attempt"]), saves, mean_save)
     intervals += _grace_saves(r["root"])
-    begin_t = min(min(a for a, _, _ in intervals), min(e["started_at"] for e in execs))
-    facts = list(facts)
-    for a, b in _queued(facts):
-        intervals.append((a, b, "queue"))
-        begin_t = min(begin_t, a)
-    end_t = max(ends)
-    out = summary(split(begin_t, end_t, intervals))
+    intervals += [(a, b, "queue") for a, b in _queued(list(facts))]
+    out = summary(split(min(a for a, _, _ in intervals), max(_end(e) for e in execs), intervals))
     out["source"] = "estimate from the root and the record"
     out["save_s"] = mean_save
     return out
