@@ -208,6 +208,8 @@ def test_a_continuation_taken_as_done_is_flagged(tmp_path):
     found = checker.check(h.run("done", "training completed"))
     assert [x.cls for x in found] == ["end-misjudged"], found
     assert "continuation taken as done" in found[0].detail
+    assert classes(h.run("stopped", "job 99 ended CANCELLED by its user")) == {"end-misjudged"}, \
+        "nobody stops a campaign's run: a stop is an admin's cancel taken for the user's"
 
 
 def test_a_failed_run_that_made_progress_with_budget_left_is_flagged(tmp_path):

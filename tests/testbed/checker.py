@@ -39,8 +39,8 @@ CLASSES = {
     "removed-publication": "the latest publication names a save that no longer exists",
     "gc-without-cessation": "a save was removed while the execution that wrote it had not ceased",
     "unexplained-removal": "a published save vanished, removed by neither its own execution nor gc",
-    "end-misjudged": "the run ended done while training had not finished (a continuation taken as done), or "
-                     "ended failed/held/stopped although training finished",
+    "end-misjudged": "the run ended done while training had not finished (a continuation taken as done), "
+                     "ended failed/held/stopped although training finished, or stopped though nobody asked",
     "false-failure": "the run ended failed or held with no true reason (budget left, progress made)",
     "recompute-excess": "work recomputed after a fault exceeds the save interval plus the signal lead",
     "step-lost-at-time-limit": "a trainer that traps the time-limit signal lost steps at a time limit",
@@ -294,11 +294,14 @@ class Checker:
     def _good(self, step: int, h: Optional[str]) -> bool:
         if self.ref is not None:
             return 0 <= step < len(self.ref) and h == self.ref[step]
-        return self.run.reference is None or h == self.run.reference or step < self.run.max_steps
+        return self.run.reference is None or h == self.run.reference or step < self.run.max_steps or h is None
 
     def final_state(self) -> None:
         for r in (r for r in self.log if r["op"] == "done" and r.get("rank", 0) == 0):
-            if r["step"] != self.run.max_steps or not self._good(r["step"], r.get("h")):
+            # a Trainer resumed from its final save counts one more step (at learning rate 0):
+            # its weights are what counts
+            short = r["step"] < self.run.max_steps if self.run.trainer == "hf" else r["step"] != self.run.max_steps
+            if short or not self._good(self.run.max_steps if self.run.trainer == "hf" else r["step"], r.get("h")):
                 self.flag("final-state", f"{r['attempt']} finished at step {r['step']} with state {r.get('h')}, "
                                          f"not the uninterrupted run's (step {self.run.max_steps}, "
                                          f"{self.ref[-1] if self.ref else self.run.reference})")
@@ -313,13 +316,18 @@ class Checker:
         if state == "unfinished":
             self.flag("unfinished", f"the run did not end by the deadline ({msg})")
         elif state == "done" and not done:
-            last = max((r["step"] for r in self.log if r["op"] == "step"), default=0)
-            self.flag("end-misjudged", f"the run ended done but training stopped at step {last} of "
+            self.flag("end-misjudged", f"the run ended done but training stopped at step {self.last_step()} of "
                                        f"{self.run.max_steps} (a continuation taken as done): {msg}")
         elif state != "done" and done:
             self.flag("end-misjudged", f"training finished but the run ended {state}: {msg}")
+        elif state == "stopped" and not done:
+            self.flag("end-misjudged", f"the run ended stopped at step {self.last_step()} of {self.run.max_steps} "
+                                       f"though nobody asked it to stop: {msg}")
         elif state in ("failed", "held") and not self.true_failure(msg):
             self.flag("false-failure", f"the run ended {state} with budget left and progress made: {msg}")
+
+    def last_step(self) -> int:
+        return max((r["step"] for r in self.log if r["op"] == "step"), default=0)
 
     def true_failure(self, msg: str) -> bool:
         """A failure the run's own record explains: a budget spent or a chain that stopped

@@ -76,6 +76,7 @@ def main(argv=None) -> None:
         def on_train_begin(self, args, state, control, **kw):
             if resume:
                 log("resume", path=resume, step=state.global_step)
+            self.seen = {e for e in os.listdir(out) if e.startswith("checkpoint-")}
             self.t = time.monotonic()
 
         def on_step_end(self, args, state, control, **kw):
@@ -87,6 +88,13 @@ def main(argv=None) -> None:
 
         def on_save(self, args, state, control, **kw):
             log("save", step=state.global_step, path=os.path.join(out, f"checkpoint-{state.global_step}"))
+            # save_total_limit rotated before this call: log what this execution's folder lost
+            now = {e for e in os.listdir(out) if e.startswith("checkpoint-")}
+            for gone in sorted(self.seen - now):
+                log("delete", step=int(gone.split("-")[1]), path=os.path.join(out, gone))
+            self.seen = now
+
+        seen: set = set()
 
     torch.manual_seed(a.seed)
     cfg = GPT2Config(vocab_size=100, n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0,
