@@ -15,9 +15,10 @@ from . import common
               "(needs matplotlib: the plot extra)")
 def report(root, as_json, plot_path):
     """The executions of ROOT's job (attempts, epochs, nodes, how each ended), the
-    overlaps, every publication, the holds and cessation answers, and the steps lost to
-    each interruption; read from the root alone (the supervisor's record adds Slurm's
-    word on each end)."""
+    overlaps, every publication, the holds and cessation answers, the steps lost to
+    each interruption, and the goodput (the share of wall time that became kept training
+    steps, and where the rest went); read from the root alone (the supervisor's record
+    adds Slurm's word on each end)."""
     if plot_path:
         reportmod.timeline._pyplot()  # refuse before the work, not after
     r = reportmod.build(root)
