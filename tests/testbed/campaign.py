@@ -246,7 +246,7 @@ class Side:
         self.trap = "hf" if s.trainer == "hf" else ("own" if mode == "naive" and s.trainer == "handler" else s.trainer)
         self.launcher = "user" if mode == "naive" else s.launcher
         # the trainer's processes (not srun's, whose command line holds the same words after "srun")
-        self.marker = f"^python[0-9.]* train.py .*/checkpoints/{FS}/{run.id}/{mode}/"
+        self.marker = f"^\\S*python[0-9.]* train.py .*/checkpoints/{FS}/{run.id}/{mode}/"
         self.started_at = time.time()
 
     @property
