@@ -82,10 +82,14 @@ def trial(scenarios, mode, trials, target, suite, tracking, profile, base, nodes
                                                                             "(needs matplotlib)")
 @click.option("--keep", "keep_dir", type=click.Path(file_okay=False),
               help="copy each run's files (root, trainer log, job output) here when something happened")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False),
+              help="write the campaign's table for docs/evidence.md (markdown)")
+@click.option("--from-json", "from_json", type=click.Path(exists=True, dir_okay=False),
+              help="run nothing: print the summary (and --table) of a campaign's --json")
 @click.option("--dry-run", is_flag=True, help="print each run's setup and fault schedule (as if every fault hit), "
                                               "start nothing")
 def campaign(suite, seed, runs, faults, duration, setup, mode, steps, kinds, tracking, json_path, plot_dir, keep_dir,
-             dry_run):
+             table_path, from_json, dry_run):
     """The fault campaign: runs under a seeded schedule of overlapping faults (time limits,
     scancel, preemption, requeue, partitions, node crashes, stalls, a full filesystem,
     slurmctld restarts, stray files in pub/), dispatch-slurm beside one shared folder, each
@@ -94,6 +98,13 @@ def campaign(suite, seed, runs, faults, duration, setup, mode, steps, kinds, tra
     from pathlib import Path
 
     from . import campaign as camp
+    if from_json:
+        with open(from_json) as f:
+            done = json.load(f)
+        click.echo(camp.summarize(done))
+        if table_path:
+            Path(table_path).write_text(camp.evidence(done) + "\n")
+        return
     if not (runs or faults or duration):
         runs = 1
     fixed = camp.parse_setup(setup)
@@ -123,6 +134,8 @@ def campaign(suite, seed, runs, faults, duration, setup, mode, steps, kinds, tra
              keep=Path(keep_dir) if keep_dir else None, tracking=tracking, results=results, each=save)
     save()
     click.echo(camp.summarize(results))
+    if table_path:
+        Path(table_path).write_text(camp.evidence(results) + "\n")
     dispatch_anomalies = sum(len(r["modes"].get("dispatch", {}).get("anomalies", [])) for r in results)
     sys.exit(1 if dispatch_anomalies else 0)
 

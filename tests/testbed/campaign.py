@@ -940,7 +940,7 @@ def measured_goodput(run: checker.Run, faults: int, p: Params) -> dict:
     prev_last: Optional[float] = None
     for ex in execs:
         recs = [r for r in ex.records if r.get("rank", 0) == 0]
-        start = ex.start["t"]
+        start = min(ex.start["t"], ex.first_t)  # a Hugging Face trainer's launch, before its imports
         steps = [r for r in recs if r["op"] == "step"]
         first = steps[0]["t"] - run.step_time if steps else ex.last_t
         intervals.append((start, first, "restore"))
@@ -1046,6 +1046,67 @@ def summarize(results: list[dict]) -> str:
                      + (f"; Young {100 * young:.1f}%, Daly {100 * daly:.1f}% predicted"
                         if daly is not None and young is not None else ""))
     return "\n".join(lines)
+
+
+def _totals(results: list[dict], mode: str) -> dict:
+    """One mode's sums over a campaign: runs, ends, anomalies by class, goodput's buckets."""
+    ms = [r["modes"][mode] for r in results if mode in r["modes"]]
+    gs = [m["goodput"] for m in ms if m["goodput"].get("goodput") is not None]
+    wall = sum(g["wall_s"] for g in gs) or 1.0
+    preds = [g["prediction"] for g in gs if g.get("prediction")]
+    classes: dict[str, list[int]] = {}
+    for r in results:
+        for a in r["modes"].get(mode, {}).get("anomalies", []):
+            seeds = classes.setdefault(a["cls"], [])
+            if r["seed"] not in seeds:
+                seeds.append(r["seed"])
+    ends: dict[str, int] = {}
+    for m in ms:
+        state = (m["outcome"] or {}).get("state", "?")
+        ends[state] = ends.get(state, 0) + 1
+    events: dict[str, int] = {}
+    for m in ms:
+        for e in m["events"]:
+            if e["what"] not in ("ended", "submitted") and not e["what"].startswith("job ended before"):
+                events[e["what"]] = events.get(e["what"], 0) + 1
+    return {"runs": len(ms), "ends": ends, "classes": classes, "wall": wall,
+            "buckets": {k: sum(g["buckets"][k] for g in gs) / wall for k in goodput.BUCKETS},
+            "young": statistics.mean(x["young"] for x in preds) if preds else None,
+            "daly": statistics.mean(x["daly"] for x in preds) if preds else None, "events": events}
+
+
+def evidence(results: list[dict]) -> str:
+    """The campaign as docs/evidence.md's table (markdown): faults by kind, ends and anomalies
+    by class per mode (with the seeds that showed each), goodput and its buckets beside
+    Young/Daly's prediction."""
+    kinds: dict[str, int] = {}
+    for r in results:
+        for a in r["faults"]:
+            if not a["missed"]:
+                kinds[a["kind"]] = kinds.get(a["kind"], 0) + 1
+    seeds = sorted(r["seed"] for r in results)
+    modes = [m for m in ("dispatch", "naive") if any(m in r["modes"] for r in results)]
+    t = {m: _totals(results, m) for m in modes}
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    rows = [("runs (seeds)", {m: f"{t[m]['runs']} ({seeds[0]}-{seeds[-1]})" if seeds else "0" for m in modes}),
+            ("setups", {m: str(len({r["label"] for r in results})) for m in modes}),
+            ("faults applied", {m: f"{sum(kinds.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+                                for m in modes}),
+            ("how runs ended", {m: ", ".join(f"{k} {v}" for k, v in sorted(t[m]["ends"].items())) for m in modes}),
+            ("anomalies by class (seeds)", {m: "; ".join(f"{k}: {len(v)} runs ({', '.join(map(str, v[:8]))}"
+                                                         f"{', ...' if len(v) > 8 else ''})"
+                                                         for k, v in sorted(t[m]["classes"].items())) or "none"
+                                            for m in modes}),
+            ("goodput (productive steps / wall)", {m: f"**{pct(t[m]['buckets']['productive'])}** of "
+                                                      f"{t[m]['wall'] / 60:.0f} min" for m in modes}),
+            ("badput: save / recomputed / restore / queue / restart",
+             {m: " / ".join(pct(t[m]["buckets"][k]) for k in goodput.BUCKETS[1:]) for m in modes}),
+            ("Young / Daly predicted (per run, mean)", {m: f"{pct(t[m]['young'])} / {pct(t[m]['daly'])}" for m in modes}),
+            ("other events", {m: "; ".join(f"{k} {v}" for k, v in sorted(t[m]["events"].items())) or "none"
+                              for m in modes})]
+    out = ["| | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    out += [f"| {name} | " + " | ".join(v[m].replace("|", "/") for m in modes) + " |" for name, v in rows]
+    return "\n".join(out)
 
 
 def plot_run(result: dict, run: RunState, path: Path) -> None:

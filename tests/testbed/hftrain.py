@@ -47,6 +47,12 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log", required=True)
     a = ap.parse_args(argv)
+    job, restart = os.environ.get("SLURM_JOB_ID", str(os.getpid())), os.environ.get("SLURM_RESTART_COUNT", "0")
+    attempt = os.environ.get("DISPATCH_ATTEMPT") or f"naive.{job}.{restart or 0}"
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    log = Log(a.log, {"attempt": attempt, "job": job, "restart": int(restart or 0), "rank": rank,
+                      "host": socket.gethostname(), "pid": os.getpid()})
+    log("launch")  # before torch and transformers load: their import is part of restoring
 
     import torch
     torch.set_num_threads(1)
@@ -54,11 +60,6 @@ def main(argv=None) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_utils import get_last_checkpoint
 
-    job, restart = os.environ.get("SLURM_JOB_ID", str(os.getpid())), os.environ.get("SLURM_RESTART_COUNT", "0")
-    attempt = os.environ.get("DISPATCH_ATTEMPT") or f"naive.{job}.{restart or 0}"
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
-    log = Log(a.log, {"attempt": attempt, "job": job, "restart": int(restart or 0), "rank": rank,
-                      "host": socket.gethostname(), "pid": os.getpid()})
     callbacks: list = []
     if a.naive:
         out = a.output_dir
