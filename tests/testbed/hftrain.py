@@ -74,6 +74,9 @@ def main(argv=None) -> None:
         trap="hf", ranks=1, seed=a.seed)
 
     class Record(TrainerCallback):
+        seen: set[str] = set()
+        t = 0.0
+
         def on_train_begin(self, args, state, control, **kw):
             if resume:
                 log("resume", path=resume, step=state.global_step)
@@ -94,8 +97,6 @@ def main(argv=None) -> None:
             for gone in sorted(self.seen - now):
                 log("delete", step=int(gone.split("-")[1]), path=os.path.join(out, gone))
             self.seen = now
-
-        seen: set = set()
 
     torch.manual_seed(a.seed)
     cfg = GPT2Config(vocab_size=100, n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0,
