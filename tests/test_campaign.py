@@ -124,3 +124,21 @@ def test_the_trainers_state_is_a_pure_function_of_the_steps_applied():
     for k in range(21, 51):
         skipped = dettrain.step_hash(skipped, k, 7, 2)
     assert len({ref[50], repeated, skipped, dettrain.chain(8, 2, 50)[50], dettrain.chain(7, 1, 50)[50]}) == 5
+
+
+def test_the_evidence_table_names_each_anomaly_class_with_its_seeds():
+    gp = {"goodput": 0.5, "wall_s": 100.0, "buckets": {k: 0.0 for k in campaign.goodput.BUCKETS},
+          "prediction": {"young": 0.4, "daly": 0.6}}
+    gp["buckets"].update(productive=50.0, restart=50.0)
+
+    def result(seed: int, anomalies: list[str]) -> dict:
+        mode = {"outcome": {"state": "done"}, "events": [], "goodput": gp,
+                "anomalies": [{"cls": c, "detail": ""} for c in anomalies]}
+        return {"seed": seed, "label": f"own/1r/default/run/{seed}", "faults": [{"kind": "cancel", "missed": False}],
+                "modes": {"dispatch": mode, "naive": {**mode, "anomalies": []}}}
+    table = campaign.evidence([result(3, ["end-misjudged", "end-misjudged"]), result(4, []), result(5, ["final-state"])])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
+    assert "end-misjudged: 1 runs (3); final-state: 1 runs (5)" in rows["anomalies by class (seeds)"]
+    assert rows["anomalies by class (seeds)"].endswith("| none |"), "naive mode had none"
+    assert "cancel 3" in rows["faults applied"] and "**50.0%**" in rows["goodput (productive steps / wall)"]
+    assert "40.0% / 60.0%" in rows["Young / Daly predicted (per run, mean)"]
