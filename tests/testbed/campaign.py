@@ -571,7 +571,7 @@ class Nemesis(threading.Thread):
         def cancel() -> None:
             for p in preemptors:
                 self.bed.exec("ctl", ["scancel", str(p)], check=False)
-        self.later(f.duration + 30, cancel, a)
+        self.later(f.duration + 5, cancel, a)  # its sleep ends by itself; one still pending is cancelled
 
     def _partition(self, f: Fault, a: Applied, live, running, duration: Optional[float] = None) -> None:
         nodes = self._nodes(running, f)
