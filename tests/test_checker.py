@@ -274,6 +274,24 @@ def test_work_recomputed_beyond_the_save_interval_is_flagged(tmp_path):
     assert classes(h.run()) == set()
 
 
+def test_an_old_executions_steps_after_its_replacement_started_are_not_recomputed_work(tmp_path):
+    """A partition longer than MinJobAge: the cut-off execution A trains on (to step 90, at its
+    lower epoch) long after its replacement B started from step 30; C resumes from B's step 50.
+    Correct (A's late steps are the overlap's, never a resume point), and not a recompute of
+    40 steps; but B's own steps beyond its save are."""
+    h = History(tmp_path)
+    a = h.execution(A)
+    a.steps(35)
+    b = h.execution(B, resume=30)
+    a.steps(90)
+    b.steps(50)
+    h.end(B, "CANCELLED")
+    c = h.execution(C, resume=50, source=f"/r/exec/{B}/checkpoint-50")
+    c.steps(MAX)
+    c.done()
+    assert checker.check(h.run()) == []
+
+
 def test_a_step_lost_at_a_time_limit_is_flagged(tmp_path):
     h = History(tmp_path)
     a = h.execution(A)

@@ -829,7 +829,7 @@ class Campaign:
             reference=self.hf_reference(side.run.seed % 1000) if s.trainer == "hf" else None)
 
     def judge(self, run: RunState, nemesis: Nemesis) -> dict:
-        result: dict[str, Any] = {"seed": run.seed, "setup": asdict(run.setup), "label": run.setup.label(),
+        result: dict[str, Any] = {"seed": run.seed, "id": run.id, "setup": asdict(run.setup), "label": run.setup.label(),
                                   "schedule": [asdict(f) for f in run.schedule],
                                   "faults": [asdict(a) for a in nemesis.applied], "nemesis_errors": nemesis.errors,
                                   "modes": {}}
@@ -846,6 +846,7 @@ class Campaign:
             result["modes"][side.mode] = {
                 "outcome": side.outcome, "jobs": side.jobs, "events": side.events,
                 "anomalies": checker.as_dicts(found), "goodput": g, "report_estimate": est, "replay": replay,
+                "check": asdict(crun),
                 "faults_hit": sum(1 for a in nemesis.applied if not a.missed)}
             for cls in sorted({a.cls for a in found}):
                 same = [a for a in found if a.cls == cls]
@@ -896,6 +897,22 @@ class Campaign:
             self.say(f"the Hugging Face reference run for seed {seed} did not finish: "
                      f"{(hd / f'{seed}.out').read_text()[-1500:] if (hd / f'{seed}.out').exists() else ''}")
         return self._hf_refs[seed]
+
+
+def rejudge(results: list[dict], keep: Path) -> list[dict]:
+    """Check a finished campaign again from the files ``--keep`` copied (a checker changed
+    since): each mode's anomalies replaced by what the checker says of its kept files now."""
+    for r in results:
+        for mode, m in r["modes"].items():
+            d = keep / r.get("id", "") / mode
+            if "check" not in m or not d.is_dir():
+                continue
+            c = checker.Run.from_json(m["check"])
+            c.trainer_log, c.sacct = str(d / "train.jsonl"), str(d / "sacct.json")
+            c.root = str(d / "root") if c.root else None
+            c.folder = str(d / "shared") if c.folder else None
+            m["anomalies"] = checker.as_dicts(checker.check(c))
+    return results
 
 
 # -- goodput, measured ---------------------------------------------------------------------------

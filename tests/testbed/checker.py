@@ -491,13 +491,17 @@ class Checker:
         return [f for f in self.run.faults if f["kind"] in kinds and f["t0"] <= t1 and (f.get("t1") or f["t0"]) >= t0]
 
     def recompute(self) -> None:
+        """Work recomputed after each fault: the most steps an earlier execution applied before
+        it was replaced (its successor started; what an overlapping old execution does after
+        that is the overlap's, not the fault's) less the step the new execution resumed at."""
         interval = self.run.save_every + (self.run.lead_s + self.run.slack_s) / self.run.step_time
+        starts = [e.start["t"] for e in self.execs]
         for i, ex in enumerate(self.execs[1:], 1):
             start = ex.start
             if ex.ops("resume_failed", rank=None):
                 continue
             resumed = next((r["step"] for r in ex.ops("resume")), 0)
-            applied = [(s, e) for e in self.execs[:i] if (s := e.steps_before(start["t"])) is not None]
+            applied = [(s, e) for j, e in enumerate(self.execs[:i]) if (s := e.steps_before(starts[j + 1])) is not None]
             if not applied:
                 continue
             done, prev = max(applied, key=lambda se: se[0])
