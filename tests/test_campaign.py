@@ -142,3 +142,9 @@ def test_the_evidence_table_names_each_anomaly_class_with_its_seeds():
     assert rows["anomalies by class (seeds)"].endswith("| none |"), "naive mode had none"
     assert "cancel 3" in rows["faults applied"] and "**50.0%**" in rows["goodput (productive steps / wall)"]
     assert "40.0% / 60.0%" in rows["Young / Daly predicted (per run, mean)"]
+
+
+def test_evidence_explains_every_anomaly_class():
+    text = (REPO / "docs" / "evidence.md").read_text()
+    for cls, meaning in campaign.checker.CLASSES.items():
+        assert f"| `{cls}` | {meaning} |" in text, f"docs/evidence.md does not explain {cls}"
