@@ -543,8 +543,11 @@ class Nemesis(threading.Thread):
             j = self.camp.job(job)
             if j is None or not j.start_time:
                 continue
+            # the limit as near as Slurm takes it (whole minutes): passed already without --signal
+            # (TIMEOUT at slurmctld's next check, within 30 s); with one, a few seconds beyond the lead
             elapsed = time.time() - j.start_time
-            minutes = max(1, math.ceil(elapsed / 60) + (1 if self.rs.setup.signal else 0))
+            ahead = self.camp.params.lead_s + 5 if self.rs.setup.signal else 0
+            minutes = max(1, math.ceil((elapsed + ahead) / 60) if ahead else math.floor(elapsed / 60))
             self.bed.exec("ctl", ["scontrol", "update", f"jobid={job}", f"TimeLimit={minutes}"], check=False)
             a.detail += f"{mode}: job {job} TimeLimit={minutes} (ran {elapsed:.0f}s); "
 
