@@ -487,6 +487,7 @@ class Nemesis(threading.Thread):
         self.applied: list[Applied] = []
         self.undos: list[Undo] = []
         self.busy: set[str] = set()
+        self.limits: dict[int, int] = {}  # job -> the time limit a fault set (minutes)
         self.done = threading.Event()
         self.errors: list[str] = []
 
@@ -548,6 +549,7 @@ class Nemesis(threading.Thread):
             elapsed = time.time() - j.start_time
             ahead = self.camp.params.lead_s + 5 if self.rs.setup.signal else 0
             minutes = max(1, math.ceil((elapsed + ahead) / 60) if ahead else math.floor(elapsed / 60))
+            minutes = self.limits[job] = min(minutes, self.limits.get(job, minutes))  # never lengthened
             self.bed.exec("ctl", ["scontrol", "update", f"jobid={job}", f"TimeLimit={minutes}"], check=False)
             a.detail += f"{mode}: job {job} TimeLimit={minutes} (ran {elapsed:.0f}s); "
 
