@@ -35,7 +35,7 @@ def test_a_short_campaign_keeps_every_dispatch_run_whole(slurm_cluster):
     assert sum(1 for r in results for a in r["faults"] if not a["missed"]) >= 3, "the nemesis hit the runs"
     for r in results:
         d = r["modes"]["dispatch"]
-        assert d["outcome"]["state"] == "done", (r["seed"], d["outcome"], d["replay"])
         assert d["anomalies"] == [], (r["seed"], d["anomalies"], d["replay"])
+        assert d["outcome"]["state"] == "done", (r["seed"], d["outcome"], d["replay"])
         assert d["goodput"]["finished"] and 0 < d["goodput"]["goodput"] <= 1, d["goodput"]
         assert "naive" in r["modes"] and r["modes"]["naive"]["goodput"].get("wall_s"), "both modes ran"
