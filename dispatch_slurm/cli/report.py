@@ -16,9 +16,10 @@ from . import common
               "(needs matplotlib: the plot extra)")
 def report(root, as_json, plot_path):
     """The executions of ROOT's job (attempts, epochs, nodes, how each ended), the
-    overlaps, every publication, the holds and cessation answers, and the steps lost to
-    each interruption; read from the root (the supervisor's record adds Slurm's word on
-    each end; without one, Slurm is asked how its executions ended).
+    overlaps, every publication, the holds and cessation answers, the steps lost to
+    each interruption, and the goodput (the share of wall time that became kept training
+    steps, and where the rest went); read from the root (the supervisor's record adds
+    Slurm's word on each end; without one, Slurm is asked how its executions ended).
 
     Exit 0; 2 on an error, and when the latest publication's save is gone (the report is
     printed, then the error `latest` gives: nothing can resume from that root)."""

@@ -55,6 +55,7 @@ from ..slurm.cessation import local
 from ..store import ceased
 from ..store import events as eventsmod
 from ..supervisor.record import Record
+from . import goodput
 
 RECORD_TYPES = ("started", "ended", "rule", "hold", "cessation", "release", "finished", "stop")
 
@@ -274,7 +275,7 @@ def build(root: store.Root, slurm: Any = None, ask_slurm: bool = True) -> dict[s
     withdrawn = {e.get("name"): e["t"] for e in evs if e["type"] == "retired"}
     interruptions = [_interruption(old, new, pubs, withdrawn) for old, new in zip(execs, execs[1:])]
     latest = inv.latest  # what `latest` names
-    return {"root": root, "executions": execs, "interruptions": interruptions, "holds": _holds(facts),
+    r = {"root": root, "executions": execs, "interruptions": interruptions, "holds": _holds(facts),
             "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
                              for p, t in pubs],
             "latest": None if latest is None else {"step": latest.step, "path": latest.path, "name": latest.name,
@@ -282,6 +283,8 @@ def build(root: store.Root, slurm: Any = None, ask_slurm: bool = True) -> dict[s
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
             "warnings": _warnings(evs),
             "retention": status(st, ask=False, facts=every_fact, inv=inv)}
+    r["goodput"] = goodput.of_report(r, every_fact)
+    return r
 
 
 def _warnings(evs: list[dict]) -> list[dict]:

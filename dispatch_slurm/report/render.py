@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from . import goodput
+
 
 def _t(t: Optional[float], t0: Optional[float]) -> str:
     return "-" if t is None or t0 is None else f"+{t - t0:.1f}s"
@@ -93,6 +95,7 @@ def text(r: dict) -> str:
                                      for p in r["publications"]])
     out += _section("warnings", [_warning(w) for w in r.get("warnings", [])])
     out += _retention(r.get("retention"))
+    out += goodput.text(r.get("goodput"))
     if r["finished"]:
         out += ["", f"supervisor: finished, {r['finished']['outcome']}: {r['finished'].get('message', '')}"]
     return "\n".join(out) + "\n"

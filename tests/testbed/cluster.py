@@ -156,6 +156,7 @@ class Cluster(Bed):
         log: Optional[Callable[[str], None]] = None,
         volumes: Optional[Mapping[str, str]] = None,
         tracking: Optional[str] = None,
+        tmpfs: Optional[Mapping[str, int]] = None,
     ):
         if suite not in SUITES:
             raise ClusterError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
@@ -182,6 +183,10 @@ class Cluster(Bed):
         self._slurm = None
         # extra read-only mounts, host path -> container path (e.g. a host's torch for tests)
         self.volumes = dict(volumes or {})
+        # folders of /checkpoints that are a filesystem of their own, name -> MiB: a tmpfs
+        # mounted here before the containers start (their bind mount of /checkpoints holds it),
+        # so a test can fill it (ENOSPC on every node) without filling this machine's disk
+        self.tmpfs = dict(tmpfs or {})
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -230,6 +235,10 @@ class Cluster(Bed):
             key.chmod(0o400)
             self.checkpoints.mkdir()
             self.checkpoints.chmod(0o1777)
+            for name, mib in self.tmpfs.items():
+                (self.checkpoints / name).mkdir()
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(mib)}m,mode=1777", f"{self.id}-{name}",
+                                str(self.checkpoints / name)], check=True, capture_output=True)
 
             labels = {LABEL: self.id, OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
             self._network = Network(docker_network_kw={"internal": True, "labels": labels})
@@ -310,6 +319,8 @@ class Cluster(Bed):
                 self._log(f"{self.id}: removing network: {e}")
             self._network = None
         if self._tmp is not None:
+            for name in self.tmpfs:
+                subprocess.run(["umount", "-l", str(self._tmp / "checkpoints" / name)], capture_output=True)
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         self._slurm = None
@@ -327,6 +338,23 @@ class Cluster(Bed):
             return self._containers[host].get_wrapped_container()
         except KeyError:
             raise ClusterError(f"no container {host!r} in {self.id} (have: {', '.join(self._containers)})") from None
+
+    def kill(self, host: str) -> None:
+        """SIGKILL every process of ``host`` (a node's power cut: slurmd and the job's
+        processes die at once); ``boot`` brings it back."""
+        self._container(host).kill()
+        self._log(f"{self.id}: killed {host}")
+
+    def boot(self, host: str) -> None:
+        """Start a killed host's container again: its entrypoint starts its daemons."""
+        self._container(host).start()
+        self._log(f"{self.id}: booted {host}")
+
+    def restart(self, host: str, timeout: int = 10) -> None:
+        """Stop ``host``'s daemon as an admin does (SIGTERM, then SIGKILL after ``timeout``
+        seconds) and start it again."""
+        self._container(host).restart(timeout=timeout)
+        self._log(f"{self.id}: restarted {host}")
 
     def logs(self, host: str) -> str:
         """The container's output (the daemon logs to stderr)."""

@@ -1,0 +1,150 @@
+"""The fault campaign's seeded draws and commands, without a cluster (tests/testbed/campaign.py):
+one seed is one run (its setup and its fault schedule), fixing a setup axis leaves the other
+draws as they were, the documented commands parse and cover what they claim, and the
+trainer's state is a pure function of the steps applied."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from support import REPO
+from testbed import campaign, dettrain
+from testbed.bed import ClusterError
+
+P = campaign.Params()
+
+
+def test_a_seed_is_one_run_and_fixing_an_axis_keeps_the_other_draws():
+    assert campaign.setup_for(5) == campaign.setup_for(5) and campaign.schedule_for(5, P) == campaign.schedule_for(5, P)
+    seeds = range(1, 60)
+    assert len({campaign.setup_for(s).label() for s in seeds}) > 30, "setups vary with the seed"
+    assert len({tuple(f.kind for f in campaign.schedule_for(s, P)) for s in seeds}) > 40
+    for s in seeds:
+        free, fixed = campaign.setup_for(s), campaign.setup_for(s, {"output": "append"})
+        assert fixed.output == "append"
+        assert (fixed.trainer, fixed.ranks, fixed.launcher, fixed.signal) == \
+            (free.trainer, free.ranks, free.launcher, free.signal)
+        assert campaign.schedule_for(s, P) == campaign.schedule_for(s, P)  # a setup never moves the faults
+
+
+def test_setups_that_cannot_be_run_are_redrawn_or_refused():
+    for s in range(1, 80):
+        got = campaign.setup_for(s, hf=False)
+        assert got.trainer != "hf"
+        if got.launcher == "plugin":
+            assert got.gc == 0, "gc is run's --keep-last"
+        if campaign.setup_for(s).trainer == "hf":
+            assert campaign.setup_for(s).ranks == 1
+    with pytest.raises(ClusterError, match="--suite bookworm"):
+        campaign.setup_for(1, {"trainer": "hf"}, hf=False)
+    with pytest.raises(ClusterError, match="launcher=run"):
+        campaign.setup_for(1, {"launcher": "plugin", "gc": 2})
+    with pytest.raises(ClusterError, match="unknown axis 'rank'"):
+        campaign.parse_setup("rank=2")
+    assert campaign.parse_setup("trainer=own,ranks=2,signal=1") == {"trainer": "own", "ranks": 2, "signal": True}
+
+
+def test_faults_overlap_and_kinds_can_be_limited():
+    overlapping = 0
+    for s in range(1, 100):
+        sched = campaign.schedule_for(s, P)
+        assert 2 <= len(sched) <= 5 and sched == sorted(sched, key=lambda f: f.at)
+        overlapping += any(a.at + a.duration > b.at for a, b in zip(sched, sched[1:]))
+        for f in sched:
+            if f.kind == "partition-long":
+                assert f.duration > P.min_job_age, "longer than MinJobAge"
+    assert overlapping > 30, "many schedules put a fault in force while the next one starts"
+    quick = campaign.Params(kinds=("cancel", "stall"))
+    assert {f.kind for s in range(1, 40) for f in campaign.schedule_for(s, quick)} == {"cancel", "stall"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed", *args], capture_output=True, text=True,
+                          cwd=REPO / "tests", timeout=120)
+
+
+def documented(page: str, name: str) -> list[list[str]]:
+    """The `python -m testbed campaign` lines of the snippet ``name`` of ``page``, as argv."""
+    text = (REPO / "docs" / page).read_text()
+    block = re.search(rf"<!-- snippet: {name};.*?-->\n```sh\n(.*?)```", text, re.S)
+    assert block, f"{page} has no snippet {name}"
+    lines = block[1].replace("\\\n", " ").splitlines()
+    out = []
+    for line in lines:
+        words = shlex.split(line.split("#")[0])
+        if words[1:5] == ["python", "-m", "testbed", "campaign"]:
+            out.append(words[5:])
+    assert out, f"{page}'s snippet {name} runs no campaign"
+    return out
+
+
+def test_the_long_campaign_command_covers_every_fault_kind_and_setup():
+    (argv,) = documented("evidence.md", "long-campaign")
+    res = cli("campaign", *argv, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    summary = res.stdout.splitlines()[-1]
+    m = re.match(r"(\d+) runs, (\d+) setups, (\d+) faults: (.*)", summary)
+    assert m and int(m[3]) >= 200 and int(m[2]) >= 10, summary
+    assert {k.split()[0] for k in m[4].split(", ")} == set(campaign.KINDS), "every fault kind"
+    assert "hf/" in res.stdout, "the Hugging Face setups (bookworm)"
+
+
+def test_the_development_pages_campaign_commands_parse():
+    for argv in documented("development.md", "campaign-one-seed"):
+        argv = [a for a in argv if a != "--dry-run"]
+        res = cli("campaign", *argv, "--dry-run")
+        assert res.returncode == 0, res.stderr
+        assert "runs," in res.stdout.splitlines()[-1]
+
+
+def test_the_replay_command_replays_the_same_run():
+    cmd = campaign.replay_command("trixie", 17, "dispatch", setup="ranks=2", steps=200, kinds=("cancel",))
+    argv = shlex.split(cmd.split("python -m testbed ", 1)[1])
+    res = cli(*argv, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    want = campaign.setup_for(17, {"ranks": 2}, hf=False).label()
+    assert res.stdout.startswith(f"seed 17: {want}: cancel@"), res.stdout
+
+
+def test_the_trainers_state_is_a_pure_function_of_the_steps_applied():
+    ref = dettrain.chain(7, 2, 50)
+    h = ref[20]
+    for k in range(21, 51):
+        h = dettrain.step_hash(h, k, 7, 2)
+    assert h == ref[50], "resuming from step 20's state ends where the uninterrupted run ends"
+    repeated = dettrain.step_hash(ref[20], 20, 7, 2)  # step 20 applied twice
+    for k in range(21, 51):
+        repeated = dettrain.step_hash(repeated, k, 7, 2)
+    skipped = ref[19]
+    for k in range(21, 51):
+        skipped = dettrain.step_hash(skipped, k, 7, 2)
+    assert len({ref[50], repeated, skipped, dettrain.chain(8, 2, 50)[50], dettrain.chain(7, 1, 50)[50]}) == 5
+
+
+def test_the_evidence_table_names_each_anomaly_class_with_its_seeds():
+    gp = {"goodput": 0.5, "wall_s": 100.0, "buckets": {k: 0.0 for k in campaign.goodput.BUCKETS},
+          "prediction": {"young": 0.4, "daly": 0.6}}
+    gp["buckets"].update(productive=50.0, restart=50.0)
+
+    def result(seed: int, anomalies: list[str]) -> dict:
+        mode = {"outcome": {"state": "done"}, "events": [], "goodput": gp,
+                "anomalies": [{"cls": c, "detail": ""} for c in anomalies]}
+        return {"seed": seed, "label": f"own/1r/default/run/{seed}", "faults": [{"kind": "cancel", "missed": False}],
+                "modes": {"dispatch": mode, "naive": {**mode, "anomalies": []}}}
+    table = campaign.evidence([result(3, ["end-misjudged", "end-misjudged"]), result(4, []), result(5, ["final-state"])])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
+    assert "end-misjudged: 1 runs (3); final-state: 1 runs (5)" in rows["anomalies by class (seeds)"]
+    assert rows["anomalies by class (seeds)"].endswith("| none |"), "naive mode had none"
+    assert "cancel 3" in rows["faults applied"] and "**50.0%**" in rows["goodput (productive steps / wall)"]
+    assert "40.0% / 60.0%" in rows["Young / Daly predicted (per run, mean)"]
+
+
+def test_evidence_explains_every_anomaly_class():
+    text = (REPO / "docs" / "evidence.md").read_text()
+    for cls, meaning in campaign.checker.CLASSES.items():
+        assert f"| `{cls}` | {meaning} |" in text, f"docs/evidence.md does not explain {cls}"

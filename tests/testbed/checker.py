@@ -1,0 +1,537 @@
+"""The fault campaign's checker: did a run under faults end where the uninterrupted run ends?
+
+Independent of the code under test: it imports nothing of ``dispatch_slurm`` (a test says
+so) and reads only what a run leaves behind:
+
+- the root's files: ``pub/`` (names in DESIGN.md's documented format, parsed here on
+  their own; an entry's mtime is when it was made), the saves under ``exec/``, and
+  ``events/`` only for the ``gc`` lines that name what gc removed and when;
+- Slurm's accounting: ``sacct --json`` of the run's jobs, as ``sacct`` printed it;
+- the trainer's own log (``dettrain.py``, ``hftrain.py``): every step applied, save,
+  rotation, resume and stop, with its time, execution and rank;
+- the run's description (``Run``): its parameters, the faults the nemesis applied and
+  when, and how the run ended by the word of whoever decided (the supervisor's
+  ``finished`` line of ``record.jsonl``, or the user who resubmitted by hand).
+
+The oracle is the deterministic trainer's ``chain``: the state after every step of the
+uninterrupted run (a Hugging Face run: the uninterrupted run's final weights' digest).
+Each finding is an ``Anomaly``: a class (``CLASSES``) and what was seen.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Optional
+
+from . import dettrain
+
+#: anomaly class -> what it means
+CLASSES = {
+    "final-state": "the run's final state is not the uninterrupted run's",
+    "resume-not-latest": "an execution resumed from another save than the greatest published (epoch, step) "
+                         "at its start",
+    "torn-resume": "an execution loaded a save that was incomplete, mixed, or not the state of its step",
+    "torn-publication": "a publication names a save that was not complete when published, or is torn",
+    "removed-publication": "the latest publication names a save that no longer exists",
+    "gc-without-cessation": "a save was removed while the execution that wrote it had not ceased",
+    "unexplained-removal": "a published save vanished, removed by neither its own execution nor gc",
+    "end-misjudged": "the run ended done while training had not finished (a continuation taken as done), "
+                     "ended failed/held/stopped although training finished, or stopped though nobody asked",
+    "false-failure": "the run ended failed or held with no true reason (budget left, progress made)",
+    "recompute-excess": "work recomputed after a fault exceeds the save interval plus the signal lead",
+    "step-lost-at-time-limit": "a trainer that traps the time-limit signal lost steps at a time limit",
+    "unfinished": "the run neither finished nor ended within the campaign's deadline",
+    "mixed-save": "one save folder was written by two executions",
+    "lost-save": "an execution's rotation deleted another live execution's save",
+}
+
+#: faults after which lost work is not bounded by the save interval: saves fail (a full
+#: disk), the run stops on a person's fix (a stray entry), a rank stands still
+UNBOUNDED = ("enospc", "stray", "stall")
+#: faults that end an execution another way than its time limit
+OTHER_ENDS = ("cancel", "preempt", "requeue", "partition", "partition-long", "crash", "stall", "enospc", "stray",
+              "ctld-restart")
+
+_PUB = re.compile(r"([0-9]{20})-([0-9]{20})-([A-Z2-7]+)")
+
+
+@dataclass
+class Anomaly:
+    cls: str
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.cls not in CLASSES:
+            raise ValueError(f"unknown anomaly class {self.cls!r}")
+
+
+@dataclass
+class Publication:
+    epoch: int
+    step: int
+    path: str  # relative to the root
+    name: str
+    made: float  # the entry's mtime: when it was published
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.epoch, self.step)
+
+
+@dataclass
+class Run:
+    """What the checker is given about one run in one mode (all paths on this machine;
+    ``root_in_cluster``/``folder_in_cluster``: how the trainer named them in its log)."""
+
+    mode: str  # dispatch | naive
+    trainer: str  # det | hf
+    max_steps: int
+    save_every: int
+    step_time: float
+    ranks: int
+    seed: int
+    trap: str  # handler | own | none | hf
+    trainer_log: str
+    sacct: Optional[str] = None
+    root: Optional[str] = None
+    root_in_cluster: Optional[str] = None
+    folder: Optional[str] = None  # naive: the one shared folder
+    folder_in_cluster: Optional[str] = None
+    lead_s: float = 0.0  # the --signal lead (0: no --signal)
+    slack_s: float = 3.0  # publication latency beside the save interval
+    outcome: dict = field(default_factory=dict)  # {"state": done|failed|held|stopped|unfinished, "message"}
+    faults: list = field(default_factory=list)  # [{"kind", "t0", "t1", "jobs", "nodes"}]
+    reference: Optional[str] = None  # hf: the uninterrupted run's final digest
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Run":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def b32decode(text: str) -> bytes:
+    return base64.b32decode(text + "=" * (-len(text) % 8))
+
+
+def parse_name(name: str) -> tuple[int, int, str]:
+    """(epoch, step, path) from a publication name (DESIGN.md: ``<epoch, 20 digits>-<step,
+    20 digits>-<path relative to the root, base32, no padding>``); ValueError otherwise."""
+    m = _PUB.fullmatch(name)
+    if m is None:
+        raise ValueError(f"{name!r} is not a publication name")
+    return int(m[1]), int(m[2]), b32decode(m[3]).decode()
+
+
+def publications(root: str) -> tuple[list[Publication], list[str]]:
+    """Every publication under ``root/pub`` and the entries that are none (strays)."""
+    pubs, strays = [], []
+    pub = os.path.join(root, "pub")
+    for name in sorted(os.listdir(pub)) if os.path.isdir(pub) else []:
+        try:
+            epoch, step, path = parse_name(name)
+        except ValueError:
+            strays.append(name)
+            continue
+        pubs.append(Publication(epoch, step, path, name, os.stat(os.path.join(pub, name)).st_mtime))
+    return pubs, strays
+
+
+def attempt_epoch(attempt: str) -> Optional[int]:
+    """The epoch at the end of an attempt token ``<cluster>.<job>.<epoch>``."""
+    tail = attempt.rsplit(".", 1)[-1]
+    return int(tail) if tail.isdigit() and attempt.count(".") >= 2 else None
+
+
+def read_log(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:  # a line cut by a node's crash
+                    continue
+    return sorted(out, key=lambda r: r["t"])
+
+
+def gc_removals(root: str) -> dict[str, float]:
+    """relative path -> when gc said it removed it (its ``gc`` event lines)."""
+    out: dict[str, float] = {}
+    d = os.path.join(root, "events")
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        with open(os.path.join(d, name)) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("type") == "gc":
+                    for p in e.get("removed") or []:
+                        out.setdefault(p, e["t"])
+    return out
+
+
+def _num(v: Any) -> Optional[float]:
+    if isinstance(v, dict):  # Slurm's {"set": true, "number": N}
+        return v.get("number") if v.get("set", True) else None
+    return v if isinstance(v, (int, float)) else None
+
+
+def sacct_executions(path: Optional[str]) -> list[dict]:
+    """One entry per execution ``sacct -D --json`` lists: job, state, start, end, reason."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        data = json.load(f)
+    out = []
+    for j in data.get("jobs", []):
+        state = (j.get("state") or {}).get("current")
+        state = state[0] if isinstance(state, list) and state else state
+        t = j.get("time") or {}
+        out.append({"job": int(j.get("job_id", 0)), "state": state or "UNKNOWN", "start": _num(t.get("start")),
+                    "end": _num(t.get("end")), "reason": (j.get("state") or {}).get("reason")})
+    return out
+
+
+# -- executions --------------------------------------------------------------------------------
+
+
+@dataclass
+class Execution:
+    attempt: str
+    job: str
+    restart: int
+    records: list[dict]
+
+    @property
+    def start(self) -> dict:
+        return next((r for r in self.records if r["op"] == "start" and r.get("rank", 0) == 0), self.records[0])
+
+    @property
+    def first_t(self) -> float:
+        return self.records[0]["t"]
+
+    @property
+    def last_t(self) -> float:
+        return self.records[-1]["t"]
+
+    def ops(self, *ops: str, rank: Optional[int] = 0) -> list[dict]:
+        return [r for r in self.records if r["op"] in ops and (rank is None or r.get("rank", 0) == rank)]
+
+    def steps_before(self, t: float) -> Optional[int]:
+        done = [r["step"] for r in self.ops("step") if r["t"] < t]
+        return max(done) if done else None
+
+    @property
+    def last_step(self) -> Optional[int]:
+        return max((r["step"] for r in self.ops("step")), default=None)
+
+
+def executions(log: list[dict]) -> list[Execution]:
+    by: dict[str, list[dict]] = {}
+    for r in log:
+        by.setdefault(r["attempt"], []).append(r)
+    out = [Execution(a, str(rs[0].get("job")), int(rs[0].get("restart", 0)), rs) for a, rs in by.items()]
+    return sorted(out, key=lambda e: e.first_t)
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+
+class Checker:
+    def __init__(self, run: Run):
+        self.run = run
+        self.log = read_log(run.trainer_log)
+        self.execs = executions(self.log)
+        self.sacct = sacct_executions(run.sacct)
+        self.ref = dettrain.chain(run.seed, run.ranks, run.max_steps) if run.trainer == "det" else None
+        if run.root:
+            self.pubs, self.strays = publications(run.root)
+        else:
+            self.pubs, self.strays = [], []
+        self.found: list[Anomaly] = []
+
+    def flag(self, cls: str, detail: str) -> None:
+        self.found.append(Anomaly(cls, detail))
+
+    def rel(self, path: Optional[str]) -> Optional[str]:
+        """A path the trainer logged, relative to the root (dispatch) or folder (naive)."""
+        if path is None:
+            return None
+        base = self.run.root_in_cluster if self.run.mode == "dispatch" else self.run.folder_in_cluster
+        if base and (path == base or path.startswith(base.rstrip("/") + "/")):
+            return path[len(base.rstrip("/")) + 1:]
+        return path
+
+    def host(self, rel: str) -> str:
+        base = self.run.root if self.run.mode == "dispatch" else self.run.folder
+        return os.path.join(base or "/nonexistent", rel)
+
+    def check(self) -> list[Anomaly]:
+        self.final_state()
+        self.end()
+        self.resumes()
+        if self.run.mode == "dispatch":
+            self.resume_points()
+            self.publications()
+            self.removals()
+        else:
+            self.shared_folder()
+        self.recompute()
+        return self.found
+
+    # the final state and how the run ended
+
+    def _good(self, step: int, h: Optional[str]) -> bool:
+        if self.ref is not None:
+            return 0 <= step < len(self.ref) and h == self.ref[step]
+        return self.run.reference is None or h == self.run.reference or step < self.run.max_steps or h is None
+
+    def final_state(self) -> None:
+        for r in (r for r in self.log if r["op"] == "done" and r.get("rank", 0) == 0):
+            # a Trainer resumed from its final save counts one more step (at learning rate 0):
+            # its weights are what counts
+            short = r["step"] < self.run.max_steps if self.run.trainer == "hf" else r["step"] != self.run.max_steps
+            if short or not self._good(self.run.max_steps if self.run.trainer == "hf" else r["step"], r.get("h")):
+                self.flag("final-state", f"{r['attempt']} finished at step {r['step']} with state {r.get('h')}, "
+                                         f"not the uninterrupted run's (step {self.run.max_steps}, "
+                                         f"{self.ref[-1] if self.ref else self.run.reference})")
+
+    def finished(self) -> bool:
+        return any(r["op"] == "done" and r.get("rank", 0) == 0 for r in self.log)
+
+    def end(self) -> None:
+        state = self.run.outcome.get("state", "unfinished")
+        msg = self.run.outcome.get("message", "")
+        done = self.finished()
+        if state == "unfinished":
+            self.flag("unfinished", f"the run did not end by the deadline ({msg})")
+        elif state == "done" and not done:
+            self.flag("end-misjudged", f"the run ended done but training stopped at step {self.last_step()} of "
+                                       f"{self.run.max_steps} (a continuation taken as done): {msg}")
+        elif state != "done" and done:
+            self.flag("end-misjudged", f"training finished but the run ended {state}: {msg}")
+        elif state == "stopped" and not done:
+            self.flag("end-misjudged", f"the run ended stopped at step {self.last_step()} of {self.run.max_steps} "
+                                       f"though nobody asked it to stop: {msg}")
+        elif state in ("failed", "held") and not self.true_failure(msg):
+            self.flag("false-failure", f"the run ended {state} with budget left and progress made: {msg}")
+
+    def last_step(self) -> int:
+        return max((r["step"] for r in self.log if r["op"] == "step"), default=0)
+
+    def true_failure(self, msg: str) -> bool:
+        """A failure the run's own record explains: a budget spent or a chain that stopped
+        advancing (the last executions published no higher step)."""
+        if "no resubmission is left" in msg or "budget" in msg:
+            return True
+        if "no higher step" in msg and self.run.root:
+            by_exec: dict[int, int] = {}
+            for p in self.pubs:
+                by_exec[p.epoch] = max(by_exec.get(p.epoch, 0), p.step)
+            return True if len(by_exec) < 2 else False
+        return False
+
+    # resumes
+
+    def resumes(self) -> None:
+        for ex in self.execs:
+            for r in ex.ops("resume_failed", rank=None):
+                self.flag("torn-resume", f"{ex.attempt} rank {r.get('rank', 0)} could not load "
+                                         f"{self.rel(r['path'])}: {r.get('error')}")
+            for r in ex.ops("resume", rank=None):
+                if self.ref is not None and not self._good(r["step"], r.get("h")):
+                    self.flag("torn-resume", f"{ex.attempt} rank {r.get('rank', 0)} loaded {self.rel(r['path'])} "
+                                             f"at step {r['step']} with a state that is not step {r['step']}'s")
+
+    def window(self, ex: Execution) -> tuple[float, float]:
+        """When the execution chose its resume point: from Slurm's start of it (sacct) to
+        its trainer's resume line (or start line)."""
+        start = ex.start
+        chose = next((r["t"] for r in ex.ops("resume", "resume_failed")), start["t"])
+        begin = None
+        for s in self.sacct:
+            if str(s["job"]) == ex.job and s["start"] and s["start"] <= start["t"] + 1 and \
+                    (not s["end"] or s["end"] + 1 >= start["t"]):
+                begin = s["start"] - 1  # whole seconds
+        return (begin if begin is not None else start["t"] - 1.0), chose
+
+    def resume_points(self) -> None:
+        for ex in self.execs:
+            epoch = attempt_epoch(ex.attempt)
+            if epoch is None:
+                continue
+            begin, chose = self.window(ex)
+            earlier = [p for p in self.pubs if p.epoch < epoch]
+            before = [p for p in earlier if p.made < begin]
+            best = max(before, key=lambda p: p.key, default=None)
+            src = self.rel(ex.start.get("resume_from"))
+            loaded = max((p for p in earlier if p.path == src), key=lambda p: p.key, default=None)
+            if src is None:
+                if best is not None:
+                    self.flag("resume-not-latest", f"{ex.attempt} started from scratch while {best.path} (epoch "
+                                                   f"{best.epoch}, step {best.step}) was published")
+                continue
+            if loaded is None:
+                self.flag("resume-not-latest", f"{ex.attempt} resumed from {src}, which no publication names")
+            elif loaded.made > chose + 0.5:
+                self.flag("resume-not-latest", f"{ex.attempt} resumed from {src}, published only after it chose")
+            elif best is not None and loaded.key < best.key:
+                self.flag("resume-not-latest", f"{ex.attempt} resumed from {src} (epoch {loaded.epoch}, step "
+                                               f"{loaded.step}) while {best.path} (epoch {best.epoch}, step "
+                                               f"{best.step}) was published before it started")
+
+    # publications and removals
+
+    def saves(self) -> dict[str, list[dict]]:
+        """relative save path -> its complete-save lines (rank 0)."""
+        out: dict[str, list[dict]] = {}
+        for r in self.log:
+            if r["op"] == "save" and r.get("rank", 0) == 0:
+                out.setdefault(self.rel(r["path"]) or "", []).append(r)
+        return out
+
+    def intact(self, rel: str, step: int) -> Optional[str]:
+        """Why the save at ``rel`` is not a whole save of ``step`` (None: it is)."""
+        d = self.host(rel)
+        try:
+            with open(os.path.join(d, dettrain.STATE)) as f:
+                if int(json.load(f)["global_step"]) != step:
+                    return "its trainer_state.json names another step"
+            if self.run.trainer == "hf":
+                return None
+            with open(os.path.join(d, "model.bin")) as f:
+                h = f.readline().strip()
+            if not self._good(step, h):
+                return "its model.bin is not the state of its step"
+            with open(os.path.join(d, "data.json")) as f:
+                if int(json.load(f)["cursor"]) != step * self.run.ranks:
+                    return "its data cursor is not its step's"
+            for r in range(1, self.run.ranks):
+                with open(os.path.join(d, f"rank-{r}.bin")) as f:
+                    if f.readline().strip() != h:
+                        return f"its rank-{r}.bin is of another state"
+        except FileNotFoundError as e:
+            return f"{os.path.basename(e.filename or '?')} is missing"
+        except (OSError, ValueError, KeyError) as e:
+            return f"unreadable: {e}"
+        return None
+
+    def publications(self) -> None:
+        saves = self.saves()
+        for p in self.pubs:
+            owner = p.path.split("/")[1] if p.path.startswith("exec/") else None
+            if owner and attempt_epoch(owner) not in (None, p.epoch):
+                self.flag("torn-publication", f"{p.name} publishes {p.path} at epoch {p.epoch}, not its writer's")
+            made = [s for s in saves.get(p.path, []) if s["step"] == p.step]
+            if self.ref is not None and made and not any(self._good(p.step, s.get("h")) for s in made):
+                self.flag("torn-publication", f"{p.path} (step {p.step}) was saved with a wrong state")
+            if os.path.isdir(self.host(p.path)):
+                why = self.intact(p.path, p.step)
+                if why:
+                    self.flag("torn-publication", f"{p.path} (epoch {p.epoch}, step {p.step}) is published but {why}")
+            elif not made:
+                self.flag("torn-publication", f"{p.path} (epoch {p.epoch}, step {p.step}) is published but no "
+                                              "execution ever completed that save")
+        latest = max(self.pubs, key=lambda p: p.key, default=None)
+        if latest is not None and not os.path.isdir(self.host(latest.path)):
+            self.flag("removed-publication", f"the latest publication {latest.name} names {latest.path}, which "
+                                             "no longer exists")
+
+    def removals(self) -> None:
+        gc = gc_removals(self.run.root or "")
+        deleted = {(self.rel(r["path"]), r["attempt"]) for r in self.log if r["op"] == "delete"}
+        last = {ex.attempt: ex.last_t for ex in self.execs}
+        for p in self.pubs:
+            if os.path.isdir(self.host(p.path)):
+                continue
+            owner = p.path.split("/")[1] if p.path.startswith("exec/") else ""
+            if (p.path, owner) in deleted:
+                continue  # its own rotation
+            if p.path in gc:
+                if last.get(owner, 0) > gc[p.path]:
+                    self.flag("gc-without-cessation", f"gc removed {p.path} at {gc[p.path]:.1f} while {owner} "
+                                                      f"still ran (its last line at {last[owner]:.1f})")
+                continue
+            self.flag("unexplained-removal", f"{p.path} (published) vanished; neither {owner} nor gc removed it")
+
+    def shared_folder(self) -> None:
+        """Naive mode: one folder for every execution."""
+        writers: dict[str, set[str]] = {}
+        for r in self.log:
+            if r["op"] in ("save_begin", "save"):
+                writers.setdefault(self.rel(r["path"]) or "", set()).add(r["attempt"])
+        for path, both in sorted(writers.items()):
+            if len(both) > 1:
+                self.flag("mixed-save", f"{path} written by {', '.join(sorted(both))}")
+        last = {ex.attempt: ex.last_t for ex in self.execs}
+        latest_writer: dict[str, tuple[float, str]] = {}
+        for r in self.log:
+            rel = self.rel(r["path"]) if "path" in r else None
+            if r["op"] == "save" and rel:
+                latest_writer[rel] = (r["t"], r["attempt"])
+            elif r["op"] == "delete" and rel in latest_writer:
+                _, who = latest_writer[rel]
+                if who != r["attempt"] and last.get(who, 0) > r["t"]:
+                    self.flag("lost-save", f"{r['attempt']} deleted {rel}, saved by {who}, which still ran")
+
+    # work recomputed, steps lost at a time limit
+
+    def faults_near(self, t0: float, t1: float, kinds: Iterable[str]) -> list[dict]:
+        kinds = tuple(kinds)
+        return [f for f in self.run.faults if f["kind"] in kinds and f["t0"] <= t1 and (f.get("t1") or f["t0"]) >= t0]
+
+    def recompute(self) -> None:
+        """Work recomputed after each fault: the most steps an earlier execution applied before
+        it was replaced (its successor started; what an overlapping old execution does after
+        that is the overlap's, not the fault's) less the step the new execution resumed at."""
+        interval = self.run.save_every + (self.run.lead_s + self.run.slack_s) / self.run.step_time
+        starts = [e.start["t"] for e in self.execs]
+        for i, ex in enumerate(self.execs[1:], 1):
+            start = ex.start
+            if ex.ops("resume_failed", rank=None):
+                continue
+            resumed = next((r["step"] for r in ex.ops("resume")), 0)
+            applied = [(s, e) for j, e in enumerate(self.execs[:i]) if (s := e.steps_before(starts[j + 1])) is not None]
+            if not applied:
+                continue
+            done, prev = max(applied, key=lambda se: se[0])
+            lost = done - resumed
+            prev_end = prev.last_t
+            excuse = self.faults_near(prev_end - interval * self.run.step_time - 30, start["t"], UNBOUNDED)
+            if lost > interval and not excuse:
+                self.flag("recompute-excess", f"{ex.attempt} resumed at step {resumed} while {prev.attempt} had "
+                                              f"applied {done}: {lost} steps recomputed, more than the save interval "
+                                              f"plus the signal lead ({interval:.0f} steps)")
+            if self.run.trap in ("handler", "own", "hf") and lost > 0 and self.timed_out(prev) and \
+                    not self.faults_near(prev_end - 60, prev_end + 5, OTHER_ENDS):
+                self.flag("step-lost-at-time-limit", f"{prev.attempt} stopped at its time limit at step {done}; "
+                                                     f"{ex.attempt} resumed at {resumed}")
+
+    def timed_out(self, ex: Execution) -> bool:
+        """Whether Slurm ended the execution at its time limit (sacct TIMEOUT, or a time-limit
+        fault on its job that it saw as a signal)."""
+        for s in self.sacct:
+            if str(s["job"]) == ex.job and s["state"] == "TIMEOUT" and s["start"] and \
+                    s["start"] <= ex.first_t + 1 and (not s["end"] or s["end"] + 1 >= ex.last_t):
+                return True
+        return bool(ex.ops("signal", rank=0)) and any(
+            f["kind"] == "timelimit" and str(ex.job) in [str(j) for j in f.get("jobs", [])] and f["t0"] <= ex.last_t
+            for f in self.run.faults) and not self.faults_near(ex.last_t - 60, ex.last_t, OTHER_ENDS)
+
+
+def check(run: Run) -> list[Anomaly]:
+    return Checker(run).check()
+
+
+def as_dicts(found: list[Anomaly]) -> list[dict]:
+    return [asdict(a) for a in found]
