@@ -207,6 +207,31 @@ def test_sbatchs_command_line_is_read_for_the_signal_and_the_script(argv, want):
     assert (got.signal, got.script, got.wrap) == want
 
 
+def test_the_supervisors_own_spank_flag_is_never_taken_for_the_script(tmp_path):
+    """`run --shared-checkpoint --via spank` puts --dispatch-shared-checkpoint (a flag) before
+    the script; read as taking a value, it swallowed the script, the signal became unknown and
+    every finished execution was held, then failed as unsure."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --signal=TERM@20\nsrun x\n")
+    defn = {"signal": None, "grace": None, "shared": True, "via": "spank", "args": [str(script)],
+            "cwd": str(tmp_path)}
+    argv, env = rules.sbatch_argv(defn, "/ckpt/root", 0, 1, "tag")
+    assert "--dispatch-shared-checkpoint" in argv and sbatch_options(argv).script == str(script)
+    from dispatch_slurm.supervisor import job_signal_of
+    assert job_signal_of(defn, argv, env).signal == Signal("TERM", False, 20)
+
+
+def test_every_flag_of_the_spank_plugin_is_known_to_take_no_value():
+    """The plugin's options table (has_arg 0) and the reader's flags agree: a new flag in the
+    plugin would otherwise eat the script's name."""
+    import pathlib
+    import re
+    from dispatch_slurm.contract import signals
+    table = (pathlib.Path(__file__).parents[1] / "spank_env" / "options.c").read_text()
+    flags = {m.group(1) for m in re.finditer(r'\{\s*"([a-z-]+)",\s*NULL,[^}]*?,\s*0,\s*OPT_', table, re.S)}
+    assert flags == {"dispatch-shared-checkpoint"} and flags <= signals._NO_ARG_LONG
+
+
 def test_the_command_line_beats_sbatch_signal_which_beats_the_script():
     script = "#SBATCH --signal=TERM@90\nsrun x\n"
     assert job_signal(["t.sbatch"], {}, script).signal == Signal("TERM", False, 90)

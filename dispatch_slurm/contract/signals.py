@@ -170,7 +170,10 @@ _NO_ARG_LONG = frozenset({"consolidate-segments", "contiguous", "external", "get
                           "ignore-pbs", "no-requeue", "overcommit", "oversubscribe", "parsable", "quiet", "reboot",
                           "spread-job", "spread-segments", "stepmgr", "test-only", "usage", "use-min-nodes",
                           "verbose", "version", "wait", "exclusive", "nice", "no-kill", "oom-kill-step",
-                          "propagate", "requeue", "resv-ports"})
+                          "propagate", "requeue", "resv-ports",
+                          # the SPANK plugin's own flag (spank_env/options.c: has_arg 0), which
+                          # `run --shared-checkpoint --via spank` passes before the script
+                          "dispatch-shared-checkpoint"})
 _ARG_SHORT = frozenset("ABCDFGJLMNSabcdeimnopqtwx")
 
 
