@@ -51,8 +51,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "release": ("supervise", "release", "Answer the hold standing on ROOT: the old execution is known to have "
                 "stopped, so the rule the hold replaced may apply."),
     "report": ("report", "report", "The executions of ROOT's job (attempts, epochs, nodes, how each ended), the "
-               "overlaps, every publication, the holds and cessation answers, and the steps lost to each "
-               "interruption; read from the root (the supervisor's record adds Slurm's word on each end; without "
+               "overlaps, every publication, the holds and cessation answers, the steps lost to each "
+               "interruption, and the goodput (the share of wall time that became kept training steps, and where "
+               "the rest went); read from the root (the supervisor's record adds Slurm's word on each end; without "
                "one, Slurm is asked how its executions ended)."),
     "retire": ("retention", "retire", "Retire one publication of ROOT on purpose: NAME (an entry of ROOT/pub/, as "
                "`dispatch-slurm ls ROOT --json` names it; pub/NAME or its full path also do), or --latest."),
