@@ -4,6 +4,7 @@ as a job script runs them; the torn-file check on real torch.save and safetensor
 `dispatch_slurm.saving`, the save that is complete before its name appears."""
 
 import io
+import json
 import os
 import pathlib
 import re
@@ -276,6 +277,34 @@ def test_a_trainer_killed_inside_the_helper_leaves_no_save_that_looks_complete(j
     assert out.splitlines() == ["published step 10 exec/c.1.1000000/checkpoint-10"]
     assert [n for n in os.listdir(ex) if n.startswith("checkpoint-")] == ["checkpoint-10"]
     assert any(n.startswith(".checkpoint-20.saving-") for n in os.listdir(ex))  # never taken for a save
+
+
+def test_a_save_the_helper_never_finished_is_named_by_report_and_removed_by_gc(job):
+    """What a kill inside ``saving()`` leaves is disk nobody would find: the report names it
+    as an unfinished save of its execution, and gc removes it once that execution ceased."""
+    root, ex, env = job
+    trainer = subprocess.Popen([sys.executable, str(TRAINER), "--steps", "30", "--save-every", "10",
+                                "--order", "helper", "--tear-at", "20"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        _line(trainer, "torn 20", time.monotonic() + 120)
+    finally:
+        trainer.kill()
+        trainer.wait(30)
+    left = [n for n in os.listdir(ex) if n.startswith(".checkpoint-20.saving-")]
+    assert len(left) == 1, os.listdir(ex)
+    cmd = [sys.executable, "-m", "dispatch_slurm"]
+    subprocess.run([*cmd, "publish", str(ex / "checkpoint-10")], env=env, check=True, timeout=60)
+    rep = subprocess.run([*cmd, "report", str(root), "--json"], env=env, capture_output=True, text=True, timeout=60)
+    saves = {r["path"]: r for r in json.loads(rep.stdout)["retention"]["saves"]}
+    assert saves[f"exec/{A1}/{left[0]}"]["step"] == 20 and saves[f"exec/{A1}/{left[0]}"].get("unfinished"), saves
+    text = subprocess.run([*cmd, "report", str(root)], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert left[0] in text, text
+    gc = [*cmd, "gc", str(root), "--keep-last", "1", "--min-age", "0"]
+    subprocess.run(gc, env=env, capture_output=True, text=True, timeout=60)
+    assert left[0] in os.listdir(ex), "its execution was not shown to have ceased: kept"
+    done = subprocess.run([*gc, "--ceased", A1], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert left[0] not in os.listdir(ex) and (ex / "checkpoint-10").exists()
 
 
 def test_the_helper_refuses_a_step_saved_already_and_drops_a_save_that_failed(job, monkeypatch):

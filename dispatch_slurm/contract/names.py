@@ -21,6 +21,15 @@ STEP_MAX = 10**20 - 1
 #: a save's name and its step: ``checkpoint-<step>``, the Hugging Face Trainer's, which
 #: watch, publish, the integrations and the trial trainer all use unless told otherwise
 STEP_PATTERN = r"checkpoint-([0-9]+)"
+#: what ``dispatch_slurm.saving`` writes a save under before renaming it to ``checkpoint-<step>``:
+#: a name no save pattern matches, so a kill inside the block leaves nothing taken for a save; the
+#: inventory still finds it, so the report names it and gc reclaims it once its execution ceased
+SAVING_PATTERN = r"\.checkpoint-([0-9]+)\.saving-[0-9]+-[0-9a-f]+"
+
+
+def saving_name(step: int, pid: int, token: str) -> str:
+    """The hidden name of a save being written by ``saving()`` (SAVING_PATTERN)."""
+    return f".checkpoint-{step}.saving-{pid}-{token}"
 #: the file ``dispatch_slurm.saving`` writes into a save before the save gets its name: watch
 #: takes a save holding it as complete, whatever marker it waits for otherwise
 COMPLETE_MARKER = ".dispatch-complete"

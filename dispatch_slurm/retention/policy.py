@@ -84,7 +84,8 @@ class Verdict:
         return {"path": s.path, "attempt": s.attempt, "state": state, "action": self.action,
                 "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
-                "latest": latest is not None and latest.path == s.path}
+                "latest": latest is not None and latest.path == s.path, "step": s.step,
+                "unfinished": s.unfinished}
 
 
 def pinned(path: str, pins: Iterable[str]) -> bool:

@@ -55,6 +55,7 @@ class Save:
     exists: bool = False
     step: Optional[int] = None
     problem: Optional[str] = None  # why it cannot be touched (a symlink in the way)
+    unfinished: bool = False  # a save ``saving()`` never finished (names.SAVING_PATTERN)
 
 
 @dataclass
@@ -102,6 +103,9 @@ def known_saves(pubs: Iterable[Publication], retired: Iterable[str], where: str)
     return saves
 
 
+_SAVING = re.compile(names.SAVING_PATTERN)
+
+
 def leftover_step(entry: str, pattern: re.Pattern) -> Optional[int]:
     """The step of an exec folder's entry named like a save (``pattern``'s group), or None."""
     m = pattern.fullmatch(entry)
@@ -109,16 +113,22 @@ def leftover_step(entry: str, pattern: re.Pattern) -> Optional[int]:
 
 
 def add_leftovers(saves: dict[str, Save], folders: dict[str, Folder], pattern: re.Pattern) -> None:
-    """The unpublished leftovers: entries of an execution's folder named like a save, that
-    are folders (a file is no save to collect) and hold no known save."""
+    """The unpublished leftovers: entries of an execution's folder named like a save, or
+    like a save ``saving()`` never finished, that are folders (a file is no save to collect)
+    and hold no known save."""
     known = {"/".join(p.split("/")[:3]) for p in saves}  # exec/<attempt>/<entry> holding a known save
     for attempt, f in folders.items():
         if names.attempt_epoch(attempt) is None:
             continue  # not an execution's folder: left alone
         for entry, is_dir in f.entries.items():
-            step, rel = leftover_step(entry, pattern), f"{EXEC}/{attempt}/{entry}"
-            if step is not None and is_dir and rel not in known:
+            rel = f"{EXEC}/{attempt}/{entry}"
+            if not is_dir or rel in known:
+                continue
+            step = leftover_step(entry, pattern)
+            if step is not None:
                 saves[rel] = Save(rel, attempt, step=step)
+            elif (m := _SAVING.fullmatch(entry)) is not None:
+                saves[rel] = Save(rel, attempt, step=int(m[1]), unfinished=True)
 
 
 def markers(s: Save) -> list[str]:

@@ -66,7 +66,7 @@ def saving(step: int, *, publish: bool = False, exec_dir: str | None = None) -> 
     if os.path.lexists(final):
         raise DispatchError(f"{final} exists already: a save is never rewritten (it may be published); save each "
                             "step once, e.g. skip the save when the step was just saved")
-    tmp = os.path.join(folder, f".checkpoint-{step}.saving-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = os.path.join(folder, names.saving_name(step, os.getpid(), secrets.token_hex(4)))
     os.mkdir(tmp, 0o700)
     try:
         yield pathlib.Path(tmp)
