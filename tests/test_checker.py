@@ -351,10 +351,12 @@ def test_a_real_local_run_through_dispatch_slurm_passes(tmp_path):
               f"{sys.executable} {REPO}/tests/testbed/dettrain.py --output-dir \"$DISPATCH_EXEC_DIR\" "
               "${resume:+--resume-from \"$resume\"} " + f"--max-steps 60 --step-time 0.05 --save-every 10 "
               f"--trap own --seed {SEED} --log {log} & T=$!\n"
-              f"{bindir}/dispatch-slurm watch --until-pid $T --poll --interval 0.1\nwait $T\n")
+              f"{bindir}/dispatch-slurm watch --until-pid $T --no-inotify --poll 0.1\nwait $T\n")
     env = {**os.environ, "DISPATCH_CHECKPOINT": str(root)}
     first = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
-    wait.until(lambda: log.exists() and '"step": 25' in log.read_text(), timeout=60, what="25 steps")
+    # 45 steps: the saves of steps 10 and 20 are published well over a second before the
+    # second execution starts (the checker allows a second for Slurm's whole-second times)
+    wait.until(lambda: log.exists() and '"step": 45' in log.read_text(), timeout=60, what="45 steps")
     os.killpg(first.pid, signal.SIGTERM)  # Slurm signals every process of the job
     first.wait(60)
     second = subprocess.run(["bash", "-c", script], env=env, timeout=120)
