@@ -53,7 +53,7 @@ def local_run(tmp_path: Path, stop_at: int):
               f"{sys.executable} {REPO}/tests/testbed/dettrain.py --output-dir \"$DISPATCH_EXEC_DIR\" "
               "${resume:+--resume-from \"$resume\"} --max-steps 120 --step-time 0.05 --save-every 20 --warmup 0.5 "
               f"--trap none --log {log} & T=$!\n"
-              f"{bindir}/dispatch-slurm watch --until-pid $T --poll --interval 0.1\nwait $T\n")
+              f"{bindir}/dispatch-slurm watch --until-pid $T --no-inotify --poll 0.1\nwait $T\n")
     env = {**os.environ, "DISPATCH_CHECKPOINT": str(root)}
     first = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
     wait.until(lambda: log.exists() and f'"step": {stop_at},' in log.read_text(), timeout=60, what=f"{stop_at} steps")
