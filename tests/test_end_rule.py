@@ -11,6 +11,7 @@ each time limit, burning --resubmit)."""
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -205,6 +206,15 @@ def test_only_the_directives_before_the_first_command_count():
 def test_sbatchs_command_line_is_read_for_the_signal_and_the_script(argv, want):
     got = sbatch_options(argv)
     assert (got.signal, got.script, got.wrap) == want
+
+
+def test_a_signal_time_days_away_is_said_with_its_day():
+    """An hour-old run under a two-day limit: "exited 0 at 10:00, before its --signal time
+    09:58" read as if the signal had come first."""
+    e = ended(end=START + 3600, time_limit=2 * 86400)
+    why = cause(e)[1]
+    day = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))  # noqa: E731
+    assert why == f"it exited 0 at {day(START + 3600)}, before its --signal time {day(START + 2 * 86400 - 120)}"
 
 
 def test_the_supervisors_own_spank_flag_is_never_taken_for_the_script(tmp_path):

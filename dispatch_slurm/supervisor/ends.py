@@ -56,7 +56,8 @@ def signal_time(ended: dict, warning: JobSignal) -> tuple[Optional[int], Optiona
 
 
 def _clock(t: int) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    """A time as Slurm prints it, with its day: a signal time is often a day or more away."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
 def cause_of(ended: dict, own: Own, warning: JobSignal, uid: int) -> tuple[str, str]:
