@@ -295,6 +295,20 @@ def test_steps_computed_after_the_last_save_are_never_counted_as_0(root, monkeyp
     assert i["steps_lost"] == 0, i
 
 
+def test_an_older_epilogs_sentinel_is_no_grace_save_of_the_execution(root, monkeypatch):
+    """Roots written before ends were decided from the execution's own facts hold
+    checkpoint_complete events an Epilog wrote from a scan of an output file other jobs may
+    have written too: they say nothing of how the execution ended, or of its stop."""
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    _publish(root, A1, 300, T0 + 30)
+    _event(root, A1, "checkpoint_complete", T0 + 40, source="epilog")
+    (ex,) = report.build(str(root), ask_slurm=False)["executions"]
+    assert (ex["ended"] or {}).get("state") != "PREEMPTED (grace save)" and not ex["saved_at_stop"], ex["ended"]
+    _event(root, A1, "checkpoint_complete", T0 + 41, elapsed=1.0, time_remaining=50.0)  # its own handler's
+    (ex,) = report.build(str(root), ask_slurm=False)["executions"]
+    assert ex["ended"]["state"] == "PREEMPTED (grace save)" and ex["saved_at_stop"], ex["ended"]
+
+
 def test_a_resume_is_dated_by_what_the_execution_resumed_from(root, monkeypatch):
     """Issue 36 point 11: R=0 published 700, R=1 started at +100, R=0 published 800 at +103.4
     (3.4 s after that start) and saved on to 1812 (its handler saved at the stop); R=1

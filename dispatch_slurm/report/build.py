@@ -99,8 +99,8 @@ def _execution(attempt: str, folder: dict, evs: list[dict], facts: list[dict], p
                           if p.path.split("/")[:2] == [layout.EXEC, attempt]]
     ex["signals"] = [{"t": e["t"], "signal": e.get("signal"), "grace": e.get("grace")}
                      for e in mine if e["type"] == "preempt_signal"]
-    saved = [e["t"] for e in mine if e["type"] == "checkpoint_complete"]
-    ex["saved_at_stop"] = any(e["type"] == "checkpoint_complete" and e.get("source") not in HOOKS for e in mine)
+    saved = [e["t"] for e in mine if e["type"] == "checkpoint_complete" and e.get("source") not in HOOKS]
+    ex["saved_at_stop"] = bool(saved)
     if ex["ended"] is None and saved:
         ex["ended"] = {"state": "PREEMPTED (grace save)", "at": max(saved), "source": "events"}
     ex["started_at"], ex["started_by"] = _started(folder, mine, facts_starts)
