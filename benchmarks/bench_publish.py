@@ -17,16 +17,23 @@ fsync walk (what publish ran before the check) and the check alone, alternating.
 are already on disk, so the fsyncs are cheap and the check's share is the largest it gets.
 Goal: ratio <= 1.1.
 
-    python benchmarks/bench_publish.py [--n 2000] [--dir DIR]   (DIR on the disk you care about)
+``--without PART`` (repeatable) replaces one part of publish with nothing, to show what it
+costs: ``event`` (the published event line), ``claim`` (reading the epoch's claim), ``walk``
+(the save's walk and whole-file check), ``once`` (recording the save as published, with its
+real path). For measuring only: a publish without them breaks the contract.
+
+    python benchmarks/bench_publish.py [--n 2000] [--dir DIR] [--without PART ...]   (DIR on the disk you care about)
 """
 
 import argparse
+import importlib
 import io
 import json
 import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 from dispatch_slurm import store
 
@@ -49,12 +56,28 @@ def bare(root: str, name: str) -> None:
     os.close(rfd)
 
 
+def leave_out(part: str) -> None:
+    """Replace one part of publish with nothing (``--without``)."""
+    pub = importlib.import_module("dispatch_slurm.store.publish")
+    from dispatch_slurm.store import posix
+    nothing = staticmethod(lambda *a, **k: None)
+    where = {"event": [(pub.events, "record")], "claim": [(pub.epochs, "for_publication")],
+             "walk": [(posix.PosixStore, "sync_save")],
+             "once": [(pub.once, "published"), (posix.PosixStore, "realpath")]}[part]
+    for owner, name in where:
+        setattr(owner, name, nothing)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--dir", default=os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--model-mb", type=int, default=64, help="the weights of the save the whole check walks")
+    ap.add_argument("--without", action="append", default=[], choices=["event", "claim", "walk", "once"],
+                    help="leave this part of publish out, to show its cost (repeatable; skips the whole-file part)")
     a = ap.parse_args()
+    for part in a.without:
+        leave_out(part)
     with tempfile.TemporaryDirectory(dir=a.dir, prefix=".bench-publish-") as tmp:
         r1, r2 = os.path.join(tmp, "bare"), os.path.join(tmp, "dispatch")
         for r in (r1, r2):
@@ -66,6 +89,7 @@ def main():
             os.mkdir(p)
             saves.append(p)
         layered = hasattr(store, "at")
+        e1361b3_publish: Any = store.publish  # publish(root, save, step, epoch) there
         t_bare, t_pub, c_bare, c_pub = [], [], [], []
         for i, save in enumerate(saves):
             name = names.encode(1_000_000, i, f"exec/linux.1.1000000/checkpoint-{i}")
@@ -75,7 +99,7 @@ def main():
             if layered:
                 store.publish(save, i, root=r2, epoch=1_000_000, sync=False)
             else:
-                store.publish(r2, save, i, 1_000_000)
+                e1361b3_publish(r2, save, i, 1_000_000)
             c2, t2 = time.process_time(), time.perf_counter()
             t_bare.append(t1 - t0)
             t_pub.append(t2 - t1)
@@ -83,7 +107,8 @@ def main():
             c_pub.append(c2 - c1)
         mb, mp = statistics.median(t_bare), statistics.median(t_pub)
         fs = os.statvfs(tmp)
-        print(f"publish vs bare syscalls, {a.n} publications each, in {a.dir} (f_bsize {fs.f_bsize})")
+        print(f"publish vs bare syscalls, {a.n} publications each, in {a.dir} (f_bsize {fs.f_bsize})"
+              + (f", without {', '.join(a.without)}" if a.without else ""))
         print(f"  bare     median {mb * 1e6:9.1f} us   mean {statistics.fmean(t_bare) * 1e6:9.1f} us"
               f"   CPU median {statistics.median(c_bare) * 1e6:7.1f} us")
         print(f"  publish  median {mp * 1e6:9.1f} us   mean {statistics.fmean(t_pub) * 1e6:9.1f} us"
@@ -93,7 +118,7 @@ def main():
         added = statistics.median(p - b for p, b in zip(t_pub, t_bare))
         cpu = statistics.median(p - b for p, b in zip(c_pub, c_bare))
         print(f"  publish adds, median of the pairs: {added * 1e6:.1f} us wall, {cpu * 1e6:.1f} us CPU")
-        if layered:
+        if layered and not a.without:
             whole_check(tmp, max(50, a.n // 10), a.model_mb)
 
 

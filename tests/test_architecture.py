@@ -1,4 +1,4 @@
-"""The layout shows the architecture, and stays that way (issue 11).
+"""The layout shows the architecture, and stays that way.
 
 * Each subpackage depends only on the layers below it: contract <- store <- runtime /
   integrations; slurm and supervisor on top of the store; the CLI on everything. The
@@ -6,18 +6,20 @@
 * The wheel users install holds the package and nothing of the test bed.
 * Every module keeps radon's maintainability index at A, no function above radon's
   complexity rank C, and pyflakes finds nothing.
-* The modules of slurm/ reach one another through public names only (issue 21: the
-  client imported facts' privates), so each module's private names are its own to change.
-* contract/ does no I/O (issue 21: siteconf read its file and the environment): no open(),
-  os.environ / os.getenv, subprocess or pathlib there; the callers read and pass values in.
+* The modules of slurm/ reach one another through public names only, so each module's
+  private names are its own to change.
+* contract/ does no I/O: no open(), os.environ / os.getenv, subprocess or pathlib there; the
+  callers read and pass values in, so the rules can be checked without a machine.
 * contract/env.py is the one module that reads DISPATCH_* variables from the environment
-  (issue 21: ~20 reads across runtime, integrations and the store, each with its own
-  message for a missing one); the others ask its view, ``Execution.current()``.
-* No two modules import each other, however far round (a function's own import counts: the
-  supervisor's fleet and loop once did), and nothing changes the process's working
-  directory (one process follows many roots, each job with its own folder)."""
+  (one message for a missing one, wherever it is needed); the others ask its view,
+  ``Execution.current()``.
+* No two modules import each other, however far round (a function's own import counts),
+  and nothing changes the process's working directory (one process follows many roots,
+  each job with its own folder).
+* mypy, with pyproject.toml's settings, finds no error in the package."""
 
 import ast
+import importlib.util
 import json
 import os
 import pathlib
@@ -230,6 +232,28 @@ def test_pyflakes_finds_nothing_in_the_package():
     assert r.returncode == 0 and not r.stdout, r.stdout + r.stderr
 
 
+def _mypy(*args: str) -> subprocess.CompletedProcess:
+    """mypy with pyproject.toml's settings, run from the checkout, writing no cache."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed: `make venv` installs it (pyproject.toml's test extra)")
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(PKG.parent / "pyproject.toml"),
+                           "--cache-dir", os.devnull, *args], cwd=PKG.parent, capture_output=True, text=True)
+
+
+def test_mypy_finds_no_error_in_the_package():
+    """The annotations are checked, not only written (check_untyped_defs: the bodies of
+    functions without annotations too)."""
+    r = _mypy()
+    assert r.returncode == 0 and "Success: no issues found" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_mypy_check_can_fail(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def seconds() -> int:\n    return 1.5\n")
+    r = _mypy(str(bad))
+    assert r.returncode == 1 and "[return-value]" in r.stdout, r.stdout + r.stderr
+
+
 def _private_uses(name: str, path: pathlib.Path, package: str) -> set[str]:
     """The private names (``_x``) of modules of ``package`` that module ``name`` uses:
     ``from .facts import _x`` and ``facts._x`` after ``from . import facts``."""
@@ -309,7 +333,7 @@ def test_no_two_test_files_share_a_name():
 # os/io names that read or write the world (files, the environment, processes)
 _OS_IO = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv", "open", "fdopen", "system", "popen"}
 # the one contract module that may read the environment (os.environ / os.getenv, nothing
-# else): contract/env.py, being made the one reader of DISPATCH_* variables (issue 21)
+# else): contract/env.py, being made the one reader of DISPATCH_* variables
 ENV_READER = "dispatch_slurm.contract.env"
 
 
@@ -360,7 +384,7 @@ def test_the_io_check_can_fail():
 
 # The store's own modules: the backends, their fd and fsync helpers, the chooser, the interface's
 # base. Every other layer reaches a root through the store's face (dispatch_slurm.store: ``at(root)``
-# and the protocol's functions), so a new store is one module and one line in the chooser (issue 21).
+# and the protocol's functions), so a new store is one module and one line in the chooser.
 STORE_INTERNALS = {"posix", "s3", "durable", "roots", "base", "protocol"}
 # where a root's kind may be told from its name: the chooser, and the contract's spelling of roots
 # (names.py: normalize_root, split_s3, shared with the C plugin's vectors)
@@ -422,7 +446,7 @@ def _scheme_tests(source: str) -> list[str]:
 
 def test_only_the_chooser_tells_a_roots_store_from_its_name():
     """No `is_s3` branch, `s3://` or `://` test outside the store's chooser (and the contract's
-    spelling of a root): the rest asks the root's store object (issue 21)."""
+    spelling of a root): the rest asks the root's store object."""
     found = {name: _scheme_tests(path.read_text()) for name, path in _modules() if name not in SCHEME_READERS}
     assert not {n: f for n, f in found.items() if f}, {n: f for n, f in found.items() if f}
 

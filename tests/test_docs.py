@@ -195,6 +195,8 @@ def _module_exists(ref: str) -> bool:
     here = REPO / "dispatch_slurm"
     parts = ref.split(".")[1:]
     for i, part in enumerate(parts):
+        if part.startswith("__") and part.endswith("__"):
+            return True  # every module's own (__file__, __name__, ...)
         if (here / part).is_dir():
             here = here / part
         elif (here / f"{part}.py").is_file():

@@ -140,15 +140,14 @@ def plan(root, resubmit, continuations, shared, hold_for, cessation_interval, ce
     opts = _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig, keep_last)
     root = supervisor.normalize(root)
     state = supervisor.load_state(root)
-    if state.g is not None and not sbatch_args:
+    resuming = state.g is not None and not sbatch_args
+    if resuming:
         supervisor.check_resume(opts, [], state.defn)
-        defn = state.defn
-    else:
-        defn, state = {"g": 0, **supervisor.make_defn(opts, list(sbatch_args))}, None
+    defn = state.defn if resuming else {"g": 0, **supervisor.make_defn(opts, list(sbatch_args))}
     resolved, warning = supervisor.resolve_via(defn["via"], supervisor.plugin_options(Slurm()))
     warnings = tuple(w for w in (warning, supervisor.signal_warning(root, defn), supervisor.signal_refusal(defn, root))
                      if w)
-    p = supervisor.plan({**defn, "via": resolved}, root, state, warnings=warnings,
+    p = supervisor.plan({**defn, "via": resolved}, root, state if resuming else None, warnings=warnings,
                         warning=supervisor.submission_signal(defn, root))
     click.echo(json.dumps(p, indent=2) if as_json else supervisor.render_plan(p), nl=as_json)
 

@@ -22,6 +22,7 @@ this is the one module of the package that reads DISPATCH_* from the environment
 
 import os
 from collections.abc import Mapping
+from typing import Literal, overload
 
 from ..errors import DispatchError, EnvError
 from . import layout, names
@@ -47,6 +48,12 @@ def _parse(key: str, what: str, text, lo: int, hi: int) -> int:
         return parse_part(f"{key} ({what})", text, lo, hi)
     except DispatchError as e:
         raise EnvError(str(e)) from None
+
+
+@overload
+def parse_grace(name: str, value, whole: Literal[True]) -> int: ...
+@overload
+def parse_grace(name: str, value, whole: bool = False) -> float: ...
 
 
 def parse_grace(name: str, value, whole: bool = False) -> float:

@@ -82,7 +82,7 @@ def parse(text: str | bytes, path: str = "<site.conf>") -> Site:
             continue
         m = _LINE.fullmatch(line)
         key = m[1] if m else b""
-        if key != b"grace" and key != b"exec_mode" and not (key.startswith(b"grace.") and len(key) > 6):
+        if m is None or key != b"grace" and key != b"exec_mode" and not (key.startswith(b"grace.") and len(key) > 6):
             raise SiteConfError(f"{path}:{no}: cannot parse '{_shown(line)}' {_EXPECTED}")
         if key in first:
             raise SiteConfError(f"{path}:{no}: {_shown(key)} is already set on line {first[key]} "

@@ -63,7 +63,7 @@ def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, in
 def load_state(accelerator, root: str | None = None) -> int | None:
     """``accelerator.load_state`` of the latest publication (the same on every process);
     its step, or None when nothing is published yet."""
-    found = [None]
+    found: list[tuple[str, int] | None] = [None]
     if accelerator.is_main_process:
         found[0] = store.resume_point(root)  # a vanished save is an error, never None
     if accelerator.num_processes > 1:

@@ -63,6 +63,7 @@ publications.
 
 import os
 import sys
+from types import FrameType
 
 try:
     from transformers import TrainerCallback
@@ -111,7 +112,7 @@ def _barrier() -> None:
 def _calling_trainer():
     """The Trainer whose evaluation loop called this callback (up the stack)."""
     from transformers import Trainer
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if isinstance(frame.f_locals.get("self"), Trainer):
             return frame.f_locals["self"]

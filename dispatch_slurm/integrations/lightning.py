@@ -107,10 +107,16 @@ class DispatchCheckpoint(ModelCheckpoint):
         super().__init__(**kwargs)
         self._saved = None  # the step of the last save, the same on every rank
         store.execdir.current()  # an exec folder none of whose saves could be published: refused now
-        mine, out = os.path.realpath(output_dir()), os.path.realpath(self.dirpath)
+        mine, out = os.path.realpath(output_dir()), os.path.realpath(self._dir)
         if out != mine and not out.startswith(mine + os.sep):
-            raise DispatchError(f"dirpath {self.dirpath} is not inside this execution's folder {mine}: "
+            raise DispatchError(f"dirpath {self._dir} is not inside this execution's folder {mine}: "
                                 "its rotation could delete another execution's saves")
+
+    @property
+    def _dir(self) -> str:
+        """``dirpath``, which ModelCheckpoint types as optional: __init__ always sets it."""
+        assert self.dirpath is not None
+        return os.fspath(self.dirpath)
 
     def setup(self, trainer, pl_module, stage):
         with warnings.catch_warnings():
@@ -130,7 +136,7 @@ class DispatchCheckpoint(ModelCheckpoint):
         """Whether the folder already holds a checkpoint file, which Lightning's "exists and
         is not empty" warning is about (anything else there is this execution's own)."""
         try:
-            return any(n.endswith(self.FILE_EXTENSION) for n in os.listdir(self.dirpath))
+            return any(n.endswith(self.FILE_EXTENSION) for n in os.listdir(self._dir))
         except OSError:
             return False
 
@@ -155,7 +161,7 @@ class DispatchCheckpoint(ModelCheckpoint):
             self._stop(trainer)
 
     def _stop(self, trainer) -> None:
-        path = os.path.join(self.dirpath, f"checkpoint-{trainer.global_step}{self.FILE_EXTENSION}")
+        path = os.path.join(self._dir, f"checkpoint-{trainer.global_step}{self.FILE_EXTENSION}")
         if self._saved != trainer.global_step:  # not os.path.exists: ranks must agree
             trainer.save_checkpoint(path)
         preempt.conclude((path, trainer.global_step))

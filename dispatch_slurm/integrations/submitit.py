@@ -70,7 +70,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from .. import store
 from ..contract.env import Execution
 from ..contract.epoch import decompose
-from ..contract.names import attempt_epoch, attempt_parts, step_of
+from ..contract.names import attempt_parts, step_of
 from ..errors import DispatchError
 from ..runtime import preempt
 from ..store import epochs, once, write_all
@@ -136,6 +136,7 @@ class Checkpointable(_Checkpointable):
 
     defer = False
     own_logs = True
+    _dispatch_init: tuple[tuple, dict]
 
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls, *args, **kwargs)
@@ -189,11 +190,14 @@ class _Execution:
     def __init__(self, job: Checkpointable):
         self.job = job
         self.root, self.attempt, _ = Execution.current().need("root", "attempt", "exec_dir")
-        self.epoch = attempt_epoch(self.attempt)
+        parts = attempt_parts(self.attempt)
+        if parts is None:
+            raise DispatchError(f"DISPATCH_ATTEMPT {self.attempt!r} is not <cluster>.<job id>.<epoch>")
+        _, self.raw_job, self.epoch = parts
         env = JobEnvironment()
         self.paths, self.task = env.paths, env.global_rank
-        self.pending = None  # a deferred submitit signal
-        self.theirs = None  # submitit's handler of its signal
+        self.pending: int | None = None  # a deferred submitit signal
+        self.theirs: object = None  # submitit's handler of its signal (signal.getsignal's)
 
     @classmethod
     def start(cls, job: Checkpointable) -> "_Execution":
@@ -231,8 +235,7 @@ class _Execution:
         self.unless_outranked("finished")
         payload = cloudpickle.dumps(value)
         _write_new(own_result(self.paths.result_pickle, self.epoch), payload)
-        raw_job = attempt_parts(self.attempt)[1]
-        return _Answer(self.root, self.attempt, str(self.paths.result_pickle), raw_job, payload)
+        return _Answer(self.root, self.attempt, str(self.paths.result_pickle), self.raw_job, payload)
 
     def own_logs(self) -> None:
         for fd, shared in ((1, self.paths.stdout), (2, self.paths.stderr)):
@@ -315,14 +318,14 @@ def _load_answer(root: str, attempt: str, result_pickle: str, raw_job: int, payl
     """Run by ``job.result()`` as it loads the result file: the newest execution's answer."""
     newest = epochs.newest_of_job(root, attempt)
     restarts = slurm_restarts(raw_job)
-    r = decompose(attempt_epoch(newest))[2]
+    r = decompose(epochs.epoch_of(newest))[2]
     if restarts is not None and restarts > r:
         raise StaleResult(f"this answer is execution {newest}'s (restart {r}), but Slurm has restarted job {raw_job} "
                           f"{restarts} times: the newest execution has not answered yet; ask again later")
     if newest == attempt:
         return pickle.loads(payload)
     try:
-        data = own_result(result_pickle, attempt_epoch(newest)).read_bytes()
+        data = own_result(result_pickle, epochs.epoch_of(newest)).read_bytes()
     except FileNotFoundError:
         raise StaleResult(f"{result_pickle} holds the answer of execution {attempt}, but {newest}, a newer execution "
                           "of the same job, has not answered yet: ask again later") from None

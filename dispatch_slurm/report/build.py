@@ -200,8 +200,8 @@ def _steps(entries) -> list[dict]:
 def _folders(st: store.Store, inv: store.Inventory) -> dict[str, dict]:
     """attempt -> {first, last (times), saves [{step, name}], ceased [nodes]}: every folder
     under exec/, from the inventory, with the Epilogs' entries under ceased/."""
-    out = {a: {"first": f.first, "last": f.last, "saves": _steps(f.entries), "ceased": []}
-           for a, f in sorted(inv.folders.items())}
+    out: dict[str, dict] = {a: {"first": f.first, "last": f.last, "saves": _steps(f.entries), "ceased": []}
+                            for a, f in sorted(inv.folders.items())}
     for entry in st.listing(layout.CEASED):
         for attempt, info in out.items():
             if entry.startswith(attempt + "."):
@@ -272,7 +272,7 @@ def build(root: store.Root, slurm: Any = None, ask_slurm: bool = True) -> dict[s
     execs = sorted((_execution(a, folders[a], evs, facts, pubs, _cessation(st, a, evs)) for a in folders),
                    key=lambda e: (e["epoch"] is None, e["epoch"] or 0, e["attempt"]))
     _unrecorded_ends(root, execs, evs, slurm if ask_slurm else False)
-    withdrawn = {e.get("name"): e["t"] for e in evs if e["type"] == "retired"}
+    withdrawn = {e["name"]: e["t"] for e in evs if e["type"] == "retired" and "name" in e}
     interruptions = [_interruption(old, new, pubs, withdrawn) for old, new in zip(execs, execs[1:])]
     latest = inv.latest  # what `latest` names
     r = {"root": root, "executions": execs, "interruptions": interruptions, "holds": _holds(facts),

@@ -56,10 +56,11 @@ def size(n: float) -> str:
     The one size format of `report`, `ls` and `gc`."""
     if n < 1024:
         return f"{n:.0f} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-        if n < 1024 or unit == "TiB":
+        if n < 1024:
             return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} TiB"
 
 
 def plural(n: int, word: str) -> str:

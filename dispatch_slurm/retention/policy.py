@@ -144,24 +144,24 @@ def _verdict(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str],
     done = bool(s.retired) and all(p.name in inv.retired for p in s.pubs)
     person = _by_whom(s, inv) if done else ""
     if not person:
-        return _rules(s, inv, policy, keep, ceased, now, done)
+        return _rules(s, s.attempt, inv, policy, keep, ceased, now, done)
     # a person retired it: the same rules, and the why says so first
-    action, why, *waiting = _rules(s, inv, policy, keep, ceased, now, done)
+    action, why, *waiting = _rules(s, s.attempt, inv, policy, keep, ceased, now, done)
     return (action, f"{person}: {why.removeprefix('retired: ')}", *waiting)
 
 
-def _rules(s: Save, inv: Inventory, policy: Policy, keep: dict[str, str], ceased: Mapping[str, tuple[bool, str]],
+def _rules(s: Save, attempt: str, inv: Inventory, policy: Policy, keep: dict[str, str], ceased: Mapping[str, tuple[bool, str]],
            now: float, done: bool) -> tuple:
     if pinned(s.path, inv.pins):
         return KEEP, "pinned"
     if done and not s.exists:
         return GONE, "retired: its save is removed"
-    ok, why = ceased.get(s.attempt, (None, "not asked"))
+    ok, why = ceased[attempt] if attempt in ceased else (None, "not asked")
     if ok is False:
         return KEEP, f"execution {s.attempt} is not shown to have ceased: {why}", True
     if done and ok:
         return REMOVE, "retired: finishing its removal"
-    age = now - inv.newest.get(s.attempt, 0.0)
+    age = now - inv.newest.get(attempt, 0.0)
     if age < policy.min_age:
         return KEEP, f"still being written: exec/{s.attempt} was modified {max(age, 0):.0f} s ago " \
                      f"(--min-age {policy.min_age:g})", True
@@ -198,4 +198,4 @@ def needs(inv: Inventory, policy: Policy, now: float) -> set[str]:
     every = {s.attempt: (True, "") for s in inv.saves.values() if s.attempt}
     asked = ceased_by_retirement(inv)
     return {v.save.attempt for v in decide(inv, policy, every, now)
-            if v.action == REMOVE and v.save.attempt not in asked}
+            if v.action == REMOVE and v.save.attempt is not None and v.save.attempt not in asked}

@@ -81,7 +81,7 @@ class Ranks:
         self._pending = None  # the all-reduce started at an earlier point
         self._started = 0.0  # and when (time.monotonic())
         self._stride, self._left = 1, 0  # points per collective (the same on every rank), points until the next
-        self._last = None  # time.monotonic() at the previous point: this rank's step time
+        self._last: float | None = None  # time.monotonic() at the previous point: this rank's step time
 
     def agree(self, elapsed: float) -> float | None:
         """Seconds since the earliest signal any rank had seen at the previous point, the
@@ -123,7 +123,7 @@ class Ranks:
         return t.item() == 1.0
 
 
-_SETTLED = []  # each settle()'s barrier: released only when the interpreter clears this module
+_SETTLED: list[object] = []  # each settle()'s barrier: released only when the interpreter clears this module
 
 
 def settle(group=None) -> None:

@@ -74,6 +74,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 from .. import store  # imported now: an import inside the handler could deadlock
 from ..contract.env import Execution
@@ -86,7 +87,7 @@ from . import distributed, probe
 
 
 class _State:
-    fn = None
+    fn: Callable[[float], object] | None = None
     grace: float | None = None  # resolved at install (or from the env on first use)
     publish: bool | None = None
     defer = False
@@ -105,10 +106,14 @@ def resolve_grace(grace: float | None = None) -> float:
     return Execution.current(grace=grace).grace
 
 
+def _grace() -> float:
+    return resolve_grace() if _s.grace is None else _s.grace
+
+
 def time_remaining() -> float:
     """Seconds until the deadline (first signal + grace), never negative; the full
     grace while no signal has arrived."""
-    grace = resolve_grace() if _s.grace is None else _s.grace
+    grace = _grace()
     if _s.arrived is None:
         return grace
     return max(0.0, _s.arrived + grace - time.monotonic())
@@ -162,7 +167,7 @@ def _refuse_submitits_signal(sigs) -> None:
     executor = os.environ.get("SUBMITIT_EXECUTOR")
     name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"
     theirs = getattr(signal, "SIG" + name.upper().removeprefix("SIG"), None)
-    if not executor or theirs not in sigs:
+    if not executor or theirs is None or theirs not in sigs:
         return
     raise DispatchError(
         f"refusing to install the preemption handler on {theirs.name}: it is submitit's preemption signal in this "
@@ -193,7 +198,7 @@ def preemption_point() -> None:
     """In deferred mode: run the save now if the stop is decided (then exit); otherwise
     return at once. Call it between training steps, on every rank."""
     if not _s.running and stop_requested() and _s.fn is not None:
-        _run()
+        _run(_s.fn)
 
 
 def preemptible(iterable):
@@ -214,18 +219,18 @@ def _on_signal(signum, frame) -> None:
     _s.arrived = time.monotonic()
     probe.record("signal", signal=signal.Signals(signum).name)
     events.record("preempt_signal", signal=signal.Signals(signum).name, grace=_s.grace,
-                  deadline=time.time() + _s.grace)
-    if not _s.defer:
-        _run()
+                  deadline=time.time() + _grace())
+    if not _s.defer and _s.fn is not None:  # fn=None always defers
+        _run(_s.fn)
 
 
-def _run() -> None:
+def _run(fn: Callable[[float], object]) -> None:
     _s.running = True
     if not _s.stopping:
         _s.stopping = True
         probe.record("stop")  # the save starts in the handler itself
     try:
-        result = _s.fn(time_remaining())
+        result = fn(time_remaining())
     except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
         conclude(error=e)
     conclude(result)
@@ -254,7 +259,9 @@ def conclude(result=None, error: BaseException | None = None):
         probe.record("exit", code=1)
         os._exit(1)
     probe.record("exit", code=0)
-    events.record("checkpoint_complete", elapsed=time.monotonic() - _s.arrived, time_remaining=time_remaining())
+    # a program that saves itself may conclude() without a signal: no elapsed then
+    elapsed = {} if _s.arrived is None else {"elapsed": time.monotonic() - _s.arrived}
+    events.record("checkpoint_complete", **elapsed, time_remaining=time_remaining())
     _write(1, "\n" + SENTINEL + "\n")  # on its own line: the program may have been mid-line
     while _s.linger:  # until the scheduler's SIGKILL (see "Requeue after a preemption")
         time.sleep(3600)

@@ -1,6 +1,6 @@
 """Where a batch job's stderr goes, and the TaskProlog's refusal appended to it: slurmstepd
 writes a TaskProlog's `print` lines to the task's stdout only, so a job with its own stderr
-file (submitit's .err) would show only `TaskProlog failed status=1` (issue 28)."""
+file (submitit's .err) would show only `TaskProlog failed status=1`."""
 
 import os
 import stat

@@ -14,6 +14,7 @@ every one of them has its entry. No node of an execution runs its processes afte
 Epilog ran there (slurmd revokes the job's credential first), so nothing else is needed."""
 
 import json
+from typing import Any
 
 from ..contract import layout
 from ..errors import BadPath, DispatchError, StoreError
@@ -88,7 +89,8 @@ def execution(root: Root, attempt: str, evs: list[dict] | None = None) -> dict:
     nodes = set().union(*(_names(ev.get("nodes")) for ev in recorded.values()))
     nodes |= set().union(*(_names(e.get("nodes")) for e in mine
                            if e.get("type") == "execution_started" and e.get("source") == "prolog"))
-    out = {"nodes": sorted(nodes), "recorded": recorded, "missing": sorted(nodes - set(recorded)), "at": None}
+    out: dict[str, Any] = {"nodes": sorted(nodes), "recorded": recorded, "missing": sorted(nodes - set(recorded)),
+                           "at": None}
     if not nodes:
         out["ceased"] = None
         out["why"] = ("no Epilog or Prolog record under the root names the nodes that ran it" if not recorded else

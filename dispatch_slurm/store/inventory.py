@@ -136,4 +136,7 @@ def markers(s: Save) -> list[str]:
     the name it would have had (its execution's epoch, its step)."""
     if s.pubs:
         return [p.name for p in s.pubs]
-    return [names.encode(names.attempt_epoch(s.attempt), s.step, s.path)]
+    epoch = names.attempt_epoch(s.attempt) if s.attempt is not None else None
+    if epoch is None or s.step is None:  # only leftovers are unpublished, and they have both
+        raise ValueError(f"{s.path}: neither published nor an execution's leftover save")
+    return [names.encode(epoch, s.step, s.path)]

@@ -72,7 +72,7 @@ def look(st, now: float, poll: float, root: str, request: Optional[dict] = None,
     h = st.hold
     s = stage(st, now, request, answer, asked_this_run)
     heard = () if answer is None else (("cessation", {"hold": h["hold"], "job": h["job"], "r": h["r"], **answer}),)
-    if s == "person":
+    if s == "person" and request is not None:
         return Look(s, (*heard, ("release", released_by_person(h, request))))
     if s == "ceased":
         return Look(s, (*heard, ("release", {"hold": h["hold"], "by": "cessation signal"})))

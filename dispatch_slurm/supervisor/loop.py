@@ -118,11 +118,12 @@ class Supervisor:
 
     def _lost_claim(self):
         me = self.claim
-        superseded = self.state.g is not None and requests.read(self.store, f"supersede.{self.state.g + 1}") is not None
+        nxt = None if self.state.g is None else self.state.g + 1
+        superseded = nxt is not None and requests.read(self.store, f"supersede.{nxt}") is not None
         if me is not None:
             me.exit()
         if superseded:
-            raise Finished(EXIT_DONE, f"superseded by generation {self.state.g + 1}; that supervisor "
+            raise Finished(EXIT_DONE, f"superseded by generation {nxt}; that supervisor "
                                       "cancels this generation's job and carries on")
         raise Finished(EXIT_ERROR, "another supervisor took over this root; stopping without writing")
 
@@ -141,9 +142,9 @@ class Supervisor:
         try:
             cluster = self.slurm.cluster_name()
         except SlurmError as e:
-            cluster = self.state.cluster
-            if cluster is None:
+            if self.state.cluster is None:
                 raise DispatchError(f"cannot ask Slurm for the cluster name: {e}") from None
+            cluster = self.state.cluster
         resumed = self.state.facts > 0
         self._announce = {"incarnation": self.claim.seq if self.claim else None, "host": socket.gethostname(),
                           "pid": os.getpid(), "cluster": cluster, "resumed": resumed, "poll": self.poll}
@@ -173,8 +174,8 @@ class Supervisor:
                 self._stop(req)
                 return 0
         action = self.action
-        if action == "stopped":
-            self.finish("stopped", stopped_message(st))
+        if action == "stopped" and st.stopping is not None:  # next_action stops only when asked to
+            self.finish("stopped", stopped_message(st.stopping, st.job))
         if action is None:
             raise DispatchError(f"{self.record.path}: the record leaves nothing to do ({st.summary()}); a bug?")
         if action == "follow":
@@ -184,7 +185,9 @@ class Supervisor:
                 "submit": self._submit, "gc_again": self._gc_again}[action]() or 0
 
     def _open_hold(self) -> None:
-        h = self._record(None, "hold", holds.opened(self.state, self.state.hold_needed, self.clock()))
+        needed = self.state.hold_needed
+        assert needed is not None  # next_action's "open_hold"
+        h = self._record(None, "hold", holds.opened(self.state, needed, self.clock()))
         self.say(holds.announcement(h, self.root))
 
     def _record(self, h: Optional[dict], type_: str, fields: dict) -> dict:
@@ -198,7 +201,9 @@ class Supervisor:
         return f
 
     def _apply_release(self) -> None:
-        fact, release = holds.applied(self.state, self.state.pending_apply)
+        pending = self.state.pending_apply
+        assert pending is not None  # next_action's "apply_release"
+        fact, release = holds.applied(self.state, pending)
         if release is not None:  # the requeue Slurm was told to hold
             try:
                 self.slurm.release(release)
@@ -211,6 +216,7 @@ class Supervisor:
         entry, the clock and, when the rules ask for it, the cessation signal's answer;
         the seconds until the next look."""
         h = self.state.hold
+        assert h is not None  # next_action's "hold"
         req = requests.read(self.store, f"release.{h['hold']}")
         look = holds.look(self.state, self.clock(), self.poll, self.root, req, asked_this_run=self.asked_this_run)
         if look.ask:
@@ -252,13 +258,15 @@ class Supervisor:
         has no job with its tag) is used again, never a fresh one. sbatch runs where the job
         was defined (``cwd``): it finds the script there, and the job starts there."""
         st, defn = self.state, self.state.defn
+        g = st.g
+        assert g is not None  # a job is defined: next_action submits within a generation
         cwd = defn["cwd"] if defn.get("cwd") and os.path.isdir(defn["cwd"]) else None
         why = rules.give_up(st)
         if why is not None:
             self.finish("failed", why)
         n = st.retry_n
         if n is None:
-            argv, env = sbatch_argv(defn, self.root, st.g, 1, submission_tag(self.root, st.g, 1))
+            argv, env = sbatch_argv(defn, self.root, g, 1, submission_tag(self.root, g, 1))
             # Without the plugin's options: it refuses an N that sub/ does not hold, and
             # this N is allocated only once the test passed. A refusal of the plugin's own
             # comes at the real sbatch, whose N is then used again (retry_n), never lost.
@@ -271,10 +279,10 @@ class Supervisor:
             # an array task's N comes from the folder of the task roots, as for any array submission
             array = defn.get("array_root")
             n = (store.at(names.submission_dir(array)) if array else self.store).allocate_submission()
-        tag = submission_tag(self.root, st.g, n)
-        argv, env = sbatch_argv(defn, self.root, st.g, n, tag)
+        tag = submission_tag(self.root, g, n)
+        argv, env = sbatch_argv(defn, self.root, g, n, tag)
         warning = job_signal_of(defn, argv, env)  # what the rule needs to tell a signalled end
-        self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(st.g, n, 0), warning=warning.as_fact())
+        self.fact("intent", g=st.g, n=n, tag=tag, epoch=epochmod.compose(g, n, 0), warning=warning.as_fact())
         try:
             job = self.slurm.submit(argv, env or None, cwd=cwd)
         except SlurmError as e:
@@ -290,6 +298,7 @@ class Supervisor:
         job that ended and left slurmctld's memory while no supervisor ran; the minute of
         slack covers clocks that disagree."""
         st = self.state
+        assert st.tag is not None  # an intent records its tag
         try:
             found = [j.job_id for j in self.slurm.jobs_with_comment(st.tag, since=(st.intent_t or 0) - 60)]
         except SlurmError as e:
@@ -310,10 +319,11 @@ class Supervisor:
     def _follow(self, lookup: Lookup) -> float:
         """Ask Slurm about the job and record what changed (rules.observe); when nothing
         did, say so (``quiet``: rules.next_action may call for the gc's second chance)."""
-        st = self.state
+        st, job = self.state, self.state.job
+        assert job is not None  # next_action follows a submitted job
         self.quiet = False
         try:
-            j = lookup(st.job)
+            j = lookup(job)
         except SlurmError as e:
             self._slurm_trouble(e)
             return self.poll
@@ -325,7 +335,7 @@ class Supervisor:
         if seen is not None:
             type_, fields = seen
             if type_ == "ended" and fields["state"] == "CANCELLED":
-                fields["cancelled_by"] = self.slurm.cancelled_by(j.job_id)
+                fields["cancelled_by"] = self.slurm.cancelled_by(job)  # j is None once slurmctld forgot it
             self.fact(type_, **fields)
             return 0
         self.quiet = True
@@ -352,6 +362,7 @@ class Supervisor:
         """Record the rule for the ended execution (ends.cause_of, rules.decide), then act on it."""
         st = self.state
         ended = st.pending_decision
+        assert ended is not None  # next_action's "decide"
         cause, why = ends.cause_of(ended, self._own(ended), JobSignal.from_fact(st.warning), os.geteuid())
         d = rules.decide(st, ended, cause, self._latest_step() if rules.wants_latest(cause) else None, self.root,
                          why)
@@ -402,6 +413,8 @@ class Supervisor:
     def _supersede(self, defn: dict) -> None:
         st = self.state
         old_g, old_job = st.g, st.job
+        if old_g is None:
+            raise DispatchError(f"{self.root} defines no job yet: there is nothing to supersede")
         cancelled, state = False, None
         if old_job is not None:
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from ..contract import epoch, names
 from ..contract.signals import JobSignal, signal_option
@@ -22,7 +22,7 @@ from .ends import signal_rule
 from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
-DEFAULTS = {"resubmit": 0, "continuations": 100, "shared": False, "via": "auto", "hold_for": 24 * 3600.0,
+DEFAULTS: dict[str, Any] = {"resubmit": 0, "continuations": 100, "shared": False, "via": "auto", "hold_for": 24 * 3600.0,
             "cessation_interval": 60.0, "cessation_cmd": DEFAULT_CESSATION_CMD, "grace": None, "signal": None,
             "keep_last": None}
 SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given up
@@ -273,6 +273,7 @@ def next_action(st: State, quiet: bool = False) -> Optional[str]:
 
 def execution_fields(st: State, r: int, nodes: list[str], start_time: Optional[int]) -> dict:
     """What the record says of execution R of the current job (the cessation signal's input)."""
+    assert st.g is not None and st.n is not None  # an execution is of a submitted job
     e = epoch.compose(st.g, st.n, r)
     attempt = names.attempt_token(st.cluster, str(st.job), e) if st.cluster else None
     return {"g": st.g, "n": st.n, "job": st.job, "r": r, "epoch": e, "attempt": attempt,
@@ -337,10 +338,11 @@ def wants_latest(cause: str) -> bool:
     return RULE_OF[cause] in ("continue", "resubmit")
 
 
-def stopped_message(st: State) -> str:
-    by = st.stopping.get("user") or "a person"
-    return (f"stopped by {by}" + (f" ({st.stopping['message']})" if st.stopping.get("message") else "") +
-            f"; job {st.job} ended" * (st.job is not None) + "; nothing is resubmitted")
+def stopped_message(stopping: dict, job: Optional[int]) -> str:
+    """Why a supervisor stopped: ``stopping`` the person's stop request, ``job`` the job it ended."""
+    by = stopping.get("user") or "a person"
+    return (f"stopped by {by}" + (f" ({stopping['message']})" if stopping.get("message") else "") +
+            f"; job {job} ended" * (job is not None) + "; nothing is resubmitted")
 
 
 def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root: str, why: str = "") -> Decision:
@@ -352,7 +354,7 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
     defn, job = st.defn, ended["job"]
     ref = {"job": job, "r": ended["r"], "cause": cause, **({"why": why} if why else {})}
     if st.stopping is not None:
-        return Decision({"rule": "stop", **ref, "cause": "stop"}, ("stopped", stopped_message(st)))
+        return Decision({"rule": "stop", **ref, "cause": "stop"}, ("stopped", stopped_message(st.stopping, st.job)))
     rule = RULE_OF[cause]
     if rule == "stop":
         who = "you" if ended.get("cancelled_by") is not None else \
@@ -368,15 +370,15 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
         return Decision({"rule": "fail", **ref}, ("failed", f"job {job} is known neither to slurmctld nor to "
                         "sacct, so how it ended cannot be told; not resubmitting blindly (supersede to go on)"))
     progress = latest_step is not None and (st.last_step is None or latest_step > st.last_step)
-    seen = {"latest_step": latest_step, "progress": progress,
-            "stalls": 0 if progress else st.stalls + (rule == "continue")}
+    stalls = 0 if progress else st.stalls + (rule == "continue")
+    seen = {"latest_step": latest_step, "progress": progress, "stalls": stalls}
     if rule == "continue":
         left = defn.get("continuations", DEFAULTS["continuations"]) - st.continued
         if left <= 0:
             return Decision({"rule": "fail", **ref, **seen, "budget_left": 0}, ("failed", f"job {job} would be "
                             f"continued ({why or cause}), but no continuation is left (--continuations "
                             f"{defn.get('continuations')})"))
-        if seen["stalls"] >= STALLS:
+        if stalls >= STALLS:
             return Decision({"rule": "fail", **ref, **seen}, ("failed", f"job {job} would be continued "
                             f"({why or cause}), but "
                             f"the last {STALLS} executions published no step above "
