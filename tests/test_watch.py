@@ -49,13 +49,20 @@ def env_for(root, ex, epoch=E1):
             "DISPATCH_EPOCH": str(epoch), "DISPATCH_ATTEMPT": ex.name}
 
 
+def foreground_sigint() -> None:
+    """SIGINT as a shell gives its foreground command: default. A test run started in the
+    background (`make test &`, a CI runner) ignores it, and a command keeps an ignored SIGINT
+    ignored, as the shell expects of its background jobs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Watch:
     """A running `dispatch-slurm watch`; its stdout lines arrive on a queue."""
 
     def __init__(self, root, ex, *args):
         self.proc = subprocess.Popen([sys.executable, "-m", "dispatch_slurm", "watch", *args],
                                      env=env_for(root, ex), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, preexec_fn=foreground_sigint)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -361,7 +368,7 @@ def test_ctrl_c_stops_the_job_script_instead_of_running_on(root, ex, tmp_path):
     err = tmp_path / "err"
     with open(err, "w") as e:
         sh = subprocess.Popen(["bash", "-c", script], env=env_for(root, ex), stderr=e, start_new_session=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                              preexec_fn=foreground_sigint)
     try:
         deadline = time.monotonic() + 60
         while "dispatch-slurm watch: watching" not in err.read_text():

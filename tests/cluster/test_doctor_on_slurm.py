@@ -298,8 +298,11 @@ def test_hf_trainer_signalled_in_evaluation_publishes_from_there(slurm_cluster: 
     ended(c, job)
     out = c.read(f"{cdir}/job.out")
     assert steps(hdir) == [step] and SENTINEL in out and f"eval done at step {step}" not in out, out[-3000:]
+    # it stopped inside the evaluation, not after it: no "eval done" above (its on_evaluate runs
+    # before the callback's), and its probe says signal, then stop, then exit 0 (no timing: the
+    # machine may be loaded)
     (rec,) = records(hdir).values()
-    assert rec["stop"]["t"] - rec["signal"]["t"] < 1 and rec["exit"]["code"] == 0
+    assert rec["signal"]["t"] <= rec["stop"]["t"] <= rec["exit"]["t"] and rec["exit"]["code"] == 0, rec
 
 
 @pytest.mark.only_on("bookworm")  # the host's torch runs there
@@ -317,7 +320,10 @@ def test_torchrun_two_nodes_its_kill_and_exit_status(slurm_cluster: Cluster, wor
     launch = "dispatch-slurm launch -- " if wrapped else ""
     cmd = (f"env PYTHONPATH={HOST_SITE} {launch}python3 -m torch.distributed.run --nnodes 2 --nproc-per-node 2 "
            f"--shutdown-timeout 1 --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 {cdir}/trainer.py ok")
-    job, _ = start(c, workdir, job_script(cdir, "TERM@10", cmd, nodes=2, env="export MASTER=$(hostname)\n"),
+    # TERM@30: after its 3 s save the wrapped job still has two torchrun agents and four ranks to
+    # tear down before the rehearsal's limit (the lead), on a loaded machine; the bare one is
+    # killed by torchrun 1 s after the signal, whatever the lead
+    job, _ = start(c, workdir, job_script(cdir, "TERM@30", cmd, nodes=2, env="export MASTER=$(hostname)\n"),
                    extra="SAVE_S=3")
     code, _, report = doctor(c, cdir, job, "--launcher", "torchrun", ranks=4)
     print(report)

@@ -103,6 +103,21 @@ def matrix(c, cdir: str, hdir) -> tuple[dict, dict, dict]:
     return sups, runs, cells
 
 
+def expected(got: list[tuple[str, str]], end: str) -> bool:
+    """The decisions a user expects for ``end``; before the last one, a `continue (signal_time)`
+    more is the rule's safe side, not a misjudgment: an execution that exits 0 after its --signal
+    time and wrote no event of its own cannot be told from one an own handler stopped (a slow
+    start-up on a loaded machine finishes a resumed trainer's ten steps after start + 25 s), so it
+    is continued, and the next one, with nothing left to train, is done."""
+    want, rules = EXPECTED[end], [r for r, _ in got]
+    if rules == want:
+        return True
+    extra = len(got) - len(want)
+    late = [i for i, d in enumerate(got[:-1]) if d == ("continue", "signal_time")]
+    return (extra > 0 and len(late) >= extra and rules[-1] == want[-1]
+            and [r for i, r in enumerate(rules) if i not in late[-extra:]] == want)
+
+
 def matrix_table(cells: dict) -> tuple[str, list[str]]:
     """The matrix as a Markdown table, and the cells whose decisions were not the expected."""
     rows, wrong = [], []
@@ -111,7 +126,7 @@ def matrix_table(cells: dict) -> tuple[str, list[str]]:
         got = decisions(facts)
         states = [f["state"] + (f" {f['exit_code']}" if f.get("exit_code") else "") for f in facts
                   if f["type"] == "ended"]
-        ok = [r for r, _ in got] == EXPECTED[end]
+        ok = expected(got, end)
         rows.append((trainer, out, end, ", ".join(states), " -> ".join(f"{r} ({c_})" for r, c_ in got),
                      " -> ".join(EXPECTED[end]), "yes" if ok else "NO"))
         if not ok:
@@ -164,16 +179,34 @@ def test_every_end_is_decided_right_the_matrix_and_the_long_run(slurm_cluster, w
 
     got = decisions(long.facts())
     assert rc == 0, f"{long.log(k)[-1500:]}\n{got}"
-    assert got[:-1] == [("continue", "signal_time")] * (len(got) - 1) and got[-1][0] == "done", got
-    assert len(got) >= 4, f"{len(got) - 1} time limits, not three: {got}"
     log = [json.loads(line) for line in (long.hdir / "train.log").read_text().splitlines()]
-    starts = [r for r in log if r["op"] == "start"]
-    stopped = [r["step"] for r in log if r["op"] == "stopped"]
-    assert starts[0]["resumed_at"] == 0 and log[-1] == {**log[-1], "op": "done", "step": LONG_STEPS}, log[-3:]
-    # each execution resumed where its handler saved; if the last one finished training after its
-    # --signal time, it was continued once more, and that one resumed at the end and was done
-    finished_late = len(starts) - 1 - len(stopped)
-    assert [r["resumed_at"] for r in starts[1:]] == stopped + [LONG_STEPS] * finished_late and finished_late <= 1
+    # Slurm may signal 25 s after the start: a trainer whose start-up took longer had no handler
+    # yet, was killed by the signal (FAILED 143) and is continued as an untrapped one
+    trapped = {int(r["attempt"].split(".")[-2]) for r in log if r["op"] == "trapped"}
+    jobs = [f["job"] for f in long.facts("ended")]
+    want = [("continue", "signal_time" if j in trapped else "killed_at_signal") for j in jobs[:-1]]
+    assert got[:-1] == want and got[-1][0] == "done", (got, jobs, sorted(trapped))
+    assert len(got) >= 4, f"{len(got) - 1} time limits, not three: {got}"
+    execs: dict[str, list[dict]] = {}
+    for r in log:
+        execs.setdefault(r["attempt"], []).append(r)
+    runs_ = list(execs.values())
+    assert runs_[0][0]["resumed_at"] == 0 and log[-1] == {**log[-1], "op": "done", "step": LONG_STEPS}, log[-3:]
+    # each execution resumed where its handler saved (one killed before it trapped: from its last
+    # periodic save); if one finished training after its --signal time, it was continued once
+    # more, and that one resumed at the end and was done
+    finished_late = 0
+    for old, new in zip(runs_, runs_[1:]):
+        ops = {r["op"]: r for r in old}
+        if "stopped" in ops:
+            assert new[0]["resumed_at"] == ops["stopped"]["step"], (old[-1], new[0])
+        elif "done" in ops:
+            finished_late += 1
+            assert new[0]["resumed_at"] == LONG_STEPS, new[0]
+        else:
+            assert "trapped" not in ops, f"trapped, yet neither stopped nor done: {old[-3:]}"
+            assert new[0]["resumed_at"] in [old[0]["resumed_at"]] + [r["step"] for r in old if r["op"] == "save"]
+    assert finished_late <= 1, finished_late
     assert long.facts("finished")[0]["outcome"] == "done"
     assert not [f for f in long.facts("rule") if f["rule"] == "resubmit"], "a continuation spends no --resubmit"
     outs = sorted(p.name for p in long.hdir.glob("*.out"))

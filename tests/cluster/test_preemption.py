@@ -1,6 +1,7 @@
 """Issue 6 on the real cluster: a job preempted in REQUEUE mode saves within its
 GraceTime, prints the sentinel, its save is published, the events show preempt_signal
-then checkpoint_complete, and the requeued execution resumes from that save."""
+then checkpoint_complete (the process's own, never the Epilog's), and the requeued execution
+resumes from that save."""
 
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def test_preempted_job_checkpoints_in_grace_and_resumes(slurm_cluster: Cluster, 
     signal_t = next(e["t"] for e in evs if e["type"] == "preempt_signal")
     done = [e for e in evs if e["type"] == "checkpoint_complete"]
     assert done[0]["t"] - signal_t < GRACE[c.profile], "the save must fit the grace window"
-    assert {e.get("source") for e in done} == {None, "epilog"}, "the epilog saw the sentinel too"
+    # the execution's own events tell its end; the Epilog reads none of the job's output
+    # (Slurm hands the path over unexpanded, an appended log holds older lines)
+    assert {e.get("source") for e in done} == {None}, done
     # the old execution's Epilog records *its* attempt as ceased (Slurm gives it the new
     # restart count already; a cessation for the running replacement would be a lie)
     ceased = sorted(p.name for p in (hdir / "root" / "ceased").iterdir())

@@ -97,6 +97,11 @@ def test_submitit_job_through_time_limits_preemption_and_a_cut(slurm_cluster: Cl
                          and "a newer execution" in _text(hfolder / f"{job}_0_log.{1_000_003}.err")
                          or (hfolder / f"{job}_0_result.{1_000_003}.pkl").exists(),
                          timeout=240, what="the cut-off R=3 to end (outranked, or answered first)")
+            # and its batch script with it, while the node is still cut off (its slurmstepd stays,
+            # retrying the completion): healed with the script still running, the node's
+            # registration reports the job, slurmctld kills it, and an Epilog runs for it
+            c.wait_until(lambda: not c.pids(node, f"submitit.core._submit|job0*{job}/slurm_script"),
+                         timeout=180, what="R=3's batch script to end on the cut-off node")
         finally:
             c.heal(node)
         answer = json.loads(c.exec(CONTROLLER, f"{CLIENT} result {folder} {job}", user="alice").stdout)

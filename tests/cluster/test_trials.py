@@ -98,7 +98,7 @@ def test_overlap_is_harmless_in_dispatch_mode(slurm_cluster: Cluster, scenario):
     _start_gc_loop(c, base, f"{base}/dispatch/root")
     try:
         results = {r.mode: r for r in trial.cluster_trial(t, scenario, ("naive", "dispatch"), base,
-                                                          interval=1.0, warmup=3.0, log=print)}
+                                                          interval=1.0, warmup=3.0, log=print, ahead=True)}
     finally:
         c.exec(CONTROLLER, f"touch {base}/gc.stop", user="alice")
     host = c.path(base)
@@ -109,8 +109,8 @@ def test_overlap_is_harmless_in_dispatch_mode(slurm_cluster: Cluster, scenario):
         assert r.overlap_s > 0 and r.details["old_writes_after_end"] > 0, r
         # and after the replacement chose where to resume (else neither mode was put to the test)
         assert r.details["old_writes_after_new_chose"] > 0, (
-            f"{r.mode}: the replacement started only after the old execution's last write, no race: "
-            f"Slurm must start a submitted job well within KillWait (profile-fast.env): {r}")
+            f"{r.mode}: the replacement chose only after the old execution's last write, no race: "
+            f"Slurm must report the end well within KillWait (profile-fast.env): {r}")
         assert r.details["lineages"]["new"] and r.details["lineages"]["third"], r
     assert (dispatch.wrong_resume, dispatch.mixed, dispatch.lost) == (False, 0, 0), dispatch
     assert dispatch.resumed_from == dispatch.details["lineages"]["new"]

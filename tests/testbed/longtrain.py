@@ -72,6 +72,8 @@ def main(argv=None):
     stop = []
     if a.own_handler:
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    if a.trap or a.own_handler:
+        log("trapped")  # after the handler is in place: a signal before this line killed the trainer
     while step < max_steps:
         time.sleep(a.step_time)
         step += 1

@@ -260,8 +260,15 @@ STATE = "trainer_state.json"
 
 
 def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval: float = 1.0,
-                  warmup: float = 3.0, log=print) -> list[Result]:
-    """One trial of `scenario` for every mode, side by side on the same node."""
+                  warmup: float = 3.0, log=print, ahead: bool = False) -> list[Result]:
+    """One trial of `scenario` for every mode, side by side on the same node.
+
+    ``ahead`` (cancel, preempt): each replacement is submitted and running before the trigger,
+    held before it chooses its resume point until Slurm reports the old execution ended, so that
+    it chooses while the old one still writes (within KillWait) however long scheduling and
+    start-up take on a loaded machine: a race arranged, not hoped for. Without it, a replacement
+    is submitted when Slurm reports the end, as a user or a supervisor does (the figures of
+    ``python -m testbed trial``)."""
     node = t.nodes[-1]
     limit = DEADLINE.get(t.profile, 1200.0)
     part = "scavenger" if scenario == "preempt" else "normal"  # scavenger: PreemptMode=CANCEL
@@ -276,6 +283,8 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
         t.mkdir(d)
         t.mkdir(f"{d}/root")
         dirs[mode] = d
+
+    ahead = ahead and not requeue
 
     def script(mode: str, extra: str = "") -> str:
         d = dirs[mode]
@@ -301,6 +310,12 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
         _poll(lambda: _saves(recs(mode), _lineage(recs(mode), old[mode], 0)) >= 2, limit,
               f"{mode}: the old execution's first saves")
     ran_on = {mode: (t.slurm.job(old[mode]).batch_host or node) if expedite else node for mode in modes}
+    if ahead:
+        for mode in modes:
+            new[mode] = t.submit(script(mode, f"--start-after {dirs[mode]}/go"), args(mode, "-x", node))
+        for mode in modes:
+            _poll(lambda: any(r["op"] == "ready" and str(r.get("job")) == str(new[mode]) for r in recs(mode)),
+                  limit, f"{mode}: the replacement to run, held before it chooses")
     log(f"{scenario}: old executions {old} saving on {ran_on}; triggering")
     preemptor = None
     if scenario == "cancel":
@@ -320,13 +335,21 @@ def cluster_trial(t, scenario: str, modes: tuple[str, ...], base: str, interval:
             ended_at[mode] = time.time()
         return done
 
-    _poll(lambda: all([reported_ended(m) for m in modes]), limit, "Slurm to report the old executions ended")
+    def let_go(mode: str) -> bool:  # the held replacement chooses as soon as Slurm says the old one ended
+        done = reported_ended(mode)
+        if done and ahead:
+            with open(t.host_path(f"{dirs[mode]}/go"), "w"):
+                pass
+        return done
+
+    _poll(lambda: all([let_go(m) for m in modes]), limit, "Slurm to report the old executions ended")
     if scenario == "partition":
         for mode in modes:  # requeued and waiting (BeginTime): it may restart on any node
             t.unpin(old[mode])
-    log(f"{scenario}: Slurm reports ended; starting replacements")
+    log(f"{scenario}: Slurm reports ended; " + ("the held replacements choose" if ahead else "starting replacements"))
     for mode in modes:  # as soon as Slurm says so: resubmit (cancel, preempt) or Slurm requeues
-        new[mode] = old[mode] if requeue else t.submit(script(mode), args(mode, "-x", node))
+        if not ahead:
+            new[mode] = old[mode] if requeue else t.submit(script(mode), args(mode, "-x", node))
     new_restart = 1 if requeue else 0
     for mode in modes:
         _poll(lambda: _saves(recs(mode), _lineage(recs(mode), new[mode], new_restart)) >= 2, limit,

@@ -105,6 +105,9 @@ def main(argv=None):
     ap.add_argument("--payload", type=int, default=4096, help="bytes of each data file of a save")
     ap.add_argument("--warmup", type=float, default=0.0,
                     help="seconds between choosing the resume point and the first step (model loading)")
+    ap.add_argument("--start-after", metavar="FILE",
+                    help="wait for FILE to exist before choosing the resume point: a replacement "
+                         "scheduled ahead, let go when the old execution is reported ended")
     a = ap.parse_args(argv)
     if a.mode == "dispatch":
         root, folder = os.environ["DISPATCH_CHECKPOINT"], os.environ["DISPATCH_EXEC_DIR"]
@@ -123,6 +126,10 @@ def main(argv=None):
     if a.handler:
         from dispatch_slurm import install_preemption_handler, preemption_point
         install_preemption_handler(lambda left: save(folder, step, lineage, log), defer=True)
+    if a.start_after:
+        log("ready", job=os.environ.get("SLURM_JOB_ID"))
+        while not os.path.exists(a.start_after):
+            time.sleep(0.02)
     log("start", host=socket.gethostname(), pid=os.getpid(), mode=a.mode, folder=folder, epoch=epoch,
         job=os.environ.get("SLURM_JOB_ID"), restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
     step, src = 0, resume_point(a.mode, folder, root)
