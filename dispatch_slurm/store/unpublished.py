@@ -109,8 +109,8 @@ def message(root: str, found: list[Found]) -> str:
     if any(os.path.basename(f.path).startswith("hpc_ckpt_") for f in found):
         text += (" hpc_ckpt_*.ckpt is Lightning's: SLURMEnvironment(auto_requeue=True) saved it on SIGUSR1 in the "
                  "old execution's folder and requeued the job, whose next execution has a new, empty folder: use "
-                 "plugins=dispatch_slurm.integrations.lightning.plugins() (auto_requeue=False) and DispatchCheckpoint, "
-                 "which publishes each save.")
+                 "plugins=dl.plugins() (dispatch_slurm.integrations.lightning: auto_requeue=False) and DispatchCheckpoint, "
+                 "which publishes each save, with #SBATCH --signal=TERM@<seconds> (nothing traps USR1 then).")
     return text
 
 

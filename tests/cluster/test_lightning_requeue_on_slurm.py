@@ -110,7 +110,8 @@ def test_lightnings_own_requeue_is_not_a_silent_restart_from_step_0(slurm_cluste
     said = re.search(r"dispatch-slurm: warning: nothing is published .*", second)
     assert said and second.index(said[0]) < second.index("TRAIN_START"), second[-3000:]
     assert hpc in said[0] and "starts from step 0" in said[0], said[0]
-    fix = f"dispatch-slurm publish --root {cdir}/root --epoch {int(old.rsplit('.', 1)[1])} --step STEP {cdir}/root/{hpc}"
+    epoch = int(old.rsplit(".", 1)[1])  # the folder's last field
+    fix = f"dispatch-slurm publish --root {cdir}/root --epoch {epoch} --step STEP {cdir}/root/{hpc}"
     assert fix in said[0] and "auto_requeue=False" in said[0], said[0]
 
     warned = [e for e in events.read(root) if e["type"] == "warning"]
