@@ -200,3 +200,20 @@ def test_lightnings_own_requeue_is_said_and_its_hpc_ckpt_named_by_the_next_resum
     assert "exec/c.77.1000000/hpc_ckpt_1.ckpt" in second and "starts from step 0" in second, second[-3000:]
     kinds = [(e["attempt"], e["kind"]) for e in events.read(str(root)) if e["type"] == "warning"]
     assert ("c.77.1000000", "lightning_auto_requeue") in kinds and ("c.77.1000001", "unpublished_saves") in kinds
+
+
+def test_the_auto_requeue_warning_says_what_the_requeue_does():
+    """On docker-slurm 22.05, under DispatchCheckpoint, Lightning's `scontrol requeue` ended the
+    execution with Slurm's SIGTERM: DispatchCheckpoint saved and published within KillWait, and
+    the requeued execution resumed from that save, while the warning said it "starts from step 0".
+    It says what the resume depends on, and that the fix needs the job's --signal to be TERM
+    (with auto_requeue=False nothing traps USR1, which kills the trainer)."""
+    pytest.importorskip("lightning")
+    from dispatch_slurm.integrations import lightning as dl
+    from dispatch_slurm.store import unpublished
+    said = dl.AUTO_REQUEUE
+    assert "starts from step 0" not in said and "KillWait" in said and "hpc_ckpt_<N>.ckpt" in said, said
+    hpc = unpublished.message("/r", [unpublished.Found("exec/c.1.1000000/hpc_ckpt_1.ckpt", 1_000_000, None)])
+    for text in (said, hpc):
+        assert "plugins=dl.plugins()" in text and "--signal=TERM@" in text, text
+

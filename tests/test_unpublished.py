@@ -4,6 +4,7 @@ published), `latest --resume`, `env` and every integration's resume call say so 
 `warning` event, a line in `report`), naming the files and the fix; and the fix works.
 The real CLI and real files; each integration's own resume function with its framework."""
 
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,27 @@ def test_latest_resume_says_what_was_left_and_records_it(left):
     report = cli("report", root, check=True).stdout
     assert f"{NEW}: started from step 0 while earlier executions had left saves nothing published" in report, report
     assert "hpc_ckpt_1.ckpt" in report
+
+
+def test_report_names_the_saves_left_when_no_execution_said_it(left):
+    """A trainer that calls no resume of dispatch-slurm (plain Lightning: ``fit(ckpt_path=None)``
+    with SLURMEnvironment(auto_requeue=True)) warns of nothing itself; `report` sees the saves
+    in the exec folders while nothing is published, and says so with the fix. Before, it said
+    only "resumed from scratch"."""
+    root, old, new, env = left
+    saves = f"exec/{OLD}/checkpoint-900, exec/{OLD}/hpc_ckpt_1.ckpt"
+    fix = f"dispatch-slurm publish --root {root} --epoch {E1} {old}/checkpoint-900"
+    report = cli("report", root, check=True).stdout
+    warnings = report.partition("\nwarnings:\n")[2]
+    assert warnings.startswith(f"  {NEW}: started from step 0 while earlier executions had left saves nothing "
+                               f"published: {saves}\n    to resume from one: {fix}\n"), report
+    new.rmdir()  # the old execution is the last one: the next one is still to start
+    report = cli("report", root, check=True).stdout
+    assert f"  next execution: starts from step 0 unless one is published: {saves}\n    to resume from one: {fix}" \
+        in report, report
+    (w,) = json.loads(cli("report", "--json", root, check=True).stdout)["warnings"]
+    assert w["by"] == "report" and w["kind"] == "unpublished_saves" and w["attempt"] is None, w
+    assert events.read(root) == [], "report only reads the root"
 
 
 def test_the_printed_fix_publishes_the_old_save_and_the_next_resume_uses_it(left):

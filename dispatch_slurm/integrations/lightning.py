@@ -78,10 +78,12 @@ def resume_path(root: str | None = None) -> str | None:
 
 
 AUTO_REQUEUE = ("Lightning's SLURMEnvironment(auto_requeue=True) is active: on SIGUSR1 it saves hpc_ckpt_<N>.ckpt into "
-                "this execution's folder and runs `scontrol requeue`; the next execution has a new, empty folder, "
-                "never reads that file (nothing publishes it), and starts from step 0. Pass plugins=dl.plugins() "
-                "(auto_requeue=False): DispatchCheckpoint saves and publishes on SIGTERM, and requeue is Slurm's "
-                "(--requeue) or dispatch-slurm run's")
+                "this execution's folder, which no execution reads (the next one has a new, empty folder, and "
+                "nothing publishes that file), and runs `scontrol requeue`; the next execution resumes from "
+                "DispatchCheckpoint's save on the requeue's SIGTERM only if that save ends within Slurm's KillWait, "
+                "else from the last publication (step 0 if none). Pass plugins=dl.plugins() (auto_requeue=False) "
+                "with #SBATCH --signal=TERM@<seconds> (nothing traps USR1 then): DispatchCheckpoint saves and "
+                "publishes on SIGTERM, and requeue is Slurm's (--requeue) or dispatch-slurm run's")
 
 
 def _warn_auto_requeue(trainer) -> None:

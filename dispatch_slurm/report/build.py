@@ -54,6 +54,7 @@ from ..slurm.cessation import executions as cessation
 from ..slurm.cessation import local
 from ..store import ceased
 from ..store import events as eventsmod
+from ..store import unpublished
 from ..supervisor.record import Record
 from . import goodput
 
@@ -281,7 +282,7 @@ def build(root: store.Root, slurm: Any = None, ask_slurm: bool = True) -> dict[s
             "latest": None if latest is None else {"step": latest.step, "path": latest.path, "name": latest.name,
                                                    "exists": inv.saves[latest.path].exists},
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
-            "warnings": _warnings(evs),
+            "warnings": _warnings(evs) + ([] if pubs else _left_unpublished(st, evs, execs)),
             "retention": status(st, ask=False, facts=every_fact, inv=inv)}
     r["goodput"] = goodput.of_report(r, every_fact)
     return r
@@ -296,6 +297,24 @@ def _warnings(evs: list[dict]) -> list[dict]:
             seen.setdefault((e.get("attempt"), e.get("kind")), {k: e.get(k) for k in (
                 "t", "attempt", "kind", "by", "message", "paths", "count")})
     return list(seen.values())
+
+
+def _left_unpublished(st: store.Store, evs: list[dict], execs: list[dict]) -> list[dict]:
+    """With nothing published: the saves the exec folders hold, when no execution said so
+    (a trainer that calls no resume of dispatch-slurm, such as plain Lightning's
+    ``fit(ckpt_path=None)`` under its own requeue, warns of nothing). Named for the first
+    execution started after the oldest of them (it started from step 0), else for the next
+    one, with the command that publishes the newest."""
+    if any(e["type"] == "warning" and e.get("kind") == "unpublished_saves" for e in evs):
+        return []
+    found = unpublished.find(st)
+    if not found:
+        return []
+    oldest = min(f.epoch for f in found)
+    after = next((e for e in execs if e["epoch"] is not None and e["epoch"] > oldest), None)
+    return [{"t": None, "attempt": after and after["attempt"], "kind": "unpublished_saves", "by": "report",
+             "message": unpublished.message(st.root, found), "paths": [f.path for f in found[-20:]],
+             "count": len(found), "fix": unpublished.publish_command(st.root, found)}]
 
 
 def _interruption(old: dict, new: dict, pubs: list, withdrawn: dict[str, float]) -> dict:

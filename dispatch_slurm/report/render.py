@@ -178,7 +178,9 @@ def _warning(w: dict) -> str:
     paths = w.get("paths") or []
     shown = f": {', '.join(paths[-3:])}" + (f" ({w['count']} in all)" if (w.get("count") or 0) > 3 else "") \
         if paths else ""
-    return f"  {w['attempt']}: {WARNINGS.get(w['kind'], w['kind'])}{shown}"
+    said = (f"  {w['attempt']}: {WARNINGS.get(w['kind'], w['kind'])}" if w["attempt"] is not None
+            else "  next execution: starts from step 0 unless one is published")  # report's own look: none yet
+    return f"{said}{shown}" + (f"\n    to resume from one: {w['fix']}" if w.get("fix") else "")
 
 
 def _hold(h: dict, t0) -> str:

@@ -9,7 +9,9 @@ trainer that is not Hugging Face's and writes no marker), any other checkpoint f
 ``check`` is what `latest`, `env` and every integration's resume call run when nothing
 is published: it lists what the exec folders hold (a bounded walk: only then, so a
 resume that finds a publication costs nothing more) and, if they hold saves, says so on
-stderr with the fix, and records a ``warning`` event the report shows."""
+stderr with the fix, and records a ``warning`` event the report shows. ``report`` runs
+``find`` itself while nothing is published and no execution said so (a trainer that calls
+no resume of dispatch-slurm)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from ..contract import layout, names
 from ..contract.env import Execution
 from ..errors import DispatchError
 from . import events
-from .roots import at
+from .roots import Root, at
 
 SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".distcp", ".pkl", ".npz", ".h5")
 DEPTH = 4  # Lightning's own ModelCheckpoint: <exec>/lightning_logs/version_0/checkpoints/<file>.ckpt
@@ -40,7 +42,7 @@ def _looks_like_a_save(name: str, is_dir: bool, regex) -> bool:
     return regex.fullmatch(name) is not None or (not is_dir and name.lower().endswith(SUFFIXES))
 
 
-def find(root: str, pattern: str = names.STEP_PATTERN) -> list[Found]:
+def find(root: Root, pattern: str = names.STEP_PATTERN) -> list[Found]:
     """What the executions' folders hold that looks like a save, oldest execution first."""
     st, regex = at(root), names.step_regex(pattern)
     base = f"{st.root.rstrip('/')}/{layout.EXEC}"
@@ -83,16 +85,23 @@ def nothing_published(root: str) -> bool:
         return True
 
 
+def publish_command(root: str, found: list[Found]) -> str:
+    """The command, run outside the job (a login node), that publishes the newest save found,
+    so that the next execution resumes from it."""
+    best = max(found, key=lambda f: (f.epoch, f.step if f.step is not None else -1, f.path))
+    step = "" if best.step is not None else " --step STEP"
+    return f"dispatch-slurm publish --root {root} --epoch {best.epoch}{step} {root}/{best.path}"
+
+
 def message(root: str, found: list[Found]) -> str:
     """The warning: what was found, what happens now, and the fixes."""
     shown = ", ".join(f.path for f in found[-SHOWN:]) + (f" ({len(found)} in all)" if len(found) > SHOWN else "")
-    best = max(found, key=lambda f: (f.epoch, f.step if f.step is not None else -1, f.path))
-    step = "" if best.step is not None else " --step STEP"
+    command = publish_command(root, found)
     text = (f"nothing is published under {root}/{layout.PUB}, but earlier executions left saves: {shown}. This "
             "execution starts from step 0 and their progress is lost unless one is published. To resume from one, "
-            "publish it from outside the job (a login node), then start the job again: dispatch-slurm publish "
-            f"--root {root} --epoch {best.epoch}{step} {root}/{best.path} (--epoch: the epoch of the execution "
-            "that wrote it, its folder's last field" + ("; --step: its training step" if step else "") + ").")
+            f"publish it from outside the job (a login node), then start the job again: {command} (--epoch: the "
+            "epoch of the execution that wrote it, its folder's last field"
+            + ("; --step: its training step" if "--step STEP" in command else "") + ").")
     if any(f.step is not None for f in found):
         text += (" checkpoint-<step> saves that watch did not publish were never complete to it: Hugging Face's "
                  "trainer_state.json, or with watch --marker NAME the marker, must be written last (or save with "
@@ -100,8 +109,8 @@ def message(root: str, found: list[Found]) -> str:
     if any(os.path.basename(f.path).startswith("hpc_ckpt_") for f in found):
         text += (" hpc_ckpt_*.ckpt is Lightning's: SLURMEnvironment(auto_requeue=True) saved it on SIGUSR1 in the "
                  "old execution's folder and requeued the job, whose next execution has a new, empty folder: use "
-                 "plugins=dispatch_slurm.integrations.lightning.plugins() (auto_requeue=False) and DispatchCheckpoint, "
-                 "which publishes each save.")
+                 "plugins=dl.plugins() (dispatch_slurm.integrations.lightning: auto_requeue=False) and DispatchCheckpoint, "
+                 "which publishes each save, with #SBATCH --signal=TERM@<seconds> (nothing traps USR1 then).")
     return text
 
 
