@@ -25,6 +25,7 @@ slurmctld of that checkout's tests/test_supervisor_rules.py):
 from __future__ import annotations
 
 import collections
+import inspect
 import json
 import os
 import sys
@@ -128,13 +129,16 @@ def _hf_save(exec_dir: str, step: int) -> None:
 def watch(tmp: str) -> dict:
     from dispatch_slurm.cli import main as cli
     from dispatch_slurm.runtime import watch as watchmod
+    from dispatch_slurm import store
     from dispatch_slurm.store import epochs
 
     root = os.path.join(tmp, "watch")
     attempt = "c.1.1000000"
     exec_dir = os.path.join(root, "exec", attempt)
     os.makedirs(exec_dir)
-    epochs.claim(root, attempt)  # as env and the hooks do before the job runs
+    # as env and the hooks do before the job runs (a checkout before stores were passed takes the root)
+    takes_store = "st" in inspect.signature(epochs.claim).parameters
+    epochs.claim(store.at(root) if takes_store else root, attempt)
     env = {"DISPATCH_CHECKPOINT": root, "DISPATCH_EXEC_DIR": exec_dir, "DISPATCH_EPOCH": "1000000",
            "DISPATCH_ATTEMPT": attempt}
     os.environ.update(env)
