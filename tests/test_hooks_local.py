@@ -303,6 +303,26 @@ def _job_info(restart, state, *flags):
 
 
 @needs_root
+def test_a_record_whose_root_its_user_removed_is_dropped_once(plugin_root, tmp_path, monkeypatch):
+    """A user who removes a root before the sweep ran (a finished run cleaned up) leaves
+    nothing to record into: the sweep says so once, naming the execution, and drops the
+    node's record instead of asking Slurm and failing again at every later hook."""
+    import shutil
+    root, attempt = plugin_root, "linux.79.1000000"
+    on_node(monkeypatch, tmp_path, "n1")
+    assert prolog.run(spank_env(root, "n1")) == 0
+    shutil.rmtree(root)
+    other = {"SLURM_JOB_ID": "80", "SLURM_JOB_UID": "2002", "SLURM_JOB_GID": "2002", "SLURMD_NODENAME": "n1"}
+    says = _SlurmSays(_job_info(1, "RUNNING"))
+    monkeypatch.setattr(epilog, "Slurm", says)
+    assert epilog.run(other) == 0 and node.recorded_execution("79") is None
+    log = (tmp_path / "hooks.log").read_text()
+    assert f"{attempt}: cessation not recorded" in log and "does not exist" in log and "dropped" in log, log
+    assert epilog.run(other) == 0 and prolog.run(other) == 0 and says.asked == [79]
+    assert (tmp_path / "hooks.log").read_text().count("cessation not recorded") == 1
+
+
+@needs_root
 def test_a_record_no_epilog_took_is_recorded_by_the_nodes_next_hook(plugin_root, tmp_path, monkeypatch):
     """An execution whose batch script ended while its node was cut off gets no Epilog
     (tests/cluster/test_submitit_on_slurm.py shows it): the node's next hook, any job's,

@@ -140,7 +140,12 @@ def _sweep_one(job_id: str, here: str) -> None:
     nodes = facts.get("nodes") if isinstance(facts.get("nodes"), list) else None
     result = node.as_job_user(user_env, record_cessation, values, here, sluid, {**found, "slurm": why}, nodes,
                               "sweep")
+    if "bug" in result:
+        node.log(f"{attempt}: cessation not recorded: {result['bug']}")
+        return  # left for a later hook, after a fix
     if "ok" not in result:
-        node.log(f"cessation not recorded: {result.get('bug') or result['user_error']}")
-    elif node.recorded(job_id) == rec:
+        # the user's doing (a root removed or made unwritable): asking Slurm again at every later
+        # hook cannot change it, and without the record gc asks Slurm itself
+        node.log(f"{attempt}: cessation not recorded: {result['user_error']}; the node's record of it is dropped")
+    if node.recorded(job_id) == rec:
         node.forget(job_id)
