@@ -164,8 +164,7 @@ def watch(tmp: str) -> dict:
 def main() -> None:
     instrument()
     import dispatch_slurm
-    where = os.path.dirname(getattr(dispatch_slurm, "__file__"))
-    print(f"dispatch_slurm from {where}", file=sys.stderr)
+    print(f"dispatch_slurm from {os.path.dirname(dispatch_slurm.__file__)}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-store-opens-") as tmp:
         report = {"supervisor": supervisor(tmp), **watch(tmp)}
     for name, r in report.items():
