@@ -183,7 +183,8 @@ def test_an_adoption_joins_the_epochs_claimant(root, monkeypatch):
 
 
 def test_a_publish_reads_the_claim_once(root, monkeypatch):
-    """The cost on the publish path: one open and read of epochs/<E> once it exists."""
+    """The cost on the publish path: one open and read of epochs/<E> at a process's first
+    publication at E; its later ones know their claim (never rewritten, never removed)."""
     store.make_exec_dir(str(root), A)
     epochs.claim(store.at(str(root)), A)
     opened = []
@@ -198,7 +199,7 @@ def test_a_publish_reads_the_claim_once(root, monkeypatch):
     monkeypatch.setattr(os, "open", spy)
     for s in saves:
         store.publish(str(s), root=str(root), epoch=E, sync=False)
-    assert opened.count(names.claim_name(E)) == 2 and opened.count("epochs") == 2
+    assert opened.count(names.claim_name(E)) == 1 and opened.count("epochs") == 1
 
 
 # ---- an incomplete claim (its writer between create and write, or dead there) ---------------

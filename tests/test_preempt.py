@@ -258,6 +258,30 @@ def test_events_one_file_per_process_merged_by_time(root, monkeypatch):
     assert events.emit("execution_started") is None  # outside dispatch: nowhere to write
 
 
+def test_a_kept_events_file_removed_or_closed_under_it_loses_no_event(root, monkeypatch, tmp_path):
+    """A process keeps its events file open (an event is one write); a file a person removed,
+    or an fd closed and reused under it, is opened again: every event lands in events/."""
+    monkeypatch.setenv("DISPATCH_CHECKPOINT", str(root))
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.1.1000000")
+    events.emit("execution_started", argv=["a"])
+    (name,) = os.listdir(root / "events")
+    os.unlink(root / "events" / name)  # a person cleans events/
+    events.emit("hold", reason="one")
+    assert [e["type"] for e in events.read(str(root))] == ["hold"]
+    from dispatch_slurm.store import posix
+    ((fd, _, _),) = [v for k, v in posix._event_files.items() if k[0] == str(root)]
+    elsewhere = os.open(tmp_path / "someone-elses", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(elsewhere, fd)  # the kept fd closed, its number now another file's
+    os.close(elsewhere)
+    try:
+        events.emit("release", by="two")
+        assert (tmp_path / "someone-elses").read_bytes() == b""
+        os.fstat(fd)  # still the other file's, left open
+    finally:
+        os.close(fd)
+    assert [e["type"] for e in events.read(str(root))] == ["hold", "release"]
+
+
 def test_linger_stays_until_the_scheduler_kills(tmp_path, root):
     """Slurm 22.05 requeues a preempted job only if it is still running when the grace
     ends: with linger, the save is published and the sentinel printed, then the process

@@ -121,6 +121,13 @@ def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0
         _sync_directory(dir_fd)
 
 
+def open_append(name: str, dir_fd: int, mode: int = 0o644) -> int:
+    """An fd to append to ``name`` (O_APPEND, created when missing, never through a symlink),
+    for a writer that keeps it across appends."""
+    with _named(name, dir_fd):
+        return os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
+
+
 def read_upto(fd: int, n: int) -> bytes:
     """``n`` bytes of ``fd`` from where it stands, fewer at its end. os.read may return less
     than asked: read until ``n`` or the end (a caller that knows the size from fstat reads a

@@ -34,6 +34,10 @@ from .roots import at
 
 SETTLE_S = 5.0  # how long an incomplete claim is read again before it is refused
 CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
+#: (root, epoch, attempt): claims this process read naming the attempt that publishes. A claim
+#: is never rewritten or removed (O_EXCL, write-once; nothing here deletes one), so each of a
+#: trainer's publications need not read its own epoch's claim again.
+_own_claims: set[tuple[str, int, str]] = set()
 _sleep = time.sleep  # between reads of an incomplete claim (a test makes the wait observable)
 
 
@@ -199,6 +203,8 @@ def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
         raise BadPath(f"refusing to publish {save} at epoch {epoch}: DISPATCH_ATTEMPT={publisher} is an "
                       f"execution of epoch {names.attempt_epoch(publisher)}; publish at its own epoch")
     root = st.root
+    if publisher is not None and (root, epoch, publisher) in _own_claims:
+        return publisher
     owner = _take(st, epoch, publisher) if publisher is not None else _settled(st, epoch)
     where = st.where(layout.EPOCHS, names.claim_name(epoch))
     if owner is None:
@@ -209,6 +215,8 @@ def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
         raise EpochClaimed(f"refusing to publish {save} at epoch {epoch}: that epoch of {root} is claimed by job "
                            f"{_job(owner)} ({where}), not by this execution ({publisher}): two jobs at one epoch "
                            f"would mix their lineages; {_fix(root)}", owner)
+    if publisher is not None:
+        _own_claims.add((root, epoch, publisher))
     return owner
 
 
