@@ -268,8 +268,8 @@ def test_a_kept_events_file_removed_or_closed_under_it_loses_no_event(root, monk
     os.unlink(root / "events" / name)  # a person cleans events/
     events.emit("hold", reason="one")
     assert [e["type"] for e in events.read(str(root))] == ["hold"]
-    from dispatch_slurm.store import posix
-    ((fd, _, _),) = [v for k, v in posix._event_files.items() if k[0] == str(root)]
+    from dispatch_slurm.store import durable
+    ((fd, _, _),) = [v for k, v in durable._kept.items() if k[0] == str(root)]
     elsewhere = os.open(tmp_path / "someone-elses", os.O_WRONLY | os.O_CREAT, 0o600)
     os.dup2(elsewhere, fd)  # the kept fd closed, its number now another file's
     os.close(elsewhere)

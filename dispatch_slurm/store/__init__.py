@@ -11,7 +11,9 @@ evidence), ``epochs`` (one epoch per execution), ``jobs`` (a plain sbatch job's 
 (a save folder is written once: never again once published or being written).
 The backends (posix.py, s3.py) and the fsync discipline (durable.py) are the store's own."""
 
-from . import ceased, epochs, events, execdir, jobs, once, unpublished, whole
+from typing import TYPE_CHECKING
+
+from . import epochs, events, execdir, jobs, once, unpublished, whole
 from .base import Store
 from .durable import write_all
 from .once import AlreadySaved
@@ -27,3 +29,15 @@ __all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publicat
            "events", "ceased", "epochs", "jobs", "once", "AlreadySaved", "execdir", "unpublished", "whole",
            "write_all", "Inventory", "Save", "Folder", "markers",
            "retired_by", "retirement_record", "latest_of"]
+
+if TYPE_CHECKING:
+    from . import ceased
+
+
+def __getattr__(name: str):
+    """``store.ceased`` on first use: only the Epilog, gc and the report read cessation
+    evidence, and every job's `env` and `publish` start without it."""
+    if name == "ceased":
+        import importlib
+        return importlib.import_module(".ceased", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

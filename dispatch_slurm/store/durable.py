@@ -128,6 +128,38 @@ def open_append(name: str, dir_fd: int, mode: int = 0o644) -> int:
         return os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
 
 
+#: append fds this process keeps: key -> (fd, st_dev, st_ino) of the file it was opened on
+_kept: dict[object, tuple[int, int, int]] = {}
+
+
+def append_kept(key: object, data: bytes, opener: Callable[[], int]) -> None:
+    """Append ``data`` in one write on the fd kept under ``key`` (an events file: one write
+    per event, not two opens and a close). ``opener()`` opens it again when the file was
+    removed (unlinked) or the fd is no longer that file's (closed, its number reused): no
+    line lost, none written elsewhere. No lock: signal handlers append too."""
+    kept = _kept.get(key)
+    if kept is not None:
+        try:
+            st = os.fstat(kept[0])
+            ours = (st.st_dev, st.st_ino) == kept[1:]
+        except OSError:
+            st, ours = None, False
+        if ours and st is not None and st.st_nlink:
+            write_all(kept[0], data)
+            return
+        if _kept.pop(key, None) == kept and ours:
+            os.close(kept[0])
+    fd = opener()
+    try:
+        st = os.fstat(fd)
+        write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        raise
+    if _kept.setdefault(key, (fd, st.st_dev, st.st_ino))[0] != fd:
+        os.close(fd)  # another thread kept its own first
+
+
 def read_upto(fd: int, n: int) -> bytes:
     """``n`` bytes of ``fd`` from where it stands, fewer at its end. os.read may return less
     than asked: read until ``n`` or the end (a caller that knows the size from fstat reads a

@@ -23,14 +23,10 @@ from . import inventory, whole
 from .inventory import Folder, Save
 from .base import Store
 from .links import symlink_on_the_way
-from .durable import (DirFds, append, create_new, ensure_dir, in_the_way, open_append, open_dir, read_upto,
-                      remove_tree, rmdir_empty, sync_tree, times, truncate, usage, walk, walk_to, write_all)
+from .durable import (DirFds, append, append_kept, create_new, ensure_dir, in_the_way, open_append, open_dir,
+                      read_upto, remove_tree, rmdir_empty, sync_tree, times, truncate, usage, walk, walk_to)
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: this process's events files, kept open: (root, file name) -> (fd, st_dev, st_ino). An event
-#: is then one write (and an fstat that sees the file still linked and still ours), not two
-#: opens and a close beside every publication.
-_event_files: dict[tuple[str, str], tuple[int, int, int]] = {}
 
 
 def open_root(root: str) -> int:
@@ -422,32 +418,10 @@ class PosixStore(Store):
     # -- events: one file per process, appended without fsync ---------------------------
 
     def add_event(self, name: str, line: bytes) -> None:
-        """One write on this process's kept fd of its events file; opened again when the file
-        was removed (a person cleaned events/) or the fd is no longer the file's. No lock:
-        a signal handler writes events too."""
-        key = (self.root, name)
-        kept = _event_files.get(key)
-        if kept is not None:
-            try:
-                st = os.fstat(kept[0])
-                ours = (st.st_dev, st.st_ino) == kept[1:]
-            except OSError:
-                st, ours = None, False
-            if ours and st is not None and st.st_nlink:
-                write_all(kept[0], line)
-                return
-            if _event_files.pop(key, None) == kept and ours:
-                os.close(kept[0])
-        with self:
-            fd = open_append(f"{name}.jsonl", self._made(layout.EVENTS))
-        try:
-            st = os.fstat(fd)
-            write_all(fd, line)
-        except BaseException:
-            os.close(fd)
-            raise
-        if _event_files.setdefault(key, (fd, st.st_dev, st.st_ino))[0] != fd:
-            os.close(fd)  # another thread kept its own first
+        def opener() -> int:
+            with self:
+                return open_append(f"{name}.jsonl", self._made(layout.EVENTS))
+        append_kept((self.root, name), line, opener)
 
     def event_files(self, prefix: str = "") -> list[tuple[str, bytes]]:
         """Read whole, in one session: a reader that stops at a bad line leaves no fd open."""
