@@ -5,6 +5,7 @@ trainer's state is a pure function of the steps applied."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -126,21 +127,34 @@ def test_the_trainers_state_is_a_pure_function_of_the_steps_applied():
     assert len({ref[50], repeated, skipped, dettrain.chain(8, 2, 50)[50], dettrain.chain(7, 1, 50)[50]}) == 5
 
 
-def test_the_evidence_table_names_each_anomaly_class_with_its_seeds():
+def result(seed: int, anomalies: list[str]) -> dict:
+    """One run's result as the campaign's --json holds it."""
     gp = {"goodput": 0.5, "wall_s": 100.0, "buckets": {k: 0.0 for k in campaign.goodput.BUCKETS},
           "prediction": {"young": 0.4, "daly": 0.6}}
     gp["buckets"].update(productive=50.0, restart=50.0)
+    mode = {"outcome": {"state": "done"}, "events": [], "goodput": gp,
+            "anomalies": [{"cls": c, "detail": ""} for c in anomalies]}
+    return {"seed": seed, "label": f"own/1r/default/run/{seed}", "faults": [{"kind": "cancel", "missed": False}],
+            "modes": {"dispatch": mode, "naive": {**mode, "anomalies": []}}}
 
-    def result(seed: int, anomalies: list[str]) -> dict:
-        mode = {"outcome": {"state": "done"}, "events": [], "goodput": gp,
-                "anomalies": [{"cls": c, "detail": ""} for c in anomalies]}
-        return {"seed": seed, "label": f"own/1r/default/run/{seed}", "faults": [{"kind": "cancel", "missed": False}],
-                "modes": {"dispatch": mode, "naive": {**mode, "anomalies": []}}}
-    table = campaign.evidence([result(3, ["end-misjudged", "end-misjudged"]), result(4, []), result(5, ["final-state"])])
+
+def test_campaigns_run_side_by_side_make_one_table(tmp_path):
+    for name, seeds in (("a.json", (1000, 1001)), ("b.json", (1100,))):
+        (tmp_path / name).write_text(json.dumps([result(s, []) for s in seeds]))
+    res = cli("campaign", "--from-json", str(tmp_path / "a.json"), "--from-json", str(tmp_path / "b.json"),
+              "--table", str(tmp_path / "table.md"))
+    assert res.returncode == 0, res.stderr
+    assert "| 3 (1000-1001, 1100) |" in (tmp_path / "table.md").read_text()
+
+
+def test_the_evidence_table_names_each_anomaly_class_with_its_seeds():
+    table = campaign.evidence([result(3, ["end-misjudged", "end-misjudged"]), result(4, []), result(5, ["final-state"]),
+                               result(9, [])])
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
+    assert "| 4 (3-5, 9) |" in rows["runs (seeds)"], "seeds as runs: campaigns merged by --from-json"
     assert "end-misjudged: 1 runs (3); final-state: 1 runs (5)" in rows["anomalies by class (seeds)"]
     assert rows["anomalies by class (seeds)"].endswith("| none |"), "naive mode had none"
-    assert "cancel 3" in rows["faults applied"] and "**50.0%**" in rows["goodput (productive steps / wall)"]
+    assert "cancel 4" in rows["faults applied"] and "**50.0%**" in rows["goodput (productive steps / wall)"]
     assert "40.0% / 60.0%" in rows["Young / Daly predicted (per run, mean)"]
 
 

@@ -84,9 +84,10 @@ def trial(scenarios, mode, trials, target, suite, tracking, profile, base, nodes
               help="copy each run's files (root, trainer log, job output) here when something happened")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False),
               help="write the campaign's table for docs/evidence.md (markdown)")
-@click.option("--from-json", "from_json", type=click.Path(exists=True, dir_okay=False),
-              help="run nothing: print the summary (and --table) of a campaign's --json; with --keep, check "
-                   "its runs again from the kept files first (and --json writes the result)")
+@click.option("--from-json", "from_json", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="run nothing: print the summary (and --table) of a campaign's --json (repeat: campaigns run "
+                   "side by side, as one); with --keep, check its runs again from the kept files first (and --json "
+                   "writes the result)")
 @click.option("--dry-run", is_flag=True, help="print each run's setup and fault schedule (as if every fault hit), "
                                               "start nothing")
 def campaign(suite, seed, runs, faults, duration, setup, mode, steps, kinds, tracking, json_path, plot_dir, keep_dir,
@@ -100,8 +101,10 @@ def campaign(suite, seed, runs, faults, duration, setup, mode, steps, kinds, tra
 
     from . import campaign as camp
     if from_json:
-        with open(from_json) as f:
-            done = json.load(f)
+        done = []
+        for path in from_json:
+            with open(path) as f:
+                done += json.load(f)
         if keep_dir:  # check again from the kept files (the checker changed since)
             done = camp.rejudge(done, Path(keep_dir))
             if json_path:

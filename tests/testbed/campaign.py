@@ -1095,6 +1095,18 @@ def _totals(results: list[dict], mode: str) -> dict:
             "daly": statistics.mean(x["daly"] for x in preds) if preds else None, "events": events}
 
 
+def seed_ranges(seeds: list[int]) -> str:
+    """``1000-1030, 1100-1131``: sorted seeds as runs of consecutive numbers (campaigns
+    merged by ``--from-json`` each start at their own seed)."""
+    out: list[list[int]] = []
+    for s in sorted(seeds):
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in out)
+
+
 def evidence(results: list[dict]) -> str:
     """The campaign as docs/evidence.md's table (markdown): faults by kind, ends and anomalies
     by class per mode (with the seeds that showed each), goodput and its buckets beside
@@ -1108,7 +1120,7 @@ def evidence(results: list[dict]) -> str:
     modes = [m for m in ("dispatch", "naive") if any(m in r["modes"] for r in results)]
     t = {m: _totals(results, m) for m in modes}
     pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-    rows = [("runs (seeds)", {m: f"{t[m]['runs']} ({seeds[0]}-{seeds[-1]})" if seeds else "0" for m in modes}),
+    rows = [("runs (seeds)", {m: f"{t[m]['runs']} ({seed_ranges(seeds)})" if seeds else "0" for m in modes}),
             ("setups", {m: str(len({r["label"] for r in results})) for m in modes}),
             ("faults applied", {m: f"{sum(kinds.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
                                 for m in modes}),
