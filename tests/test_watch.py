@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,10 +51,12 @@ def env_for(root, ex, epoch=E1):
 
 
 def foreground_sigint() -> None:
-    """SIGINT as a shell gives its foreground command: default. A test run started in the
-    background (`make test &`, a CI runner) ignores it, and a command keeps an ignored SIGINT
-    ignored, as the shell expects of its background jobs."""
+    """SIGINT as a shell gives its foreground command: default and not blocked. A test run
+    started in the background (`make test &`, a CI runner) ignores it, and a command keeps an
+    ignored SIGINT ignored, as the shell expects of its background jobs; a thread of the test
+    runner may fork with it blocked."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class Watch:
@@ -80,8 +83,11 @@ class Watch:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()  # why: its signals, its state
+            signals = [line for line in status.splitlines() if line.startswith(("State", "Sig", "Shd"))]
             self.stop()
-            raise AssertionError(f"watch did not exit within {timeout}s") from None
+            raise AssertionError(f"watch did not exit within {timeout}s: {signals}; stderr: "
+                                 f"{self.proc.stderr.read()[-2000:]!r}") from None
         return self.proc.returncode, self.proc.stderr.read()
 
     def stop(self):

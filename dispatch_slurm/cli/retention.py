@@ -18,6 +18,13 @@ from . import common
 
 
 def _say_pins(root: str, pin: tuple, unpin: tuple) -> None:
+    """Every path checked before any pin is written or dropped: one bad path changes nothing."""
+    st = store.at(root)
+    with st:
+        for save in pin:
+            st.save_relpath(save)
+        for save in unpin:
+            st.relpath(save)
     for save in pin:
         rel, new = retention.pin(root, save)
         click.echo(f"dispatch-slurm: {'pinned' if new else 'already pinned'}: {common.text(rel)}", err=True)
