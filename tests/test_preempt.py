@@ -282,6 +282,21 @@ def test_a_kept_events_file_removed_or_closed_under_it_loses_no_event(root, monk
     assert [e["type"] for e in events.read(str(root))] == ["hold", "release"]
 
 
+def test_a_process_writing_to_many_roots_keeps_a_bounded_number_of_fds(tmp_path, monkeypatch):
+    """A supervisor follows many roots: past durable.KEPT_MAX, events are written and closed."""
+    from dispatch_slurm.store import durable
+    monkeypatch.setattr(durable, "_kept", {})
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.1.1000000")
+    roots = [tmp_path / f"r{i}" for i in range(durable.KEPT_MAX + 8)]
+    for r in roots:
+        r.mkdir()
+        events.emit("hold", root=str(r), reason="many")
+    assert len(durable._kept) == durable.KEPT_MAX
+    assert all([e["type"] for e in events.read(str(r))] == ["hold"] for r in roots)
+    for fd, _, _ in durable._kept.values():
+        os.close(fd)
+
+
 def test_linger_stays_until_the_scheduler_kills(tmp_path, root):
     """Slurm 22.05 requeues a preempted job only if it is still running when the grace
     ends: with linger, the save is published and the sentinel printed, then the process

@@ -128,8 +128,11 @@ def open_append(name: str, dir_fd: int, mode: int = 0o644) -> int:
         return os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
 
 
-#: append fds this process keeps: key -> (fd, st_dev, st_ino) of the file it was opened on
+#: append fds this process keeps: key -> (fd, st_dev, st_ino) of the file it was opened on;
+#: at most KEPT_MAX (a supervisor writes to every root it follows). A kept fd is never closed
+#: here: another thread may be between its check and its write.
 _kept: dict[object, tuple[int, int, int]] = {}
+KEPT_MAX = 32
 
 
 def append_kept(key: object, data: bytes, opener: Callable[[], int]) -> None:
@@ -141,14 +144,12 @@ def append_kept(key: object, data: bytes, opener: Callable[[], int]) -> None:
     if kept is not None:
         try:
             st = os.fstat(kept[0])
-            ours = (st.st_dev, st.st_ino) == kept[1:]
+            if (st.st_dev, st.st_ino) == kept[1:] and st.st_nlink:
+                write_all(kept[0], data)
+                return
         except OSError:
-            st, ours = None, False
-        if ours and st is not None and st.st_nlink:
-            write_all(kept[0], data)
-            return
-        if _kept.pop(key, None) == kept and ours:
-            os.close(kept[0])
+            pass
+        _kept.pop(key, None)  # stale: a removed file's fd is left open (see above), a reused one is not ours
     fd = opener()
     try:
         st = os.fstat(fd)
@@ -156,8 +157,8 @@ def append_kept(key: object, data: bytes, opener: Callable[[], int]) -> None:
     except BaseException:
         os.close(fd)
         raise
-    if _kept.setdefault(key, (fd, st.st_dev, st.st_ino))[0] != fd:
-        os.close(fd)  # another thread kept its own first
+    if len(_kept) >= KEPT_MAX or _kept.setdefault(key, (fd, st.st_dev, st.st_ino))[0] != fd:
+        os.close(fd)  # not kept: too many, or another thread kept its own first
 
 
 def read_upto(fd: int, n: int) -> bytes:
