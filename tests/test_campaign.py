@@ -6,6 +6,7 @@ trainer's state is a pure function of the steps applied."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -93,6 +94,27 @@ def test_the_long_campaign_command_covers_every_fault_kind_and_setup():
     assert m and int(m[3]) >= 200 and int(m[2]) >= 10, summary
     assert {k.split()[0] for k in m[4].split(", ")} == set(campaign.KINDS), "every fault kind"
     assert "hf/" in res.stdout, "the Hugging Face setups (bookworm)"
+
+
+def test_the_long_campaign_in_two_halves_covers_200_faults_and_makes_one_table(tmp_path):
+    """What ran: two halves side by side on two clusters, each from its own seed, merged."""
+    *halves, merge = documented("evidence.md", "long-campaign-halves")
+    total, seeds = 0, []
+    for argv in halves:
+        res = cli("campaign", *argv, "--dry-run")
+        assert res.returncode == 0, res.stderr
+        m = re.match(r"(\d+) runs, (\d+) setups, (\d+) faults", res.stdout.splitlines()[-1])
+        assert m, res.stdout
+        total += int(m[3])
+        seeds.append(set(re.findall(r"^seed (\d+):", res.stdout, re.M)))
+    assert len(halves) == 2 and total >= 200 and not seeds[0] & seeds[1], (total, "no seed run twice")
+    files = [a for a in merge if a.endswith((".json", ".md"))]
+    for i, name in enumerate(f for f in files if f.endswith(".json")):
+        (tmp_path / name).write_text(json.dumps([result(1000 + 100 * i, [])]))
+    res = subprocess.run([sys.executable, "-m", "testbed", "campaign", *merge], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "tests")})
+    assert res.returncode == 0, res.stderr
+    assert "| 2 (1000, 1100) |" in (tmp_path / files[-1]).read_text()
 
 
 def test_the_development_pages_campaign_commands_parse():

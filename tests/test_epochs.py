@@ -184,7 +184,7 @@ def test_an_adoption_joins_the_epochs_claimant(root, monkeypatch):
 
 def test_a_publish_reads_the_claim_once(root, monkeypatch):
     """The cost on the publish path: one open and read of epochs/<E> at a process's first
-    publication at E; its later ones know their claim (never rewritten, never removed)."""
+    publication at E; its later ones look at the claim (a stat) and know what it says."""
     store.make_exec_dir(str(root), A)
     epochs.claim(store.at(str(root)), A)
     opened = []
@@ -199,7 +199,29 @@ def test_a_publish_reads_the_claim_once(root, monkeypatch):
     monkeypatch.setattr(os, "open", spy)
     for s in saves:
         store.publish(str(s), root=str(root), epoch=E, sync=False)
-    assert opened.count(names.claim_name(E)) == 1 and opened.count("epochs") == 1
+    assert opened.count(names.claim_name(E)) == 1 and opened.count("epochs") == 2
+
+
+def test_a_root_wiped_while_its_old_job_publishes_refuses_it_at_the_new_jobs_epoch(root):
+    """The old job's process read its claim once; the root is wiped and a new job claims the
+    same epoch (its submission numbers start again at 1): the old job's next publication is
+    refused, as it was before the claim was remembered."""
+    store.make_exec_dir(str(root), A)
+    epochs.claim(store.at(str(root)), A)
+    saves = [root / "exec" / A / f"checkpoint-{s}" for s in (1, 2, 3)]
+    for s in saves[:2]:
+        s.mkdir()
+        store.publish(str(s), root=str(root), epoch=E, sync=False)
+    old = root / "exec" / A  # the old job's files, still open and written to after the wipe
+    for entry in root.iterdir():
+        if entry.name != "exec":
+            shutil.rmtree(entry)
+    other = f"linux.999.{E}"
+    epochs.claim(store.at(str(root)), other)
+    saves[2].mkdir()
+    with pytest.raises(epochs.EpochClaimed, match="claimed by job linux.999"):
+        store.publish(str(saves[2]), root=str(root), epoch=E, sync=False)
+    assert old.is_dir() and store.latest(str(root)) is None
 
 
 # ---- an incomplete claim (its writer between create and write, or dead there) ---------------

@@ -258,9 +258,12 @@ def test_events_one_file_per_process_merged_by_time(root, monkeypatch):
     assert events.emit("execution_started") is None  # outside dispatch: nowhere to write
 
 
-def test_a_kept_events_file_removed_or_closed_under_it_loses_no_event(root, monkeypatch, tmp_path):
-    """A process keeps its events file open (an event is one write); a file a person removed,
-    or an fd closed and reused under it, is opened again: every event lands in events/."""
+def test_a_kept_events_file_removed_renamed_or_closed_under_it_loses_no_event(root, monkeypatch, tmp_path):
+    """A process keeps its own root's events file open (an event is one write); a file a
+    person removed, one renamed away (NFS renames an open file that is removed to .nfsXXXX),
+    or an fd closed and its number reused, is opened again: every event lands in events/."""
+    from dispatch_slurm.store import durable
+    monkeypatch.setattr(durable, "_kept", {})  # this worker's earlier tests kept their own roots'
     monkeypatch.setenv("DISPATCH_CHECKPOINT", str(root))
     monkeypatch.setenv("DISPATCH_ATTEMPT", "c.1.1000000")
     events.emit("execution_started", argv=["a"])
@@ -268,30 +271,35 @@ def test_a_kept_events_file_removed_or_closed_under_it_loses_no_event(root, monk
     os.unlink(root / "events" / name)  # a person cleans events/
     events.emit("hold", reason="one")
     assert [e["type"] for e in events.read(str(root))] == ["hold"]
-    from dispatch_slurm.store import durable
-    ((fd, _, _),) = [v for k, v in durable._kept.items() if k[0] == str(root)]
+    os.rename(root / "events" / name, tmp_path / ".nfs0001")  # what NFS does with an open file removed
+    events.emit("release", by="two")
+    assert [e["type"] for e in events.read(str(root))] == ["release"]
+    assert b"release" not in (tmp_path / ".nfs0001").read_bytes()
+    (fd, _, _) = durable._kept[str(root / "events" / name)]
     elsewhere = os.open(tmp_path / "someone-elses", os.O_WRONLY | os.O_CREAT, 0o600)
     os.dup2(elsewhere, fd)  # the kept fd closed, its number now another file's
     os.close(elsewhere)
     try:
-        events.emit("release", by="two")
+        events.emit("hold", reason="three")
         assert (tmp_path / "someone-elses").read_bytes() == b""
         os.fstat(fd)  # still the other file's, left open
     finally:
         os.close(fd)
-    assert [e["type"] for e in events.read(str(root))] == ["hold", "release"]
+    assert [e["type"] for e in events.read(str(root))] == ["release", "hold"]
 
 
-def test_a_process_writing_to_many_roots_keeps_a_bounded_number_of_fds(tmp_path, monkeypatch):
-    """A supervisor follows many roots: past durable.KEPT_MAX, events are written and closed."""
+def test_only_the_processs_own_root_keeps_its_events_file_open(tmp_path, monkeypatch):
+    """A supervisor writes to every root it follows: those files are opened and closed per
+    event; only $DISPATCH_CHECKPOINT's (a trainer's, a watch's, written at every save) is kept."""
     from dispatch_slurm.store import durable
     monkeypatch.setattr(durable, "_kept", {})
+    roots = [tmp_path / f"r{i}" for i in range(3)]
+    monkeypatch.setenv("DISPATCH_CHECKPOINT", str(roots[0]))
     monkeypatch.setenv("DISPATCH_ATTEMPT", "c.1.1000000")
-    roots = [tmp_path / f"r{i}" for i in range(durable.KEPT_MAX + 8)]
     for r in roots:
         r.mkdir()
         events.emit("hold", root=str(r), reason="many")
-    assert len(durable._kept) == durable.KEPT_MAX
+    assert [os.path.dirname(os.path.dirname(p)) for p in durable._kept] == [str(roots[0])]
     assert all([e["type"] for e in events.read(str(r))] == ["hold"] for r in roots)
     for fd, _, _ in durable._kept.values():
         os.close(fd)

@@ -504,7 +504,7 @@ def test_cli_gc_refusals(root, three):
     assert bad.returncode == 2 and "exactly one group" in bad.stderr
     pin = cli("gc", root, "--pin", root / "exec" / A / "nope")
     assert pin.returncode == 2 and "does not exist" in pin.stderr
-    # found by the CLI fuzz: the first of two pins was written before the second was refused
+    # two pins, the second bad: refused before anything is pinned (a refused command changes nothing)
     two = cli("gc", root, "--pin", three[(A, 10)], "--pin", "--root")
     assert two.returncode == 2 and two.stderr.count("\n") == 1 and "--root" in two.stderr, two.stderr
     unpin = cli("gc", root, "--pin", three[(A, 10)], "--unpin", "/elsewhere")

@@ -32,12 +32,12 @@ __all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publicat
 
 if TYPE_CHECKING:
     from . import ceased
-
-
-def __getattr__(name: str):
-    """``store.ceased`` on first use: only the Epilog, gc and the report read cessation
-    evidence, and every job's `env` and `publish` start without it."""
-    if name == "ceased":
-        import importlib
-        return importlib.import_module(".ceased", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+else:
+    def __getattr__(name: str):
+        """``store.ceased`` on first use: only the Epilog, gc and the report read cessation
+        evidence, and every job's `env` and `publish` start without it. (Hidden from mypy,
+        which would take any misspelt ``store.X`` for this.)"""
+        if name == "ceased":
+            import importlib
+            return importlib.import_module(".ceased", __name__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -76,6 +76,12 @@ class Store:
     def has(self, folder: str, name: str) -> bool:
         return self.read(folder, name, 0) is not None
 
+    def identity(self, folder: str, name: str) -> tuple[int, ...] | None:
+        """What tells this very entry from one made again under its name (POSIX: device,
+        inode, ctime), never through a symlink; None when it does not exist or the store
+        cannot tell (S3): a caller that remembers an entry by it then reads it again."""
+        return None
+
     def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444, sync_root: bool = True) -> bool:
         """Create ``folder/name`` with ``body`` only if it does not exist (O_EXCL; on S3 a PUT
         with If-None-Match: *): True if this call created it. Durable on return; with

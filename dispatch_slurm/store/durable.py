@@ -128,28 +128,31 @@ def open_append(name: str, dir_fd: int, mode: int = 0o644) -> int:
         return os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
 
 
-#: append fds this process keeps: key -> (fd, st_dev, st_ino) of the file it was opened on;
-#: at most KEPT_MAX (a supervisor writes to every root it follows). A kept fd is never closed
-#: here: another thread may be between its check and its write.
-_kept: dict[object, tuple[int, int, int]] = {}
-KEPT_MAX = 32
+#: append fds this process keeps: path -> (fd, st_dev, st_ino) of the file it was opened on;
+#: a few (its own execution's events). A kept fd is never closed here: another thread, or
+#: the code a signal handler interrupted, may be between its check and its write.
+_kept: dict[str, tuple[int, int, int]] = {}
+KEPT_MAX = 4
 
 
-def append_kept(key: object, data: bytes, opener: Callable[[], int]) -> None:
-    """Append ``data`` in one write on the fd kept under ``key`` (an events file: one write
-    per event, not two opens and a close). ``opener()`` opens it again when the file was
-    removed (unlinked) or the fd is no longer that file's (closed, its number reused): no
-    line lost, none written elsewhere. No lock: signal handlers append too."""
-    kept = _kept.get(key)
+def append_kept(path: str, data: bytes, opener: Callable[[], int], keep: bool = True) -> None:
+    """Append ``data`` in one write on the fd kept for ``path`` (an events file: one write per
+    event, not two opens and a close), once the fd and ``path`` are still one file (not
+    removed, not renamed away, as NFS does with an open file removed, and the fd not closed
+    and its number reused); else ``opener()`` opens ``path`` again: no line lost, none written
+    elsewhere. No lock: signal handlers append too. A write's error is the caller's.
+    ``keep=False``: opened, written and closed."""
+    kept = _kept.get(path)
     if kept is not None:
         try:
-            st = os.fstat(kept[0])
-            if (st.st_dev, st.st_ino) == kept[1:] and st.st_nlink:
-                write_all(kept[0], data)
-                return
+            held, named = os.fstat(kept[0]), os.stat(path, follow_symlinks=False)
+            same = (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino) == kept[1:]
         except OSError:
-            pass
-        _kept.pop(key, None)  # stale: a removed file's fd is left open (see above), a reused one is not ours
+            same = False
+        if same:
+            write_all(kept[0], data)
+            return
+        _kept.pop(path, None)  # stale: left open (see above); a reused number is not ours
     fd = opener()
     try:
         st = os.fstat(fd)
@@ -157,8 +160,8 @@ def append_kept(key: object, data: bytes, opener: Callable[[], int]) -> None:
     except BaseException:
         os.close(fd)
         raise
-    if len(_kept) >= KEPT_MAX or _kept.setdefault(key, (fd, st.st_dev, st.st_ino))[0] != fd:
-        os.close(fd)  # not kept: too many, or another thread kept its own first
+    if not keep or len(_kept) >= KEPT_MAX or _kept.setdefault(path, (fd, st.st_dev, st.st_ino))[0] != fd:
+        os.close(fd)  # not kept: enough kept, or another thread kept its own first
 
 
 def read_upto(fd: int, n: int) -> bytes:

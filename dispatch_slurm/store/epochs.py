@@ -34,10 +34,11 @@ from .roots import at
 
 SETTLE_S = 5.0  # how long an incomplete claim is read again before it is refused
 CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
-#: (root, epoch, attempt): claims this process read naming the attempt that publishes. A claim
-#: is never rewritten or removed (O_EXCL, write-once; nothing here deletes one), so each of a
-#: trainer's publications need not read its own epoch's claim again.
-_own_claims: set[tuple[str, int, str]] = set()
+#: (root, epoch, attempt) -> the identity of the claim file this process read naming the
+#: attempt that publishes. A claim is written once, so while that very file is there (not
+#: removed and made again by another job: a root wiped while its old job runs) each of a
+#: trainer's publications looks at it instead of reading it again.
+_own_claims: dict[tuple[str, int, str], tuple[int, ...]] = {}
 _sleep = time.sleep  # between reads of an incomplete claim (a test makes the wait observable)
 
 
@@ -202,11 +203,13 @@ def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
     if publisher is not None and names.attempt_epoch(publisher) != epoch:
         raise BadPath(f"refusing to publish {save} at epoch {epoch}: DISPATCH_ATTEMPT={publisher} is an "
                       f"execution of epoch {names.attempt_epoch(publisher)}; publish at its own epoch")
-    root = st.root
-    if publisher is not None and (root, epoch, publisher) in _own_claims:
-        return publisher
+    root, name, before = st.root, names.claim_name(epoch), None
+    if publisher is not None:
+        before = st.identity(layout.EPOCHS, name)
+        if before is not None and _own_claims.get((root, epoch, publisher)) == before:
+            return publisher
     owner = _take(st, epoch, publisher) if publisher is not None else _settled(st, epoch)
-    where = st.where(layout.EPOCHS, names.claim_name(epoch))
+    where = st.where(layout.EPOCHS, name)
     if owner is None:
         raise BadPath(f"refusing to adopt {save} at epoch {epoch}: no execution has claimed that epoch "
                       f"({where} does not exist) and DISPATCH_ATTEMPT is not set; adopt from inside the "
@@ -215,8 +218,8 @@ def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
         raise EpochClaimed(f"refusing to publish {save} at epoch {epoch}: that epoch of {root} is claimed by job "
                            f"{_job(owner)} ({where}), not by this execution ({publisher}): two jobs at one epoch "
                            f"would mix their lineages; {_fix(root)}", owner)
-    if publisher is not None:
-        _own_claims.add((root, epoch, publisher))
+    if publisher is not None and before is not None and st.identity(layout.EPOCHS, name) == before:
+        _own_claims[(root, epoch, publisher)] = before  # read from this very file
     return owner
 
 

@@ -18,6 +18,7 @@ import stat
 from typing import Iterator, Optional, cast
 
 from ..contract import layout, names
+from ..contract.env import Execution
 from ..errors import BadPath, StoreError, TornSave
 from . import inventory, whole
 from .inventory import Folder, Save
@@ -202,16 +203,19 @@ class PosixStore(Store):
             finally:
                 os.close(f)
 
-    def has(self, folder: str, name: str) -> bool:
+    def identity(self, folder: str, name: str) -> tuple[int, ...] | None:
         with self:
             fd = self._dir(folder)
             if fd is None:
-                return False
+                return None
             try:
-                os.stat(name, dir_fd=fd, follow_symlinks=False)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
-                return False
-            return True
+                return None
+            return st.st_dev, st.st_ino, st.st_ctime_ns
+
+    def has(self, folder: str, name: str) -> bool:
+        return self.identity(folder, name) is not None
 
     def create(self, folder: str, name: str, body: bytes = b"", mode: int = 0o444, sync_root: bool = True) -> bool:
         """O_EXCL-create, the content fsynced, then the folder and the root."""
@@ -418,10 +422,13 @@ class PosixStore(Store):
     # -- events: one file per process, appended without fsync ---------------------------
 
     def add_event(self, name: str, line: bytes) -> None:
+        """The file of the process's own execution's root (written at every save) is kept
+        open between lines; others (a supervisor follows many roots) are opened per line."""
         def opener() -> int:
             with self:
                 return open_append(f"{name}.jsonl", self._made(layout.EVENTS))
-        append_kept((self.root, name), line, opener)
+        append_kept(f"{self.root}/{layout.EVENTS}/{name}.jsonl", line, opener,
+                    keep=Execution.current().root == self.root)
 
     def event_files(self, prefix: str = "") -> list[tuple[str, bytes]]:
         """Read whole, in one session: a reader that stops at a bad line leaves no fd open."""
