@@ -285,12 +285,14 @@ def _strace(args, root, save_path, sync=True):
 
 
 def _events(trace: list[str]):
-    """(syscall, path) in order, resolving each fsync's fd to the path it was opened as."""
+    """(syscall, path) in order, resolving each fsync's fd to the path it was opened as (a path
+    opened below a folder's fd by its last component: a save is opened from the root at once)."""
     fds, events = {}, []
     for line in trace:
         if m := re.search(r'openat\((\w+), "([^"]+)", ([^,)]+).*\)\s+= (\d+)$', line):
-            fds[m[4]] = m[2]
-            events.append(("open", m[2], m[3]))
+            name = m[2] if m[2].startswith("/") else m[2].rsplit("/", 1)[-1]
+            fds[m[4]] = name
+            events.append(("open", name, m[3]))
         elif m := re.search(r"fsync\((\d+)\)\s+= (0|-1 EIO.*)$", line):
             events.append(("fsync", fds[m[1]], "" if m[2] == "0" else "EIO"))
     return events

@@ -22,7 +22,7 @@ this is the one module of the package that reads DISPATCH_* from the environment
 
 import os
 from collections.abc import Mapping
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 from ..errors import DispatchError, EnvError
 from . import layout, names
@@ -247,8 +247,16 @@ class Execution:
                 grace: float | None = None) -> "Execution":
         """The execution ``environ`` describes; an argument given overrides its variable
         (``publish(root=, epoch=)``, ``DispatchCallback(root=, epoch=)``, a grace argument)."""
-        given = {"root": root, "epoch": epoch, "exec_dir": exec_dir, "grace": grace}
-        return cls(environ, {k: v for k, v in given.items() if v is not None})
+        given: dict[str, Any] = {}  # written out: publish asks for a view several times per publication
+        if root is not None:
+            given["root"] = root
+        if epoch is not None:
+            given["epoch"] = epoch
+        if exec_dir is not None:
+            given["exec_dir"] = exec_dir
+        if grace is not None:
+            given["grace"] = grace
+        return cls(environ, given)
 
     def _get(self, key: str) -> str | None:
         return self._env.get(key) or None

@@ -5,6 +5,7 @@ a requeue raises R, a supersession raises G. An old run's late publication carri
 its own lower epoch and can never outrank the replacement's. Parts out of range are
 refused, never clamped or wrapped: a wrapped R would silently reorder lineages."""
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from ..errors import EpochError
@@ -48,6 +49,14 @@ def compose(generation: int, submission: int, restart: int) -> int:
 
 def decompose(epoch: int) -> Epoch:
     """(G, N, R) of an epoch; refuses epochs no valid (G, N, R) composes."""
+    if type(epoch) is not int:  # a bool, a str...: refused with its type named, never cached
+        _int("epoch", epoch)
+    return _decompose(epoch)
+
+
+@lru_cache(maxsize=256)
+def _decompose(epoch: int) -> Epoch:
+    """A process asks about the same few epochs on every publication and name it reads."""
     epoch = _check("epoch", epoch, 0, EPOCH_MAX)
     g, rest = divmod(epoch, 10**12)
     n, r = divmod(rest, 10**6)

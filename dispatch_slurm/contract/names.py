@@ -10,6 +10,7 @@ breaks ties, so every reader picks the same latest entry.
 import base64
 import os
 import re
+from functools import lru_cache
 from itertools import chain, repeat
 from operator import itemgetter, mod
 from typing import NamedTuple
@@ -59,7 +60,16 @@ class Publication(NamedTuple):
 
 
 def b32encode(data: bytes) -> str:
-    return base64.b32encode(data).decode("ascii").rstrip("=")
+    """Base32 codes each 5-byte block alone, and a save's folders (``exec/<attempt>/``) repeat
+    from one publication to the next: their whole blocks are coded once per process."""
+    cut = data.rfind(b"/") + 1
+    cut -= cut % 5
+    return _b32_blocks(data[:cut]) + base64.b32encode(data[cut:]).decode("ascii").rstrip("=")
+
+
+@lru_cache(maxsize=64)
+def _b32_blocks(blocks: bytes) -> str:
+    return base64.b32encode(blocks).decode("ascii")
 
 
 def b32decode(text: str) -> bytes:
@@ -201,10 +211,11 @@ def cluster_token(cluster: str) -> str:
     return _TOKEN_SAFE.sub("_", cluster)
 
 
+@lru_cache(maxsize=256)
 def attempt_epoch(attempt: str) -> int | None:
     """The epoch an attempt token carries (its last field), or None for a name that is
     not a token. The store uses it to refuse a save published at another epoch than
-    the execution that wrote it."""
+    the execution that wrote it (on every publication: the answer is kept)."""
     head, _, tail = attempt.rpartition(".")
     if not head or _DEC.fullmatch(tail) is None or len(tail) > 20:
         return None

@@ -4,34 +4,33 @@ A new directory entry is durable only once its *directory* is fsynced; a new
 directory only once its parent is. Every write under a checkpoint root goes through
 these helpers: they work on directory file descriptors opened with O_NOFOLLOW, so a
 symlink planted inside the root is never followed and the names created land exactly
-where they were checked. One create-new (``create_new``), one append-and-sync
-(``append``), one save sync (``sync_tree``), all ending in ``_sync_directory``."""
+where they were checked. One opener of the root and its protocol folders (``open_root``,
+``open_entry``: their errors say what is in the way), one create-new (``create_new``), one
+append-and-sync (``append``), one save sync (``sync_tree``), all ending in ``_sync_directory``."""
 
 import errno
 import os
 import stat
-from contextlib import contextmanager
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
+
+from ..errors import StoreError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-@contextmanager
-def _named(name: str, dir_fd: int | None):
-    """An OSError about ``name`` under ``dir_fd`` names its full path (the folder's,
+def _named(e: OSError, name: str, dir_fd: int | None) -> OSError:
+    """An OSError about ``name`` under ``dir_fd`` completed with its full path (the folder's,
     from /proc/self/fd), so "read-only file system" says where: the same exception,
-    only its filename completed."""
-    try:
-        yield
-    except OSError as e:
-        if dir_fd is not None and e.filename == name and not os.path.isabs(name):
-            try:
-                e.filename = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name)
-            except OSError:
-                pass
-        raise
+    only its filename completed. A plain function, not a context manager: it is on the
+    path of every publication, and a ``with`` costs more than the open it wraps."""
+    if dir_fd is not None and e.filename == name and not os.path.isabs(name):
+        try:
+            e.filename = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name)
+        except OSError:
+            pass
+    return e
 
 
 def _sync_directory(fd: int) -> None:
@@ -45,6 +44,48 @@ def open_dir(path: str, dir_fd: int | None = None, follow: bool = False) -> int:
     return os.open(path, flags, dir_fd=dir_fd)
 
 
+def open_root(root: str) -> int:
+    """The root may itself be a symlink (sites alias scratch); it must exist: a
+    missing root is a typo or an unmounted filesystem, never something to create."""
+    try:
+        return open_dir(root, follow=True)
+    except FileNotFoundError:
+        raise StoreError(f"checkpoint root {root} does not exist (create it first)") from None
+    except NotADirectoryError:
+        raise StoreError(f"checkpoint root {root} is not a directory") from None
+    except PermissionError:
+        raise StoreError(f"checkpoint root {root}: permission denied") from None
+
+
+def open_entry(root: str, root_fd: int, name: str, create: bool = False) -> int | None:
+    """A protocol folder under the root (pub/, sub/, ceased/...), never through a
+    symlink; None when it does not exist and ``create`` is false. The message names
+    what is really wrong: a symlink or file in the way, or a permission."""
+    where = f"{root}/{name}"
+    try:
+        if create:
+            return ensure_dir(name, root_fd)[0]
+        return open_dir(name, dir_fd=root_fd)
+    except FileNotFoundError as e:
+        if not create:
+            return None
+        # mkdir's ENOENT (a root removed meanwhile, a filesystem like /proc): never None here,
+        # which every *at() call would take for the current directory
+        raise StoreError(f"{where}: cannot be created ({e.strerror})") from None
+    except PermissionError:
+        raise StoreError(f"{where}: permission denied (check its owner and mode)") from None
+    except OSError as e:
+        if in_the_way(e):
+            raise StoreError(f"{where} is a symlink or not a directory; the protocol never "
+                             "follows one (remove it)") from None
+        raise StoreError(f"{where}: {e.strerror}") from None
+
+
+def ensure_entry(root: str, root_fd: int, name: str) -> int:
+    """``open_entry``, the folder made first when it does not exist (never None)."""
+    return cast(int, open_entry(root, root_fd, name, create=True))
+
+
 def ensure_dir(name: str, parent_fd: int, mode: int = 0o777) -> tuple[int, bool]:
     """Open ``name`` under ``parent_fd``, creating it if missing; (fd, created).
 
@@ -55,11 +96,12 @@ def ensure_dir(name: str, parent_fd: int, mode: int = 0o777) -> tuple[int, bool]
         fd = open_dir(name, dir_fd=parent_fd)  # the common case: it exists
     except FileNotFoundError:
         try:
-            with _named(name, parent_fd):
-                os.mkdir(name, mode, dir_fd=parent_fd)
+            os.mkdir(name, mode, dir_fd=parent_fd)
             created = True
         except FileExistsError:  # a concurrent creator won; fine
             pass
+        except OSError as e:
+            raise _named(e, name, parent_fd) from None
         fd = _open_existing_dir(name, parent_fd)
     except OSError as e:
         raise _not_a_dir(e, name) from None
@@ -93,8 +135,12 @@ def create_new(name: str, dir_fd: int, data: bytes = b"", mode: int = 0o444, syn
     Two writers cannot both succeed (FileExistsError for the loser). The content is
     fsynced before the entry, and the directory after it: once this returns, the
     file and its entry survive a crash (the caller fsyncs the parents it created)."""
-    with _named(name, dir_fd):
+    try:
         fd = os.open(name, _NEW_FLAGS, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        raise  # the loser of a race: its caller's answer, not an error to complete
+    except OSError as e:
+        raise _named(e, name, dir_fd) from None
     try:
         write_all(fd, data)
         if data and sync:
@@ -108,8 +154,10 @@ def create_new(name: str, dir_fd: int, data: bytes = b"", mode: int = 0o444, syn
 def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0o644) -> None:
     """Append ``data`` to ``name`` in one write (O_APPEND, never through a symlink),
     then fsync it (and its directory when the file was new)."""
-    with _named(name, dir_fd):
+    try:
         fd = os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
+    except OSError as e:
+        raise _named(e, name, dir_fd) from None
     try:
         new = sync and os.fstat(fd).st_size == 0
         write_all(fd, data)
@@ -124,8 +172,10 @@ def append(name: str, dir_fd: int, data: bytes, sync: bool = True, mode: int = 0
 def open_append(name: str, dir_fd: int, mode: int = 0o644) -> int:
     """An fd to append to ``name`` (O_APPEND, created when missing, never through a symlink),
     for a writer that keeps it across appends."""
-    with _named(name, dir_fd):
+    try:
         return os.open(name, _APPEND_FLAGS, mode, dir_fd=dir_fd)
+    except OSError as e:
+        raise _named(e, name, dir_fd) from None
 
 
 #: append fds this process keeps: path -> (fd, st_dev, st_ino) of the file it was opened on;
@@ -155,12 +205,12 @@ def append_kept(path: str, data: bytes, opener: Callable[[], int], keep: bool = 
         _kept.pop(path, None)  # stale: left open (see above); a reused number is not ours
     fd = opener()
     try:
-        st = os.fstat(fd)
+        st = os.fstat(fd) if keep else None
         write_all(fd, data)
     except BaseException:
         os.close(fd)
         raise
-    if not keep or len(_kept) >= KEPT_MAX or _kept.setdefault(path, (fd, st.st_dev, st.st_ino))[0] != fd:
+    if st is None or len(_kept) >= KEPT_MAX or _kept.setdefault(path, (fd, st.st_dev, st.st_ino))[0] != fd:
         os.close(fd)  # not kept: enough kept, or another thread kept its own first
 
 
@@ -202,27 +252,65 @@ def sync_tree(name: str, parent_fd: int, check: Optional[Callable[[str, int], No
 
 def _sync_entry(name: str, dir_fd: int, path: str, check, fsync: bool) -> None:
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if stat.S_ISDIR(st.st_mode):
-        fd = open_dir(name, dir_fd=dir_fd)
+    if stat.S_ISDIR(st.st_mode) or (stat.S_ISREG(st.st_mode) and (fsync or check is not None)):
+        fd = open_dir(name, dir_fd=dir_fd) if stat.S_ISDIR(st.st_mode) else \
+            os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
-            for entry in os.listdir(fd):
-                try:
-                    _sync_entry(entry, fd, f"{path}/{entry}", check, fsync)
-                except FileNotFoundError:
-                    continue  # removed while we walked: no longer part of the save
-            if fsync:
-                _sync_directory(fd)
+            sync_open(fd, st.st_mode, path, check, fsync)
         finally:
             os.close(fd)
-    elif stat.S_ISREG(st.st_mode) and (fsync or check is not None):
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        try:
-            if check is not None:
-                check(path, fd)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+
+
+def sync_open(fd: int, mode: int, path: str, check, fsync: bool) -> None:
+    """``sync_tree``'s work on an entry already open (``mode``: its st_mode), the folder holding
+    it left to the caller: a publication opens its save once and checks it through that fd."""
+    if stat.S_ISDIR(mode):
+        for entry in listing(fd):
+            try:
+                _sync_entry(entry, fd, f"{path}/{entry}", check, fsync)
+            except FileNotFoundError:
+                continue  # removed while we walked: no longer part of the save
+        if fsync:
+            _sync_directory(fd)
+    elif stat.S_ISREG(mode):
+        if check is not None:
+            check(path, fd)
+        if fsync:
+            os.fsync(fd)
+
+
+def open_below(rel: str, root_fd: int) -> tuple[int, int, str] | None:
+    """(fd, st_mode, real path) of the folder or file ``rel`` under ``root_fd``, opened in one
+    call from the root, once the kernel's own path of it (/proc/self/fd) is the root's followed
+    by ``rel``: no component below the root is a symlink. None where that is not so or not
+    told (no /proc, a symlink, a special file, nothing there): the caller walks down instead,
+    folder by folder with O_NOFOLLOW, which finds what is wrong and says it."""
+    try:
+        st = os.stat(rel, dir_fd=root_fd, follow_symlinks=False)
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            return None
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if stat.S_ISDIR(st.st_mode) else 0)
+        fd = os.open(rel, flags, dir_fd=root_fd)
+    except OSError:
+        return None
+    try:
+        root, real = os.readlink(f"/proc/self/fd/{root_fd}"), os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        root = real = ""
+    if root.startswith("/") and real == f"{root.rstrip('/')}/{rel}":
+        return fd, st.st_mode, real
+    os.close(fd)
+    return None
+
+
+def listing(fd: int) -> list[str]:
+    """The names in the folder open as ``fd``: read through /proc/self/fd, which opens that very
+    folder again (half the system calls of ``os.listdir(fd)``'s dup, fdopendir and rewind);
+    from the fd itself where /proc is not there."""
+    try:
+        return os.listdir(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.listdir(fd)
 
 
 def walk(rel: str, root_fd: int) -> list[int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Iterator, Optional, cast
+from typing import Iterator, Optional
 
 from ..contract import layout, names
 from ..contract.env import Execution
@@ -24,52 +24,13 @@ from . import inventory, whole
 from .inventory import Folder, Save
 from .base import Store
 from .links import symlink_on_the_way
-from .durable import (DirFds, append, append_kept, create_new, ensure_dir, in_the_way, open_append, open_dir,
-                      read_upto, remove_tree, rmdir_empty, sync_tree, times, truncate, usage, walk, walk_to)
+from .durable import (DirFds, append, append_kept, create_new, ensure_dir, ensure_entry, in_the_way, open_append,
+                      open_below, open_dir, open_entry, open_root, read_upto, remove_tree, rmdir_empty, sync_open,
+                      sync_tree, times, truncate, usage, walk, walk_to)
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def open_root(root: str) -> int:
-    """The root may itself be a symlink (sites alias scratch); it must exist: a
-    missing root is a typo or an unmounted filesystem, never something to create."""
-    try:
-        return open_dir(root, follow=True)
-    except FileNotFoundError:
-        raise StoreError(f"checkpoint root {root} does not exist (create it first)") from None
-    except NotADirectoryError:
-        raise StoreError(f"checkpoint root {root} is not a directory") from None
-    except PermissionError:
-        raise StoreError(f"checkpoint root {root}: permission denied") from None
-
-
-def open_entry(root: str, root_fd: int, name: str, create: bool = False) -> int | None:
-    """A protocol folder under the root (pub/, sub/, ceased/...), never through a
-    symlink; None when it does not exist and ``create`` is false. The message names
-    what is really wrong: a symlink or file in the way, or a permission."""
-    where = f"{root}/{name}"
-    try:
-        if create:
-            return ensure_dir(name, root_fd)[0]
-        return open_dir(name, dir_fd=root_fd)
-    except FileNotFoundError as e:
-        if not create:
-            return None
-        # mkdir's ENOENT (a root removed meanwhile, a filesystem like /proc): never None here,
-        # which every *at() call would take for the current directory
-        raise StoreError(f"{where}: cannot be created ({e.strerror})") from None
-    except PermissionError:
-        raise StoreError(f"{where}: permission denied (check its owner and mode)") from None
-    except OSError as e:
-        if in_the_way(e):
-            raise StoreError(f"{where} is a symlink or not a directory; the protocol never "
-                             "follows one (remove it)") from None
-        raise StoreError(f"{where}: {e.strerror}") from None
-
-
-def ensure_entry(root: str, root_fd: int, name: str) -> int:
-    """``open_entry``, the folder made first when it does not exist (never None)."""
-    return cast(int, open_entry(root, root_fd, name, create=True))
+#: root -> its filesystem's NAME_MAX: asked once per process (a publication asks on every call)
+_name_max: dict[str, int] = {}
 
 
 def _folder(fd: int) -> inventory.Folder:
@@ -94,7 +55,7 @@ class PosixStore(Store):
         self._root_fd = -1  # the root's fd, inside a session
         self._depth = 0
         self._folders_open: dict[str, int] = {}  # folders under the root opened in this session
-        self._name_max: Optional[int] = None  # the root filesystem's NAME_MAX, asked once
+        self._saves: dict[str, tuple[int, int, Optional[str]]] = {}  # rel -> (fd, st_mode, real path): checked saves
 
     @classmethod
     def absolute(cls, value: str, from_env: bool) -> str:
@@ -122,6 +83,10 @@ class PosixStore(Store):
             for fd in self._folders_open.values():
                 os.close(fd)
             self._folders_open.clear()
+            for fd, _, _ in self._saves.values():
+                if fd >= 0:
+                    os.close(fd)
+            self._saves.clear()
             os.close(self._root_fd)
             self._root_fd = -1
 
@@ -156,11 +121,12 @@ class PosixStore(Store):
         return fd
 
     def _limit(self) -> int:
-        """The root filesystem's limit on a name (asked once per store)."""
-        if self._name_max is None:
+        """The root filesystem's limit on a name (asked once per process and root)."""
+        limit = _name_max.get(self.root)
+        if limit is None:
             with self:
-                self._name_max = os.fpathconf(self._root_fd, "PC_NAME_MAX")
-        return self._name_max
+                limit = _name_max[self.root] = os.fpathconf(self._root_fd, "PC_NAME_MAX")
+        return limit
 
     def reachable(self) -> None:
         """Every call opens the root and says what is wrong with it: nothing to ask first."""
@@ -298,6 +264,9 @@ class PosixStore(Store):
             if rel == "." or rel == ".." or rel.startswith("../"):
                 raise BadPath(f"save {save} is not inside the checkpoint root {root}")
         names.check_relpath(rel)
+        with self:
+            if self._open_save(rel):
+                return rel
         try:
             with self:
                 parent = self._parent(rel)
@@ -313,6 +282,17 @@ class PosixStore(Store):
             raise BadPath(f"save {save} is a symlink or special file, not a folder or file")
         return rel
 
+    def _open_save(self, rel: str) -> bool:
+        """The save opened from the root's fd and kept for the session (durable.open_below): its
+        check, sync and real path use that fd. False where that is refused: the walk down,
+        folder by folder, then finds what is wrong and says it."""
+        if rel not in self._saves:
+            opened = open_below(rel, self._root_fd)
+            if opened is None:
+                return False
+            self._saves[rel] = opened
+        return True
+
     def relpath(self, save) -> str:
         root_abs, save_abs = os.path.abspath(self.root).rstrip("/"), os.path.abspath(save)
         if not save_abs.startswith(root_abs + "/"):
@@ -327,6 +307,8 @@ class PosixStore(Store):
         below the root), told by the kernel from the fd of its folder the check walked (one
         readlink, no walk); None where /proc does not tell it."""
         with self:
+            if rel in self._saves:
+                return self._saves[rel][2]
             parent = self._parent(rel)
             try:
                 folder = os.readlink(f"/proc/self/fd/{parent}")
@@ -354,8 +336,14 @@ class PosixStore(Store):
     def _sync(self, rel: str, save, check, fsync: bool) -> None:
         try:
             with self:
-                parent = self._parent(rel)
-                sync_tree(rel.rsplit("/", 1)[-1], parent, check, fsync)
+                opened = self._saves.get(rel)
+                if opened is None:
+                    sync_tree(rel.rsplit("/", 1)[-1], self._parent(rel), check, fsync)
+                    return
+                fd, mode, _ = opened
+                sync_open(fd, mode, rel.rsplit("/", 1)[-1], check, fsync)
+                if fsync:  # the folder holding the save: its entry made durable too
+                    os.fsync(self._parent(rel))
         except FileNotFoundError:
             raise BadPath(f"save {save} does not exist (removed before it could be published)") from None
 
