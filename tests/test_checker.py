@@ -322,6 +322,22 @@ def test_the_shared_folder_of_naive_mode_shows_mixed_and_lost_saves(tmp_path):
     assert {x.cls for x in checker.check(run)} == {"mixed-save", "lost-save"}
 
 
+def test_a_supervisor_that_exited_and_was_started_again_is_flagged(tmp_path):
+    """`run` died mid-run (the campaign found it on a full filesystem) and its user started it
+    again: the root's record shows a second supervisor process. One process is no finding."""
+    h = History(tmp_path)
+    a = h.execution(A)
+    a.steps(MAX)
+    a.done()
+    record = h.root / "record.jsonl"
+    first = {"v": 1, "seq": 1, "t": h.t, "type": "supervisor", "host": "db", "pid": 10, "resumed": False}
+    record.write_text(json.dumps(first) + "\n")
+    assert checker.check(h.run()) == []
+    again = {**first, "seq": 9, "pid": 11, "resumed": True}
+    record.write_text(json.dumps(first) + "\n" + json.dumps(again) + "\n")
+    assert classes(h.run()) == {"supervisor-exited"}
+
+
 def test_the_checker_imports_nothing_of_the_package():
     """Independent of the code under test: no import of dispatch_slurm in the checker or the
     trainer's module scope, and importing them loads none."""

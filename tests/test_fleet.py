@@ -7,6 +7,7 @@ on real Slurm."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 from test_supervisor_rules import Clock, FakeSlurm, defn, facts
@@ -133,16 +134,75 @@ def test_a_root_whose_record_breaks_while_followed_stops_alone(tmp_path):
     def breaks():
         fake.start(100)
         fake.start(101)
-        def full(fact):  # the file system under b fills up: its appends fail as write(2) would
-            raise OSError(28, "No space left on device", str(b / "record.jsonl"))
-        f.members[str(b)].sup.record.append = full
+        def broken(fact):  # the disk under b fails: its appends fail as write(2) would
+            raise OSError(5, "Input/output error", str(b / "record.jsonl"))
+        f.members[str(b)].sup.record.append = broken
 
     def ends():
         fake.end(100, "COMPLETED")
         fake.end(101, "COMPLETED")
     f.sleep = Until(clock, clock.t + 3600, at=[(clock.t + 20, breaks), (clock.t + 200, ends)])
     res = f.run()
-    assert res[str(a)].code == 0 and res[str(b)].code == 2 and "No space left" in res[str(b)].message
+    assert res[str(a)].code == 0 and res[str(b)].code == 2 and "Input/output error" in res[str(b)].message
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real filesystem of its own (a 1 MiB tmpfs) that a test can fill: ENOSPC as write(2) gives it."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount tmpfs (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path):
+    """Take every free block of the filesystem holding ``path`` (the campaign's ENOSPC fault)."""
+    with open(path, "wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass  # full is what was wanted
+
+
+def test_a_full_filesystem_under_a_root_is_waited_out_not_taken_for_a_broken_root(small_fs):
+    """The fault campaign's ENOSPC on the checkpoint filesystem killed `run` (its job ran on
+    unsupervised; the campaign's user started it again). A full disk or quota is waited out:
+    said once, the record read again from disk when space is back (no fact it could not write
+    is taken as written), and the job's end then decided as usual."""
+    fake, clock, said = FakeSlurm(), Clock(), []
+    root = small_fs / "r"
+    root.mkdir()
+    sup = sv.Supervisor(str(root), Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=said.append)
+    sup.open("test")
+    sup.start(defn())
+    f = fl.Fleet(Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=said.append)
+    f.add(sup)
+    filler = small_fs / "filler"
+
+    def full():
+        fake.start(100)
+        fill(filler)
+        try:  # the record's last page filled too, as a busy root's would be: a torn line is left
+            while True:
+                sup.record.append({"type": "note", "text": "the test fills the record's last page"})
+        except OSError:
+            pass
+    t = clock.t
+    f.sleep = Until(clock, t + 3600, at=[(t + 20, full),
+                                          (t + 100, lambda: fake.end(100, "COMPLETED")),
+                                          (t + 400, filler.unlink)])
+    res = f.run()
+    assert res[str(root)].code == 0, (res[str(root)].message, said)
+    full = [m for m in said if "is full" in m or "space" in m]
+    assert len(full) == 2 and "No space left on device" in full[0] and "again" in full[1], said
+    kinds = [x["type"] for x in sv.Record(str(root)).read()]
+    assert kinds.count("started") == 1 and kinds.count("ended") == 1 and kinds[-1] == "finished", kinds
+    assert "torn_tail_dropped" in kinds  # the line the full disk tore, cut once there was space
+    assert facts(root, "ended")[0]["t"] >= t + 400 and facts(root, "finished")[0]["outcome"] == "done"
 
 
 def test_an_end_while_everything_runs_is_seen_within_max_poll_and_at_once_with_evidence(tmp_path):
@@ -336,3 +396,26 @@ def test_members_that_fall_due_apart_each_get_every_read(tmp_path):
     assert all(x.code == 0 for x in res.values())
     lags = [facts(r, "ended")[0]["t"] - marks["end"] for r in rs]
     assert max(lags) <= f.max_poll + POLL, lags
+
+
+def test_run_once_on_a_full_filesystem_exits_2_for_the_next_scrontab_run(small_fs):
+    """`run --once` waits for nothing: a root it cannot write now ends this run with the error."""
+    fake, clock = FakeSlurm(), Clock()
+    root = small_fs / "r"
+    root.mkdir()
+    sup = sv.Supervisor(str(root), Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None)
+    sup.open("test")
+    sup.start(defn())
+    while sup.step() == 0:  # submitted, then waiting for the job to start
+        pass
+    fake.start(100)
+    fill(small_fs / "filler")
+    try:
+        while True:
+            sup.record.append({"type": "note", "text": "the test fills the record's last page"})
+    except OSError:
+        pass
+    f = fl.Fleet(Slurm(fake), poll=POLL, clock=clock, sleep=clock.sleep, say=lambda m: None)
+    f.add(sup)
+    res = f.run(once=True)
+    assert res[str(root)].code == 2 and "No space left on device" in res[str(root)].message

@@ -18,6 +18,7 @@ keeps the root's claim itself."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Super
 SLOW_FACTOR = 6
 #: Slurm sends ``--signal`` at its first 30 s tick inside the warning time, so up to 30 s early
 SIGNAL_SLACK = 30
+#: a full filesystem or quota under a root: waited out (its job runs on), tried again this often
+FULL = (errno.ENOSPC, errno.EDQUOT)
+FULL_RETRY = 30.0
 
 
 class NotAsked:
@@ -95,6 +99,7 @@ class Member:
     due: float
     mark: tuple = ()
     read: int = 0  # the last Slurm read this member was given (Fleet.reads)
+    full: Optional[str] = None  # why its root's filesystem took no write, while it does not
 
 
 def outcome(results: dict[str, Finished]) -> Finished:
@@ -130,6 +135,7 @@ class Fleet:
         self.last_read: Optional[float] = None
         self.snap = NO_READ  # the last read's answer
         self.reads = 0  # Slurm reads (one per poll that needed one): the benchmark's and tests' count
+        self.once = False  # run(once=True): a root that cannot go on now ends this run
 
     def add(self, sup: Supervisor) -> None:
         self.members[sup.root] = Member(sup, self.clock(), disk_mark(sup.root))
@@ -145,6 +151,7 @@ class Fleet:
         """Poll until every root's job is finished; with ``once``, until every root would
         have to wait (then each is "still running": scrontab runs it again)."""
         waiting: set[str] = set()
+        self.once = once
         while True:
             self._discover()
             live = {r: m for r, m in self.members.items() if r not in waiting}
@@ -212,6 +219,10 @@ class Fleet:
         m = self.members[root]
         sup = m.sup
         try:
+            if m.full is not None:
+                sup.reopen()  # the record as the disk holds it: what could not be written is not taken as written
+                m.full = None
+                self.say(f"there is space again under {root}: supervision goes on")
             for _ in range(1000):  # a record that never asks to wait would be a bug: stop, named
                 # this poll's read, again after a step that changed something (it may say the job
                 # both started and ended); a job submitted in this poll is NOT_ASKED until the next
@@ -222,11 +233,27 @@ class Fleet:
             raise DispatchError(f"{sup.record.path}: 1000 steps without a wait ({sup.state.summary()}); a bug?")
         except Finished as f:
             self.results[root] = f
-        except (DispatchError, OSError) as e:
+        except OSError as e:
+            if e.errno in FULL and not self.once:
+                return self._full(m, e)
+            self.fail(root, e)
+        except DispatchError as e:
             self.fail(root, e)
         sup.close()
         del self.members[root]
         return None
+
+    def _full(self, m: Member, e: OSError) -> float:
+        """The root's filesystem is full (or its quota): not a broken root, and nothing to
+        give up on a job that runs on. Said once; tried again every ``FULL_RETRY`` s, each
+        try reading the record afresh (a torn line cut, as at any start)."""
+        if m.full is None:
+            self.say(f"the filesystem of {m.sup.root} is full ({e.strerror}): its job goes on, but nothing is "
+                     f"recorded or submitted until there is space; trying again every {FULL_RETRY:g} s")
+        m.full = e.strerror or str(e)
+        wait = max(FULL_RETRY, self.poll)
+        m.due = self.clock() + wait
+        return wait
 
 
 def follow(sup: Supervisor, once: bool = False, max_poll: Optional[float] = None) -> Finished:

@@ -97,6 +97,15 @@ class Supervisor:
         self.state = State.replay(facts)
         return self.state
 
+    def reopen(self) -> None:
+        """Replay the record as the disk holds it, as a supervisor started afresh would (a torn
+        tail cut): after a step that could not write (a full filesystem), a fact it could not
+        write is not taken as written, and the step that wanted it is taken again."""
+        with self.store:
+            facts = self.record.open_for_append()
+        self.state = State.replay(facts)
+        self.quiet = False
+
     def fact(self, type_: str, **fields) -> dict:
         if self.claim is not None and not self.claim.mine():
             self._lost_claim()

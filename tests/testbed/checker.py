@@ -47,6 +47,8 @@ CLASSES = {
     "unfinished": "the run neither finished nor ended within the campaign's deadline",
     "mixed-save": "one save folder was written by two executions",
     "lost-save": "an execution's rotation deleted another live execution's save",
+    "supervisor-exited": "the supervisor (`dispatch-slurm run`) exited before the run ended: its job ran on "
+                         "unsupervised until its user started it again (the campaign never stops one)",
 }
 
 #: faults after which lost work is not bounded by the save interval: saves fail (a full
@@ -284,6 +286,7 @@ class Checker:
             self.resume_points()
             self.publications()
             self.removals()
+            self.supervisors()
         else:
             self.shared_folder()
         self.recompute()
@@ -463,6 +466,27 @@ class Checker:
                                                       f"still ran (its last line at {last[owner]:.1f})")
                 continue
             self.flag("unexplained-removal", f"{p.path} (published) vanished; neither {owner} nor gc removed it")
+
+    def supervisors(self) -> None:
+        """Every process that supervised the root announced itself in its ``record.jsonl``
+        (a ``supervisor`` line with its host and pid): more than one is a supervisor that
+        exited and was started again."""
+        path = os.path.join(self.run.root or "", "record.jsonl")
+        if not os.path.exists(path):
+            return  # plugin-only: Slurm requeues, nothing supervises
+        seen = []
+        with open(path) as f:
+            for line in f:
+                try:
+                    fact = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(fact, dict) and fact.get("type") == "supervisor" and \
+                        (fact.get("host"), fact.get("pid")) not in seen:
+                    seen.append((fact.get("host"), fact.get("pid")))
+        if len(seen) > 1:
+            self.flag("supervisor-exited", f"{len(seen)} supervisor processes followed the root in turn "
+                                           f"({', '.join(f'pid {p} on {h}' for h, p in seen)})")
 
     def shared_folder(self) -> None:
         """Naive mode: one folder for every execution."""
