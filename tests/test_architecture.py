@@ -418,10 +418,10 @@ def test_only_the_store_reaches_its_backends():
 
 def test_the_backend_check_can_fail(tmp_path):
     bad = tmp_path / "watch.py"
-    bad.write_text("from ..store import s3, events\nfrom ..store.posix import open_root\n"
+    bad.write_text("from ..store import s3, events\nfrom ..store.posix import PosixStore\n"
                    "import dispatch_slurm.store.durable\nfrom .. import store\n")
     assert _store_internals_used("dispatch_slurm.runtime.watch", bad) == {
-        "dispatch_slurm.store.s3", "dispatch_slurm.store.posix", "dispatch_slurm.store.posix.open_root",
+        "dispatch_slurm.store.s3", "dispatch_slurm.store.posix", "dispatch_slurm.store.posix.PosixStore",
         "dispatch_slurm.store.durable"}
 
 
