@@ -338,6 +338,25 @@ def test_a_supervisor_that_exited_and_was_started_again_is_flagged(tmp_path):
     assert classes(h.run()) == {"supervisor-exited"}
 
 
+def test_an_execution_that_never_loaded_its_resume_save_is_flagged_not_counted_as_recompute(tmp_path):
+    """Seed 1122 of the long campaign: a requeued execution was to resume from the old
+    execution's published checkpoint, which the old one (cut off, still training) rotated
+    away while it loaded; it died before its first step, and the next one resumed. That is a
+    failed resume, not 100-odd steps recomputed."""
+    h = History(tmp_path)
+    a = h.execution(A)
+    a.steps(45)
+    src = f"/r/exec/{A}/checkpoint-40"
+    h.t += 2
+    h.jobs.append({"job_id": 101, "state": {"current": ["FAILED"]}, "time": {"start": int(h.t), "end": int(h.t) + 5}})
+    (h.root / "exec" / B).mkdir(parents=True)
+    h.line(B, "start", resume_from=src)  # and nothing more: it died loading
+    c = h.execution(C, resume=40)
+    c.steps(MAX)
+    c.done()
+    assert classes(h.run()) == {"resume-failed"}
+
+
 def test_the_checker_imports_nothing_of_the_package():
     """Independent of the code under test: no import of dispatch_slurm in the checker or the
     trainer's module scope, and importing them loads none."""

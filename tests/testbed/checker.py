@@ -47,6 +47,8 @@ CLASSES = {
     "unfinished": "the run neither finished nor ended within the campaign's deadline",
     "mixed-save": "one save folder was written by two executions",
     "lost-save": "an execution's rotation deleted another live execution's save",
+    "resume-failed": "an execution that was to resume from a save never loaded it nor applied a step (the save "
+                     "was removed or torn while it loaded: an old execution's own rotation)",
     "supervisor-exited": "the supervisor (`dispatch-slurm run`) exited before the run ended: its job ran on "
                          "unsupervised until its user started it again (the campaign never stops one)",
 }
@@ -524,6 +526,10 @@ class Checker:
             start = ex.start
             if ex.ops("resume_failed", rank=None):
                 continue
+            if start.get("resume_from") and not ex.ops("resume") and not ex.ops("step"):
+                self.flag("resume-failed", f"{ex.attempt} was to resume from {self.rel(start['resume_from'])} and "
+                                           "never loaded it nor applied a step")
+                continue  # it recomputed nothing: the next execution's resume is weighed on its own
             resumed = next((r["step"] for r in ex.ops("resume")), 0)
             applied = [(s, e) for j, e in enumerate(self.execs[:i]) if (s := e.steps_before(starts[j + 1])) is not None]
             if not applied:
