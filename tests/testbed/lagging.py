@@ -7,9 +7,10 @@ how), made to happen on every run instead of now and then on a loaded node.
 The process and every thread it starts share one CPU; the threads a process group starts
 (``init_process_group``, ``new_group``) run at nice 19, so they run when the main thread
 blocks and hardly otherwise; the GIL's switch interval is 30 s, so the main thread keeps the
-GIL while it runs Python; and the last exit handler is one second of Python that never blocks.
-A gloo thread left with a collective to release when the program ends gets the CPU in that
-second, asks for the GIL, and gets it only once the interpreter is finalizing: SIGABRT.
+GIL while it runs Python; and the last exit handler is three seconds of Python that never
+blocks (one second was too short on a loaded machine: other processes took the CPU and the
+thread did not get it in time). A gloo thread left with a collective to release when the
+program ends gets the CPU in those seconds, asks for the GIL, and gets it only once the interpreter is finalizing: SIGABRT.
 """
 
 import atexit
@@ -20,7 +21,7 @@ import time
 
 import torch.distributed as dist
 
-HOLD_S = 1.0
+HOLD_S = 3.0
 
 
 def lag_the_others() -> None:
