@@ -177,3 +177,12 @@ def assert_intact(root, trips, *, load, saved):
     diff = same(load(os.path.join(root, pub.path)), saved(pub))
     assert not diff, f"{pub.path} differs from what was saved at step {pub.step}: {diff[:5]}"
     return pub
+
+
+def held_copy(root, attempt: str, save) -> str:
+    """The path `latest --resume` and `resume_point` give execution ``attempt`` for the
+    published ``save`` (absolute): its copy in exec/<attempt>/dispatch-resume/<publication>/."""
+    from dispatch_slurm import store
+    rel = os.path.relpath(save, root)
+    pub = max((p for p in store.publications(str(root)) if p.path == rel), key=lambda p: p.name)
+    return os.path.join(str(root), "exec", attempt, "dispatch-resume", pub.name, os.path.basename(rel))

@@ -162,6 +162,27 @@ def test_resume_from_the_newest_folder_by_name_is_flagged(tmp_path):
     assert "exec/c.101.2000000/checkpoint-50" in found[0].detail
 
 
+@pytest.mark.parametrize("which", ["latest", "older"])
+def test_a_resume_from_the_executions_copy_counts_as_from_the_save_its_publication_names(tmp_path, which):
+    """`latest --resume` gives exec/<mine>/dispatch-resume/<publication>/<leaf> (DESIGN.md): a
+    copy of the greatest publication is a resume from it; a copy of an older one is flagged."""
+    h = History(tmp_path)
+    a = h.execution(A)
+    a.steps(35)
+    h.end(A, "NODE_FAIL")
+    step = 30 if which == "latest" else 20
+    copy = f"/r/exec/{B}/dispatch-resume/{pub_name(1000000, step, f'exec/{A}/checkpoint-{step}')}/checkpoint-{step}"
+    b = h.execution(B, resume=step, source=copy)
+    b.steps(MAX)
+    b.done()
+    found = checker.check(h.run())
+    if which == "latest":
+        assert found == []
+    else:
+        assert {x.cls for x in found} == {"resume-not-latest"}, found
+        assert f"resumed from exec/{A}/checkpoint-20 (epoch 1000000, step 20)" in found[0].detail
+
+
 def test_gc_without_cessation_is_flagged(tmp_path):
     """gc removes B's published save while B still runs (its log goes on after the removal)."""
     h = History(tmp_path)

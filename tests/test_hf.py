@@ -31,7 +31,7 @@ from dispatch_slurm.integrations import hf
 from dispatch_slurm.store import events
 from testbed import wait
 from dispatch_slurm.errors import DispatchError
-from support import REPO, preempt_one
+from support import REPO, held_copy, preempt_one
 from testbed.ranks import launch
 
 E_OLD, E_NEW = compose(0, 1, 0), compose(0, 2, 0)
@@ -103,7 +103,7 @@ def test_overlapping_old_run_never_becomes_the_resume_point(root, monkeypatch):
 
     # 2. the replacement (higher epoch) resumes from the old run's latest publication
     new = execution(monkeypatch, root, "c.8.2000000", E_NEW)
-    assert hf.resume_from_checkpoint() == os.path.join(old, "checkpoint-6")
+    assert hf.resume_from_checkpoint() == held_copy(root, "c.8.2000000", os.path.join(old, "checkpoint-6"))
     before = outside(str(root), new)
     t = train(8, hf.resume_from_checkpoint())
     assert t.state.global_step == 8 and ckpts(new) == ["checkpoint-8"]  # resumed at 6, not 0
@@ -123,12 +123,12 @@ def test_overlapping_old_run_never_becomes_the_resume_point(root, monkeypatch):
     # 4. the latest is still the replacement's lineage, however high the old step
     latest = store.latest(root)
     assert (latest.epoch, latest.step, latest.path) == (E_NEW, 8, "exec/c.8.2000000/checkpoint-8")
-    assert hf.resume_from_checkpoint() == os.path.join(new, "checkpoint-8")
+    assert hf.resume_from_checkpoint() == held_copy(root, "c.7.1000000", os.path.join(new, "checkpoint-8"))
 
     # 5. the replacement is requeued: it resumes from its own lineage at step 8
     third = execution(monkeypatch, root, "c.8.2000001", E_REQUEUE)
     resume = hf.resume_from_checkpoint()
-    assert resume == os.path.join(new, "checkpoint-8")
+    assert resume == held_copy(root, "c.8.2000001", os.path.join(new, "checkpoint-8"))
     before = outside(str(root), third)
     t = train(12, resume, limit=1)
     assert t.state.global_step == 12 and ckpts(third) == ["checkpoint-12"]
@@ -141,6 +141,36 @@ def test_overlapping_old_run_never_becomes_the_resume_point(root, monkeypatch):
     pubs = [e for e in events.read(str(root)) if e["type"] == "published"]
     assert {e["by"] for e in pubs} == {"hf"}
     assert len(pubs) == len(store.publications(root)) == 3 + 1 + 4 + 2
+
+
+def test_the_older_executions_rotation_cannot_take_the_save_being_resumed(root, monkeypatch):
+    """Issue 37, the campaign's seeds 1006 and 1122 (resume-failed): a requeued execution chose
+    the old execution's published checkpoint-200; the old one, cut off but still running,
+    saved on and its save_total_limit rotation removed checkpoint-200 before the new trainer
+    loaded it: "Can't find a valid checkpoint", the execution failed. The resume point is now
+    the execution's own hard-linked copy, which that rotation cannot remove."""
+    old = execution(monkeypatch, root, "c.13.1000000", E_OLD)
+    train(6, None)
+    assert ckpts(old) == ["checkpoint-4", "checkpoint-6"]
+
+    new = execution(monkeypatch, root, "c.13.2000001", E_REQUEUE)
+    resume = hf.resume_from_checkpoint()  # chosen: the old execution's checkpoint-6
+    assert resume == held_copy(root, "c.13.2000001", os.path.join(old, "checkpoint-6"))
+
+    # the old execution goes on meanwhile, from its own checkpoint-6: its rotation removes it
+    monkeypatch.setenv("DISPATCH_EXEC_DIR", old)
+    monkeypatch.setenv("DISPATCH_EPOCH", str(E_OLD))
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.13.1000000")
+    train(10, os.path.join(old, "checkpoint-6"))
+    assert ckpts(old) == ["checkpoint-8", "checkpoint-10"], "the chosen save was not rotated away"
+
+    monkeypatch.setenv("DISPATCH_EXEC_DIR", new)
+    monkeypatch.setenv("DISPATCH_EPOCH", str(E_REQUEUE))
+    monkeypatch.setenv("DISPATCH_ATTEMPT", "c.13.2000001")
+    t = train(8, resume)
+    assert t.state.global_step == 8 and ckpts(new) == ["checkpoint-8"]  # resumed at 6: loaded the copy
+    ev = [e for e in events.read(str(root)) if e["type"] == "resumed" and e["attempt"] == "c.13.2000001"]
+    assert [(e["path"], e["loaded"]) for e in ev] == [("exec/c.13.1000000/checkpoint-6", resume)]
 
 
 def test_only_world_process_zero_publishes(root, monkeypatch, tmp_path):

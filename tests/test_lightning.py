@@ -13,7 +13,7 @@ pytest.importorskip("lightning")
 from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
 from dispatch_slurm.store import events  # noqa: E402
-from support import output, preempt_one, run_script  # noqa: E402
+from support import held_copy, output, preempt_one, run_script  # noqa: E402
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -66,7 +66,8 @@ def test_sigterm_saves_publishes_and_a_replacement_resumes(root, tmp_path, nproc
     proc, _ = run_script(TRAINER, tmp_path, root, "c.20.1000001", 1_000_001, step + 3, 1000, nproc=nproc)
     text = output(proc)
     assert proc.returncode == 0 and f"done at step {step + 3}" in text, text[-3000:]
-    assert f"Restoring states from the checkpoint path at {root}/{pubs[-1].path}" in text
+    copy = held_copy(root, "c.20.1000001", root / pubs[-1].path)  # the replacement's copy of the save
+    assert f"Restoring states from the checkpoint path at {copy}" in text
     # the supervisor's facts: the first execution saved on a signal, the second finished training
     finished = [(e["attempt"], e["step"]) for e in events.read(str(root)) if e["type"] == "training_finished"]
     assert finished == [("c.20.1000001", step + 3)], finished

@@ -50,16 +50,20 @@ def latest(root, path_only, as_json, resume):
 
     Exit 0 found, 1 none published yet, 2 error (an entry of pub/ that does not parse,
     a latest save that no longer exists: the message names the fix). With --resume,
-    "none yet" is exit 0 with no output. In a job script assign it to a variable first:
+    "none yet" is exit 0 with no output, and inside a job the path printed is the
+    execution's own copy of the save (hard links in its dispatch-resume/), which an
+    older execution still running cannot remove by rotating its saves. In a job script assign it to a variable first:
     `set -e` stops the script when an assignment fails, not when a command substitution
     inside an argument does.
 
     \b
         resume=$(dispatch-slurm latest --resume)
         srun python train.py ${resume:+--resume-from "$resume"}"""
-    pub = store.latest_save(root)
-    if resume:
-        store.resumed(root, pub, "latest --resume")
+    if resume:  # inside an execution: its private copy of the save (store/resume.py says why)
+        pub, path = store.resume_from(root)
+        store.resumed(root, pub, "latest --resume", path)
+    else:
+        pub, path = store.latest_save(root), None
     if pub is None:
         store.unpublished.check(root, by="latest")  # saves nothing published: said, never silent
         if as_json:
@@ -68,7 +72,7 @@ def latest(root, path_only, as_json, resume):
             click.echo(f"dispatch-slurm: nothing published under {common.text(root)}/{layout.PUB} yet", err=True)
         sys.exit(0 if resume else 1)
     if path_only or resume:
-        common.echo_path(os.path.join(root, pub.path))
+        common.echo_path(path or os.path.join(root, pub.path))
     elif as_json:
         click.echo(json.dumps(common.publication_json(root, pub)))
     else:

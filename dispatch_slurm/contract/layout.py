@@ -17,10 +17,15 @@ PINNED = "pinned"      # pinned/<b32 path>: a save gc never removes
 EPOCHS = "epochs"      # epochs/<epoch, 20 digits>: the one execution (attempt) that runs at that epoch
 JOBS = "jobs"          # jobs/<cluster>.<job id>: the N a plain sbatch job's first process allocated
 PROBES = "dispatch-probe"  # exec/<attempt>/dispatch-probe/<host>.<pid>.jsonl: the handler's probe records
+RESUMES = "dispatch-resume"  # exec/<attempt>/dispatch-resume/<publication name>/<leaf>: the save it resumes from
 
 #: (entry, who writes it, what it is): the on-disk contract, in the order docs/design.md shows.
 ENTRIES = (
     ("exec/<attempt>/...", "the execution", "one execution's saves; nothing else writes there"),
+    ("exec/<attempt>/dispatch-resume/<epoch>-<step>-<b32>/<leaf>", "`latest --resume`, `resume_point` (every "
+     "integration's resume)", "hard links to the published save the execution resumes from, under its last "
+     "name: the older execution's own rotation cannot remove it while it is loaded; gc removes it once the "
+     "execution has ceased"),
     ("pub/<epoch>-<step>-<b32>", "publish", "publications: empty, never renamed, rewritten or appended to"),
     ("sub/<NNNNNN>", "submit, the plugin, the supervisor", "submission numbers, O_EXCL-allocated"),
     ("epochs/<epoch, 20 digits>", "the first process of an execution (env, the hooks, the plugin), or its "

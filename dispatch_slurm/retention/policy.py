@@ -169,6 +169,8 @@ def _rules(s: Save, attempt: str, inv: Inventory, policy: Policy, keep: dict[str
         return KEEP, keep[s.path]
     if ok is None:
         return KEEP, f"execution {s.attempt} is not known to have ceased (not asked)"
+    if s.copy:
+        return REMOVE, f"the copies execution {s.attempt} resumed from; it has ceased ({why})"
     if not s.pubs:
         return REMOVE, f"unpublished leftover of execution {s.attempt}, which has ceased ({why})"
     gone = "" if s.exists else "; the save itself is already gone (the trainer's own rotation)"

@@ -22,6 +22,10 @@ from . import inventory, protocol
 from .inventory import Folder, Inventory
 
 
+class SaveMoved(StoreError):
+    """A save changed (its older execution's rotation removed it) while it was being copied."""
+
+
 class Store:
     """One checkpoint root on one kind of store. ``kind`` names it in messages (``mv``: its
     command that moves an entry, for the fixes messages name); ``local``:
@@ -128,6 +132,13 @@ class Store:
         """The real path of the save ``rel`` as this host names it (POSIX: symlinks of the
         root resolved), when the store knows it cheaply; None otherwise."""
         return None
+
+    def hold(self, rel: str, attempt: str, name: str) -> tuple[Optional[str], Optional[str]]:
+        """A private copy of the published save ``rel`` (publication ``name``) for execution
+        ``attempt`` to load, which no other execution can remove under it (``layout.RESUMES``):
+        (its path under the root, None) or (None, why the store makes none: the caller loads
+        ``rel`` itself). SaveMoved when the save changed while it was copied."""
+        return None, f"a {self.kind} store keeps no copies"
 
     def sync(self, save) -> None:
         """Make a save's data durable without publishing it (POSIX: fsync its files and

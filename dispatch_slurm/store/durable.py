@@ -340,15 +340,16 @@ def walk_to(rel: str, root_fd: int) -> int:
 
 def remove_tree(name: str, parent_fd: int) -> int:
     """Remove ``name`` (a file or a folder and everything in it) under ``parent_fd``;
-    the bytes it held on disk. Never follows a symlink: folders are entered by fd with
-    O_NOFOLLOW (a folder swapped for a symlink is refused, ELOOP), and a symlink inside
-    is unlinked itself, its target untouched. Entries already gone (another gc) are
+    the bytes that freed on disk (a file another hard link still holds frees none).
+    Never follows a symlink: folders are entered by fd with O_NOFOLLOW (a folder swapped
+    for a symlink is refused, ELOOP), and a symlink inside is unlinked itself, its target
+    untouched. Entries already gone (another gc) are
     skipped. Not ``shutil.rmtree``: a path can be swapped under it, an fd cannot."""
     try:
         st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
         if not stat.S_ISDIR(st.st_mode):
             os.unlink(name, dir_fd=parent_fd)
-            return st.st_blocks * 512
+            return st.st_blocks * 512 if st.st_nlink == 1 else 0  # another name (a copy) still holds it
         fd = open_dir(name, dir_fd=parent_fd)
         try:
             freed = st.st_blocks * 512 + sum(remove_tree(e, fd) for e in os.listdir(fd))
@@ -358,6 +359,41 @@ def remove_tree(name: str, parent_fd: int) -> int:
         return freed
     except FileNotFoundError:
         return 0
+
+
+def link_tree(name: str, parent_fd: int, new: str, new_parent_fd: int) -> set[str]:
+    """Hard-link ``name`` (a file, or a folder and everything in it) under ``parent_fd`` as
+    ``new`` under ``new_parent_fd``: folders made afresh, files linked, symlinks copied as
+    links (never followed); what was linked, as ``tree_names`` lists it. The copy shares
+    the files' data, so a process removing the original's names cannot take it from a
+    reader of the copy."""
+    st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(name, dir_fd=parent_fd), new, dir_fd=new_parent_fd)
+        return {""}
+    if not stat.S_ISDIR(st.st_mode):
+        os.link(name, new, src_dir_fd=parent_fd, dst_dir_fd=new_parent_fd, follow_symlinks=False)
+        return {""}
+    os.mkdir(new, 0o700, dir_fd=new_parent_fd)
+    fd, new_fd = open_dir(name, dir_fd=parent_fd), open_dir(new, dir_fd=new_parent_fd)
+    try:
+        return {""} | {f"/{e}{p}" for e in os.listdir(fd) for p in link_tree(e, fd, e, new_fd)}
+    finally:
+        os.close(fd)
+        os.close(new_fd)
+
+
+def tree_names(name: str, parent_fd: int) -> set[str]:
+    """The paths of everything under ``name`` relative to it ("" itself, "/a/b" below),
+    never following a symlink; FileNotFoundError if it is gone."""
+    st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        return {""}
+    fd = open_dir(name, dir_fd=parent_fd)
+    try:
+        return {""} | {f"/{e}{p}" for e in os.listdir(fd) for p in tree_names(e, fd)}
+    finally:
+        os.close(fd)
 
 
 def rmdir_empty(name: str, dir_fd: int) -> bool:
@@ -390,15 +426,21 @@ def usage(name: str, dir_fd: int) -> int:
     return size
 
 
-def times(fd: int, top: Optional[dict] = None) -> tuple[Optional[float], Optional[float], Optional[float]]:
+def times(fd: int, top: Optional[dict] = None, unwritten: tuple[str, ...] = ()) -> \
+        tuple[Optional[float], Optional[float], Optional[float]]:
     """(oldest, newest) mtime of everything under the folder fd, its folders' own too, and
     the newest of its files and empty folders only (None: it holds nothing); ``top`` gets
-    each entry's name -> whether it is a folder. Symlinks are not followed."""
+    each entry's name -> whether it is a folder; entries named in ``unwritten`` count in
+    ``top`` only (copies whose files keep their original's times). Symlinks are not followed."""
     first = last = newest = None
     for name in os.listdir(fd):
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
+            continue
+        if name in unwritten:
+            if top is not None:
+                top[name] = stat.S_ISDIR(st.st_mode)
             continue
         t = own = st.st_mtime
         first, last = min(first if first is not None else t, t), max(last if last is not None else t, t)

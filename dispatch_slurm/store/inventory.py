@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from ..contract import names
-from ..contract.layout import EXEC
+from ..contract.layout import EXEC, RESUMES
 from ..contract.names import Publication
 
 
@@ -56,6 +56,7 @@ class Save:
     step: Optional[int] = None
     problem: Optional[str] = None  # why it cannot be touched (a symlink in the way)
     unfinished: bool = False  # a save ``saving()`` never finished (names.SAVING_PATTERN)
+    copy: bool = False  # the execution's copies of the saves it resumed from (layout.RESUMES)
 
 
 @dataclass
@@ -115,7 +116,7 @@ def leftover_step(entry: str, pattern: re.Pattern) -> Optional[int]:
 def add_leftovers(saves: dict[str, Save], folders: dict[str, Folder], pattern: re.Pattern) -> None:
     """The unpublished leftovers: entries of an execution's folder named like a save, or
     like a save ``saving()`` never finished, that are folders (a file is no save to collect)
-    and hold no known save."""
+    and hold no known save; and its folder of copies it resumed from."""
     known = {"/".join(p.split("/")[:3]) for p in saves}  # exec/<attempt>/<entry> holding a known save
     for attempt, f in folders.items():
         if names.attempt_epoch(attempt) is None:
@@ -125,7 +126,9 @@ def add_leftovers(saves: dict[str, Save], folders: dict[str, Folder], pattern: r
             if not is_dir or rel in known:
                 continue
             step = leftover_step(entry, pattern)
-            if step is not None:
+            if entry == RESUMES:
+                saves[rel] = Save(rel, attempt, copy=True)
+            elif step is not None:
                 saves[rel] = Save(rel, attempt, step=step)
             elif (m := _SAVING.fullmatch(entry)) is not None:
                 saves[rel] = Save(rel, attempt, step=int(m[1]), unfinished=True)
@@ -136,6 +139,8 @@ def markers(s: Save) -> list[str]:
     the name it would have had (its execution's epoch, its step)."""
     if s.pubs:
         return [p.name for p in s.pubs]
+    if s.copy:
+        return []  # nothing names a copy: nothing to retire before it goes
     epoch = names.attempt_epoch(s.attempt) if s.attempt is not None else None
     if epoch is None or s.step is None:  # only leftovers are unpublished, and they have both
         raise ValueError(f"{s.path}: neither published nor an execution's leftover save")

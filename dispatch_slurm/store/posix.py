@@ -20,23 +20,17 @@ from typing import Iterator, Optional
 from ..contract import layout, names
 from ..contract.env import Execution
 from ..errors import BadPath, StoreError, TornSave
-from . import inventory, whole
-from .inventory import Folder, Save
+from . import copies, scan, whole
+from .inventory import Folder, Inventory
 from .base import Store
 from .links import symlink_on_the_way
 from .durable import (DirFds, append, append_kept, create_new, ensure_dir, ensure_entry, in_the_way, open_append,
                       open_below, open_dir, open_entry, open_root, read_upto, remove_tree, rmdir_empty, sync_open,
-                      sync_tree, times, truncate, usage, walk, walk_to)
+                      sync_tree, truncate, walk, walk_to)
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: root -> its filesystem's NAME_MAX: asked once per process (a publication asks on every call)
 _name_max: dict[str, int] = {}
-
-
-def _folder(fd: int) -> inventory.Folder:
-    entries: dict[str, bool] = {}
-    first, last, newest = times(fd, entries)
-    return inventory.Folder(first, last, newest if newest is not None else os.fstat(fd).st_mtime, entries)
 
 
 def _check_owner(root: str, fd: int) -> None:
@@ -318,6 +312,11 @@ class PosixStore(Store):
             return None
         return f"{folder.rstrip('/')}/{rel.rsplit('/', 1)[-1]}"
 
+    def hold(self, rel: str, attempt: str, name: str) -> tuple[Optional[str], Optional[str]]:
+        """Hard links, not a copy of the data: copies.py says how and why."""
+        with self:
+            return copies.hold(self._root_fd, rel, attempt, name)
+
     def sync(self, save) -> None:
         """fsync only: a rank syncing its own part while another rank still writes its own
         must not be refused for that rank's file."""
@@ -428,14 +427,14 @@ class PosixStore(Store):
 
     # -- gc ------------------------------------------------------------------------------
 
-    def inventory(self, pattern: str = names.STEP_PATTERN) -> inventory.Inventory:
+    def inventory(self, pattern: str = names.STEP_PATTERN) -> Inventory:
         pubs = self.publications()
         with self:
             root_fd = self._root_fd
             marks = self.listing(layout.RETIRED)
             inv = self.finish_inventory(pubs, marks, self._folders(), pattern, self.by_person(marks))
             for s in inv.saves.values():
-                self._measure(s, root_fd)
+                scan.measure(s, root_fd)
             self.check_problems(inv)
         return inv
 
@@ -450,30 +449,10 @@ class PosixStore(Store):
                 except OSError:
                     continue  # gone meanwhile (another gc), or not a folder
                 try:
-                    out[attempt] = _folder(fd)
+                    out[attempt] = scan.folder(fd)
                 finally:
                     os.close(fd)
         return out
-
-    @staticmethod
-    def _measure(save: Save, root_fd: int) -> None:
-        try:
-            parent = walk(save.path, root_fd)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if in_the_way(e):
-                save.problem = "a component of its path is a symlink or not a folder: never followed"
-                return
-            raise
-        try:
-            save.size = usage(save.path.rsplit("/", 1)[-1], parent[-1])
-            save.exists = True
-        except FileNotFoundError:
-            pass
-        finally:
-            for fd in parent[1:]:
-                os.close(fd)
 
     def remove(self, rel: str) -> int:
         """Remove the save, then its folders up to exec/<attempt> while they are empty."""

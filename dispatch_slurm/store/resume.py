@@ -8,12 +8,14 @@ command that moves ``latest`` back on purpose (``dispatch-slurm retire``)."""
 
 import os
 import shlex
+import time
 
 from ..contract import layout
 from ..contract.env import Execution
 from ..contract.names import Publication
 from ..errors import StoreError
 from . import events, execdir, unpublished
+from .base import SaveMoved
 from .roots import at
 
 
@@ -38,23 +40,54 @@ def latest_save(root: str) -> Publication | None:
     return pub
 
 
+TRIES = 5  # copies taken again while the older execution's rotation removes saves under them
+
+
+def resume_from(root: str) -> tuple[Publication | None, str | None]:
+    """The latest publication and the path to load it from (None, None: nothing published).
+
+    Inside an execution of this root the path is a private copy of the save in its own
+    folder (``layout.RESUMES``: hard links, no data copied): the older execution may still
+    run (a requeue or a preemption overlaps them) and its trainer's own rotation
+    (``save_total_limit``) remove the very save this one loads, between the choice and
+    the load, which then fails. Where the store makes no copy (S3, links refused) the
+    path is the save's own (the ``resumed`` event's ``loaded`` says which)."""
+    st = at(root)
+    ex = Execution.current(root=root)
+    mine = ex.attempt if ex.attempt and ex.exec_dir and ex.root == root else None
+    for _ in range(TRIES):
+        pub = latest_save(root)  # a vanished save is an error, never None
+        if pub is None or mine is None or pub.path.startswith(f"{layout.EXEC}/{mine}/"):
+            return pub, None if pub is None else os.path.join(root, pub.path)  # its own: nobody else removes it
+        try:
+            held, _ = st.hold(pub.path, mine, pub.name)
+        except SaveMoved:
+            time.sleep(0.2)  # the rotation's removal runs on: its end, or a newer publication, is near
+            continue
+        return pub, os.path.join(root, held if held else pub.path)
+    raise StoreError(f"the latest save under {root}/{layout.PUB} changed {TRIES} times while it was linked into "
+                     f"exec/{mine}/{layout.RESUMES} for this execution to load: an older execution still running "
+                     "keeps removing its saves; retry, or stop that execution first")
+
+
 def resume_point(root: str | None = None) -> tuple[str, int] | None:
     """(path, step) of the save to resume from: the latest publication's save (its root
-    joined to its path: absolute inside a job, whose root is) and its step; None when
-    nothing is published yet (said loudly when the exec folders hold saves nonetheless:
-    unpublished.py); root $DISPATCH_CHECKPOINT by default. Every integration's resume
-    look-up is this one (or resume_path), so inside an execution it also refuses, before
-    training starts, an exec folder no save of which could be published (execdir.py)."""
+    joined to its path: absolute inside a job, whose root is, and there a private copy:
+    ``resume_from``) and its step; None when nothing is published yet (said loudly when
+    the exec folders hold saves nonetheless: unpublished.py); root $DISPATCH_CHECKPOINT by
+    default. Every integration's resume look-up is this one (or resume_path), so inside an
+    execution it also refuses, before training starts, an exec folder no save of which
+    could be published (execdir.py)."""
     root = Execution.current(root=root).need("root")
     ex = Execution.current()  # this execution's own, when the root is its root
     if ex.exec_dir and ex.epoch is not None and root == ex.root:
         execdir.check(ex.exec_dir, root, ex.epoch, ex.attempt, local=at(root).local)
-    pub = latest_save(root)  # a vanished save is an error, never None
-    resumed(root, pub, "resume_point")
-    if pub is None:
+    pub, path = resume_from(root)
+    resumed(root, pub, "resume_point", path)
+    if pub is None or path is None:
         unpublished.check(root, by="resume")
         return None
-    return os.path.join(root, pub.path), pub.step
+    return path, pub.step
 
 
 def resume_path(root: str | None = None) -> str | None:
@@ -63,7 +96,7 @@ def resume_path(root: str | None = None) -> str | None:
     return None if point is None else point[0]
 
 
-def resumed(root: str, pub: Publication | None, by: str) -> None:
+def resumed(root: str, pub: Publication | None, by: str, path: str | None = None) -> None:
     """Record which publication this execution resumes from (None: from scratch): the
     report dates a resume by it, not by when Slurm started the execution (a save
     published a few seconds after the start may be the one it read). Inside an execution
@@ -72,4 +105,5 @@ def resumed(root: str, pub: Publication | None, by: str) -> None:
     ex = Execution.current(root=root)
     if ex.attempt and ex.rank in (None, 0):
         events.record("resumed", root=root, by=by, **({"step": None, "name": None, "path": None} if pub is None
-                                                      else {"step": pub.step, "name": pub.name, "path": pub.path}))
+                                                      else {"step": pub.step, "name": pub.name, "path": pub.path,
+                                                            "loaded": path}))

@@ -29,7 +29,7 @@ SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".distcp", ".pkl", "
 DEPTH = 4  # Lightning's own ModelCheckpoint: <exec>/lightning_logs/version_0/checkpoints/<file>.ckpt
 BUDGET = 2000  # entries listed at most: a resume must not crawl a huge log folder
 SHOWN = 5
-PROBE = "dispatch-probe"  # runtime/probe.py's folder: never a save
+NEVER_SAVES = (layout.PROBES, layout.RESUMES)  # the probe's records, the copies resumed from
 
 
 class Found(NamedTuple):
@@ -57,8 +57,8 @@ def find(root: Root, pattern: str = names.STEP_PATTERN) -> list[Found]:
             budget[0] -= 1
             if budget[0] < 0:
                 return
-            if name.startswith(".") or (depth == 1 and name == PROBE):
-                continue  # an unfinished save of dispatch_slurm.saving (never whole), the probe's folder
+            if name.startswith(".") or (depth == 1 and name in NEVER_SAVES):
+                continue  # an unfinished save of dispatch_slurm.saving (never whole), the package's own
             if _looks_like_a_save(name, is_dir, regex):
                 m = regex.fullmatch(name)
                 step = int(m[1]) if m and m[1].isdigit() else None

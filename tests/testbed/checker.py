@@ -4,7 +4,9 @@ Independent of the code under test: it imports nothing of ``dispatch_slurm`` (a 
 so) and reads only what a run leaves behind:
 
 - the root's files: ``pub/`` (names in DESIGN.md's documented format, parsed here on
-  their own; an entry's mtime is when it was made), the saves under ``exec/``, and
+  their own; an entry's mtime is when it was made), the saves under ``exec/`` (a resume
+  from ``exec/<attempt>/dispatch-resume/<publication name>/<leaf>``, the documented copy,
+  counts as a resume from that publication's save), and
   ``events/`` only for the ``gc`` lines that name what gc removed and when;
 - Slurm's accounting: ``sacct --json`` of the run's jobs, as ``sacct`` printed it;
 - the trainer's own log (``dettrain.py``, ``hftrain.py``): every step applied, save,
@@ -117,6 +119,9 @@ class Run:
 
 
 # -- reading ---------------------------------------------------------------------------------
+
+
+_COPY = re.compile(r"exec/[^/]+/dispatch-resume/([^/]+)/[^/]+")  # DESIGN.md: the copy resumed from
 
 
 def b32decode(text: str) -> bytes:
@@ -268,12 +273,19 @@ class Checker:
         self.found.append(Anomaly(cls, detail))
 
     def rel(self, path: Optional[str]) -> Optional[str]:
-        """A path the trainer logged, relative to the root (dispatch) or folder (naive)."""
+        """A path the trainer logged, relative to the root (dispatch) or folder (naive); a
+        copy an execution resumed from, the path of the save its publication names."""
         if path is None:
             return None
         base = self.run.root_in_cluster if self.run.mode == "dispatch" else self.run.folder_in_cluster
         if base and (path == base or path.startswith(base.rstrip("/") + "/")):
-            return path[len(base.rstrip("/")) + 1:]
+            path = path[len(base.rstrip("/")) + 1:]
+        m = _COPY.fullmatch(path) if self.run.mode == "dispatch" else None
+        if m:
+            try:
+                return parse_name(m[1])[2]
+            except ValueError:
+                return path
         return path
 
     def host(self, rel: str) -> str:

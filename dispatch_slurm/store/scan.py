@@ -1,0 +1,39 @@
+"""How the POSIX store reads what gc and the report see of exec/: an exec folder's times
+and entries, a save's size, never following a symlink (the inventory's, store/inventory.py)."""
+
+from __future__ import annotations
+
+import os
+
+from ..contract import layout
+from . import inventory
+from .durable import in_the_way, times, usage, walk
+from .inventory import Save
+
+
+def folder(fd: int) -> inventory.Folder:
+    """An exec folder as the inventory sees it; the copies it resumed from are no write of it."""
+    entries: dict[str, bool] = {}
+    first, last, newest = times(fd, entries, unwritten=(layout.RESUMES,))
+    return inventory.Folder(first, last, newest if newest is not None else os.fstat(fd).st_mtime, entries)
+
+
+def measure(save: Save, root_fd: int) -> None:
+    """The save's size and whether it exists, or why it cannot be touched (a symlink in the way)."""
+    try:
+        parent = walk(save.path, root_fd)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if in_the_way(e):
+            save.problem = "a component of its path is a symlink or not a folder: never followed"
+            return
+        raise
+    try:
+        save.size = usage(save.path.rsplit("/", 1)[-1], parent[-1])
+        save.exists = True
+    except FileNotFoundError:
+        pass
+    finally:
+        for fd in parent[1:]:
+            os.close(fd)

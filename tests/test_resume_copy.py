@@ -1,0 +1,144 @@
+"""The save an execution resumes from is its own hard-linked copy (store/resume.py): an
+older execution still running, whose trainer rotates its saves, cannot remove it between
+the choice and the load. On a real filesystem, through the CLI a job script runs; the real
+Hugging Face case is tests/test_hf.py's; the campaign found it (issue 37, seeds 1006, 1122)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from support import cli
+
+from dispatch_slurm import retention, store
+from dispatch_slurm.contract import names
+from dispatch_slurm.retention.policy import Policy
+from dispatch_slurm.store import durable, events, unpublished
+
+OLD, NEW = "c.1.1000000", "c.1.1000001"
+
+
+def save(root, attempt, step, files=("model.bin", "trainer_state.json")):
+    d = root / "exec" / attempt / f"checkpoint-{step}"
+    (d / "sub").mkdir(parents=True)
+    for f in files:
+        (d / f).write_bytes(f"{f} of step {step}\n".encode())
+    (d / "sub" / "shard-0").write_bytes(b"shard\n")
+    store.publish(str(d), step, root=str(root), epoch=names.attempt_epoch(attempt), sync=False)
+    return d
+
+
+def job_env(root, attempt):
+    ex = root / "exec" / attempt
+    ex.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    env.update(DISPATCH_CHECKPOINT=str(root), DISPATCH_EXEC_DIR=str(ex), DISPATCH_ATTEMPT=attempt,
+               DISPATCH_EPOCH=str(names.attempt_epoch(attempt)))
+    return env
+
+
+def latest_resume(env):
+    return subprocess.run([sys.executable, "-m", "dispatch_slurm", "latest", "--resume"], env=env,
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+
+def tree(path):
+    return {os.path.relpath(os.path.join(d, f), path): open(os.path.join(d, f), "rb").read()
+            for d, _, fs in os.walk(path) for f in fs}
+
+
+def test_latest_resume_gives_a_copy_the_old_executions_rotation_cannot_remove(root):
+    old = save(root, OLD, 20)
+    want = tree(old)
+    path = latest_resume(job_env(root, NEW))
+    pub = store.latest(str(root))
+    assert path == str(root / "exec" / NEW / "dispatch-resume" / pub.name / "checkpoint-20")
+    assert os.path.samefile(os.path.join(path, "model.bin"), old / "model.bin")  # linked, not copied
+    shutil.rmtree(old)  # the old execution's rotation (HF's save_total_limit: shutil.rmtree)
+    assert tree(path) == want
+    assert store.latest(str(root)).path == f"exec/{OLD}/checkpoint-20"  # pub/ untouched
+    ev = [e for e in events.read(str(root)) if e["type"] == "resumed"]
+    assert [(e["path"], e["loaded"], e["by"]) for e in ev] == [(pub.path, path, "latest --resume")]
+
+
+def test_a_second_rank_takes_the_copy_already_made_and_outside_an_execution_the_save_itself(root):
+    old = save(root, OLD, 20)
+    env = job_env(root, NEW)
+    first, second = latest_resume(env), latest_resume(env)
+    assert first == second and sorted(os.listdir(root / "exec" / NEW / "dispatch-resume")) == \
+        [store.latest(str(root)).name]
+    outside = {k: v for k, v in env.items() if k not in ("DISPATCH_EXEC_DIR", "DISPATCH_ATTEMPT", "DISPATCH_EPOCH")}
+    assert latest_resume(outside) == str(old)
+
+
+def test_a_save_removed_while_it_is_linked_is_taken_again_from_the_newer_publication(root, monkeypatch):
+    """The rotation's rmtree running while the copy is linked: the copy would miss files.
+    It is taken again, from the publication that is latest by then."""
+    old = save(root, OLD, 20)
+    monkeypatch.setenv("DISPATCH_CHECKPOINT", str(root))
+    for k, v in job_env(root, NEW).items():
+        if k.startswith("DISPATCH_"):
+            monkeypatch.setenv(k, v)
+    real, calls = durable.link_tree, []
+
+    def rotated_meanwhile(name, fd, new, new_fd):
+        linked = real(name, fd, new, new_fd)
+        if not calls:  # the first copy: the old execution saves and publishes 40, removes 20
+            with monkeypatch.context() as m:
+                for k, v in job_env(root, OLD).items():
+                    m.setenv(k, v)
+                save(root, OLD, 40)
+            (old / "model.bin").unlink()
+        calls.append(name)
+        return linked
+
+    monkeypatch.setattr(durable, "link_tree", rotated_meanwhile)
+    monkeypatch.setattr("dispatch_slurm.store.copies.link_tree", rotated_meanwhile)
+    path, step = store.resume_point()
+    assert step == 40 and path.endswith("/checkpoint-40") and "/dispatch-resume/" in path
+    assert [c for c in calls if c.startswith("checkpoint-")] == ["checkpoint-20", "checkpoint-40"]
+    assert os.listdir(root / "exec" / NEW / "dispatch-resume") == [store.latest(str(root)).name]  # no half copy
+
+
+def test_the_copies_are_no_save_no_write_and_gc_removes_them_once_the_execution_ceased(root):
+    (save(root, OLD, 20) / "model.bin").write_bytes(os.urandom(1 << 20))
+    env = job_env(root, NEW)
+    latest_resume(env)
+    copies = f"exec/{NEW}/dispatch-resume"
+    assert [f.path for f in unpublished.find(str(root))] == [f"exec/{OLD}/checkpoint-20"]  # no save of NEW
+    folder = store.at(str(root)).inventory().folders[NEW]
+    assert folder.first is None and folder.last is None  # its old files' times are no write of NEW
+
+    live = retention.gc(str(root), Policy(keep_last=1, min_age=0), said=[])
+    assert [(v.save.path, v.action) for v in live if v.save.path == copies] == [(copies, "keep")]
+    assert os.path.isdir(root / copies)
+    gone = retention.gc(str(root), Policy(keep_last=1, min_age=0), said=[NEW])
+    v = next(v for v in gone if v.save.path == copies)
+    assert v.action == "remove" and "the copies execution c.1.1000001 resumed from" in v.why
+    assert v.freed < 1 << 20  # its folders' blocks only: the original still holds the files
+    assert not os.path.exists(root / copies)
+    assert os.path.isfile(root / "exec" / OLD / "checkpoint-20" / "model.bin")  # the original untouched
+    assert not os.path.exists(root / "retired")  # nothing names a copy: nothing retired
+
+
+def test_gc_dry_run_shows_the_copies(root):
+    save(root, OLD, 20)
+    latest_resume(job_env(root, NEW))
+    out = cli("gc", root, "--keep-last", "1", "--dry-run", "--ceased", NEW, check=True).stdout
+    assert f"exec/{NEW}/dispatch-resume" in out
+
+
+@pytest.mark.parametrize("why", ["another user's files"])
+def test_where_no_link_can_be_made_the_save_itself_is_the_resume_point(root, monkeypatch, why):
+    old = save(root, OLD, 20)
+
+    def refused(*a, **k):
+        raise PermissionError(1, "Operation not permitted")  # fs.protected_hardlinks, another owner
+
+    monkeypatch.setattr("dispatch_slurm.store.copies.link_tree", refused)
+    for k, v in job_env(root, NEW).items():
+        if k.startswith("DISPATCH_"):
+            monkeypatch.setenv(k, v)
+    assert store.resume_point() == (str(old), 20)
+    assert os.listdir(root / "exec" / NEW / "dispatch-resume") == []  # no half copy left
