@@ -104,7 +104,10 @@ class FakeSlurm:
         if argv[0] == "sacct":  # the accounting database: it holds no job slurmctld forgot here
             return ok(json.dumps({"jobs": [], "meta": {"plugin": {"data_parser": "data_parser/v0.0.42"}}}))
         if argv[:2] in (["scontrol", "hold"], ["scontrol", "release"]):
-            self.jobs[int(argv[2])]["held_in_slurm"] = argv[1] == "hold"
+            j, hold = self.jobs[int(argv[2])], argv[1] == "hold"
+            j.update(held_in_slurm=hold, state_reason="JobHeldUser" if hold else "None", priority=0 if hold else 1)
+            if not hold:
+                j.pop("state_description", None)
             return ok()
         raise AssertionError(f"the stand-in does not know {argv}")
 
@@ -121,6 +124,13 @@ class FakeSlurm:
                            "signal": {"id": {"set": True, "number": signal}}} if signal else
                           {"status": ["EXITED"], "return_code": {"set": True, "number": code}})
         j["end_time"] = {"set": True, "number": j["start_time"]["number"] + after}
+
+    def launch_fail(self, jid):
+        """What Slurm 22.05 showed in the fault campaign (seed 1122): the batch launch failed on
+        a node ("Duplicate jobid", the node drained), and Slurm requeued the job and held it."""
+        j = self.jobs[jid]
+        j.update(job_state=["PENDING"], restart_cnt=j["restart_cnt"] + 1, nodes="", state_reason="JobHeldUser",
+                 state_description="launch failed requeued held", priority=0)
 
     def requeue(self, jid):
         j = self.jobs[jid]
@@ -391,6 +401,40 @@ def test_slurm_requeue_is_recorded_without_spending_budget(root):
     s1 = facts(root, "started")[1]
     assert (s1["n"], s1["r"], s1["epoch"], s1["nodes"]) == (1, 1, 1_000_001, ["c1"])
     assert len(fake.sbatch) == 1
+
+
+def test_a_job_slurm_held_after_its_launch_failed_is_released_then_the_run_ends_held(root):
+    """The campaign's seed 1122 replayed on Slurm 22.05: a cut-off node came back still running
+    the job requeued elsewhere, Slurm drained it ("Duplicate jobid") and held the job after its
+    launch failed ("launch failed requeued held", reason JobHeldUser). `run` followed the
+    pending job forever, saying nothing. It now releases it (it starts on another node), three
+    times per submission; a fourth such hold ends the run held (exit 3), naming what to do."""
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn())
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    for n in (1, 2, 3):
+        fake.launch_fail(100)
+        drive(sup, lambda: len(facts(root, "launch_released")) == n)
+        assert fake.jobs[100]["state_reason"] == "None" and ["scontrol", "release", "100"] in fake.calls
+    fake.launch_fail(100)
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 3 and "launch failed requeued held" in e.value.message
+    assert "scontrol release 100" in e.value.message and f"dispatch-slurm run {root}" in e.value.message
+    assert [f["rule"] for f in facts(root, "rule")] == ["requeue"], "one execution ran: one end, no budget spent"
+    assert len(fake.sbatch) == 1 and facts(root, "finished")[0]["outcome"] == "held"
+
+
+def test_the_supervisors_own_hold_is_not_taken_for_a_failed_launch():
+    own = rules.launch_held
+    from dispatch_slurm.slurm.facts import JobInfo
+    base = dict(job_id=1, state="PENDING", flags=frozenset(), reason="JobHeldUser", restart_count=1, nodes=[],
+                batch_host="", exit_code=None, exit_signal=None, partition="p", user="u", name="n")
+    assert own(JobInfo(**base, raw={"state_reason": "JobHeldUser", "state_description": "launch failed requeued held"}))
+    assert not own(JobInfo(**base, raw={"state_reason": "JobHeldUser"}))  # `scontrol hold`: the supervisor's own
+    assert not own(JobInfo(**{**base, "state": "RUNNING"}, raw={"state_description": "launch failed requeued held"}))
 
 
 def test_a_job_that_ran_between_two_polls_is_still_recorded_as_started(root):

@@ -347,8 +347,23 @@ class Supervisor:
                 fields["cancelled_by"] = self.slurm.cancelled_by(job)  # j is None once slurmctld forgot it
             self.fact(type_, **fields)
             return 0
+        if j is not None and rules.launch_held(j):
+            return self._launch_held(j)
         self.quiet = True
         return 0 if self.action == "gc_again" else self.poll
+
+    def _launch_held(self, j: JobInfo) -> float:
+        """Slurm held the job after its launch failed on a node (rules.launch_held): release it
+        (it starts elsewhere), a few times per submission; then the run ends held."""
+        type_, fields = rules.launch_hold(self.state, j, self.root)
+        if type_ == "finished":
+            self.finish(fields["outcome"], fields["message"])
+        self.fact(type_, **fields)
+        try:
+            self.slurm.release(j.job_id)
+        except SlurmError as e:  # released by someone meanwhile, most likely: the next poll tells
+            self.fact("note", text=f"scontrol release {j.job_id}: {e}")
+        return self.poll
 
     # -- `run --keep-last K` ----------------------------------------------------------------
 

@@ -56,6 +56,7 @@ FACTS: dict[str, dict[str, type | tuple[type, ...] | ListOf]] = {
     "stop": {"g": int, "by": str},
     "finished": {"outcome": str},
     "note": {"text": str},
+    "launch_released": {"job": int, "n": int},
     "torn_tail_dropped": {"bytes": str},
     "gc": {"removed": int, "freed": int},
 }

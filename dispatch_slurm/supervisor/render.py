@@ -41,6 +41,7 @@ _DESCRIBE = {
     "cessation": lambda f: f"cessation signal for hold #{f['hold']}: {f['answer']}",
     "release": lambda f: f"hold #{f['hold']} released by {f['by']}",
     "finished": lambda f: f"finished: {f['outcome']}: {f.get('message', '')}",
+    "launch_released": lambda f: f['why'],
     "supervisor": lambda f: f"supervisor {'resumed' if f.get('resumed') else 'started'} (pid {f['pid']} on {f['host']})",
 }
 

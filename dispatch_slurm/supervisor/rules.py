@@ -308,6 +308,33 @@ def observe(st: State, j) -> Optional[tuple[str, dict]]:
     return None
 
 
+LAUNCH_HELD = "launch failed requeued held"  # Slurm's state_description after a failed batch launch
+LAUNCH_RELEASES = 3  # releases of such a hold per submission before the run stops held
+
+
+def launch_held(j) -> bool:
+    """Slurm holds the job because its launch failed on a node (that node is drained: a
+    prolog that failed, "Duplicate jobid" when a cut-off node came back still running it).
+    The job itself is fine: released, it starts elsewhere. Its reason reads JobHeldUser, as
+    for `scontrol hold`; only the description tells the two apart."""
+    return j.state == "PENDING" and LAUNCH_HELD in str(j.raw.get("state_description") or "").lower()
+
+
+def launch_hold(st: State, j, root: str) -> tuple[str, dict]:
+    """The fact for a job Slurm holds after a failed launch: ``launch_released`` (the loop
+    releases it) while fewer than LAUNCH_RELEASES of this submission were, else ``finished``
+    held, naming what to look at and how to go on."""
+    n = st.launch_releases + 1
+    if n <= LAUNCH_RELEASES:
+        return "launch_released", {"job": j.job_id, "n": n, "restarts": j.restart_count,
+                                   "why": f"Slurm held job {j.job_id} after its launch failed ({LAUNCH_HELD}); "
+                                          f"released ({n} of {LAUNCH_RELEASES})"}
+    return "finished", {"g": st.g, "outcome": "held", "message": (
+        f"Slurm holds job {j.job_id}: its launch failed again after {LAUNCH_RELEASES} releases ({LAUNCH_HELD}). "
+        f"The nodes it failed on are drained (`sinfo -R` says why); once they are fixed: `scontrol release "
+        f"{j.job_id}`, then `dispatch-slurm run {shlex.quote(root)}` to supervise it again")}
+
+
 def _times(j) -> dict:
     """Slurm's times of an ended execution that the end rule reads (ends.py): its end, its
     time limit (or that it has none) and when Slurm preempted it, as far as Slurm says."""

@@ -39,6 +39,7 @@ class State:
     used: int = 0  # resubmissions of this generation
     continued: int = 0  # continuations of this generation (time-limit ends)
     stalls: int = 0  # consecutive continuations that published no higher step
+    launch_releases: int = 0  # holds Slurm put on this submission after a failed launch, released
     last_step: Optional[int] = None  # the latest published step at the last decision
     finished: Optional[dict] = None
     stopping: Optional[dict] = None  # a person asked to stop (`dispatch-slurm stop`)
@@ -88,6 +89,7 @@ class State:
     def _on_submitted(self, f: dict) -> None:
         self.job, self.intent_open = f["job"], False
         self.started, self.ended = None, {}
+        self.launch_releases = 0
         self.submitted_in_g += 1
         self.submit_failures = 0
 
@@ -128,6 +130,9 @@ class State:
         if self.hold is not None:
             self.pending_apply = self.hold
         self.hold = None
+
+    def _on_launch_released(self, f: dict) -> None:
+        self.launch_releases = f["n"]
 
     def _on_stop(self, f: dict) -> None:
         self.stopping = f
