@@ -72,6 +72,17 @@ def test_a_second_rank_takes_the_copy_already_made_and_outside_an_execution_the_
     assert latest_resume(outside) == str(old)
 
 
+def test_another_root_named_inside_a_job_gives_its_save_itself(root, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    theirs = save(other, OLD, 30)
+    env = job_env(root, NEW)
+    got = subprocess.run([sys.executable, "-m", "dispatch_slurm", "latest", str(other), "--resume"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert got == str(theirs) and not (other / "exec" / NEW).exists() and not (root / "exec" / NEW).joinpath(
+        "dispatch-resume").exists()
+
+
 def test_a_save_removed_while_it_is_linked_is_taken_again_from_the_newer_publication(root, monkeypatch):
     """The rotation's rmtree running while the copy is linked: the copy would miss files.
     It is taken again, from the publication that is latest by then."""

@@ -53,7 +53,7 @@ def resume_from(root: str) -> tuple[Publication | None, str | None]:
     the load, which then fails. Where the store makes no copy (S3, links refused) the
     path is the save's own (the ``resumed`` event's ``loaded`` says which)."""
     st = at(root)
-    ex = Execution.current(root=root)
+    ex = Execution.current()  # this execution's own, when the root is its root
     mine = ex.attempt if ex.attempt and ex.exec_dir and ex.root == root else None
     for _ in range(TRIES):
         pub = latest_save(root)  # a vanished save is an error, never None
