@@ -8,6 +8,7 @@ read-only at /opt/host-site."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 
@@ -73,11 +74,12 @@ def test_fsdp_job_preempted_saves_every_shard_and_resumes(slurm_cluster: Cluster
 
 
 def frameworks(cdir: str):
-    """framework -> (script, srun tasks on one node, the line a resumed execution prints for a publication)."""
+    """framework -> (script, srun tasks on one node, what a resumed execution prints for a publication:
+    Lightning names the path it loads, the execution's own copy of the save)."""
     import test_accelerate
     import test_lightning
     return {"lightning": (test_lightning.TRAINER, 2,
-                          lambda pub: f"Restoring states from the checkpoint path at {cdir}/root/{pub.path}"),
+                          lambda pub: f"/dispatch-resume/{pub.name}/{os.path.basename(pub.path)}"),
             "accelerate": (test_accelerate.TRAINER, 1, lambda pub: f"resumed at step {pub.step}")}
 
 

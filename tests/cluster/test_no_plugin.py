@@ -82,9 +82,10 @@ def test_a_plain_sbatch_job_keeps_one_n_across_requeues(no_plugin: Cluster, work
     assert (host_root / "jobs" / f"{name}.{job}").read_bytes() == b"000001\n"
     assert sorted(p.name for p in (host_root / "sub").iterdir()) == ["000001"], "a requeue allocated again"
     assert got[0][4] == "resume=", "the first execution resumed from something"
-    for r in (1, 2):  # each resumed from the previous execution's save, the latest
-        assert got[r][4] == f"resume={root}/exec/{attempts[r - 1]}/checkpoint-{10 * r}", got[r]
     pubs = store.publications(str(host_root))
+    for r in (1, 2):  # each resumed from the previous execution's save, the latest: its own copy of it
+        pub = next(p for p in pubs if p.path == f"exec/{attempts[r - 1]}/checkpoint-{10 * r}")
+        assert got[r][4] == f"resume={root}/exec/{attempts[r]}/dispatch-resume/{pub.name}/checkpoint-{10 * r}", got[r]
     assert [(p.epoch, p.step) for p in pubs] == [(1_000_000 + r, 10 * (r + 1)) for r in range(3)], pubs
     assert store.latest(str(host_root)).path == f"exec/{attempts[2]}/checkpoint-30"
     c.cancel(job)
