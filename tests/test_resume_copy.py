@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 from support import cli
 
 from dispatch_slurm import retention, store
@@ -140,8 +139,7 @@ def test_gc_dry_run_shows_the_copies(root):
     assert f"exec/{NEW}/dispatch-resume" in out
 
 
-@pytest.mark.parametrize("why", ["another user's files"])
-def test_where_no_link_can_be_made_the_save_itself_is_the_resume_point(root, monkeypatch, why):
+def test_where_no_link_can_be_made_the_save_itself_is_the_resume_point(root, monkeypatch):
     old = save(root, OLD, 20)
 
     def refused(*a, **k):

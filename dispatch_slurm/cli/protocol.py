@@ -52,9 +52,9 @@ def latest(root, path_only, as_json, resume):
     a latest save that no longer exists: the message names the fix). With --resume,
     "none yet" is exit 0 with no output, and inside a job the path printed is the
     execution's own copy of the save (hard links in its dispatch-resume/), which an
-    older execution still running cannot remove by rotating its saves. In a job script assign it to a variable first:
-    `set -e` stops the script when an assignment fails, not when a command substitution
-    inside an argument does.
+    older execution still running cannot remove by rotating its saves. In a job script
+    assign it to a variable first: `set -e` stops the script when an assignment fails,
+    not when a command substitution inside an argument does.
 
     \b
         resume=$(dispatch-slurm latest --resume)

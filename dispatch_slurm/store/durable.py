@@ -343,8 +343,7 @@ def remove_tree(name: str, parent_fd: int) -> int:
     the bytes that freed on disk (a file another hard link still holds frees none).
     Never follows a symlink: folders are entered by fd with O_NOFOLLOW (a folder swapped
     for a symlink is refused, ELOOP), and a symlink inside is unlinked itself, its target
-    untouched. Entries already gone (another gc) are
-    skipped. Not ``shutil.rmtree``: a path can be swapped under it, an fd cannot."""
+    untouched. Entries already gone (another gc) are skipped. Not ``shutil.rmtree``: a path can be swapped under it, an fd cannot."""
     try:
         st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
         if not stat.S_ISDIR(st.st_mode):
