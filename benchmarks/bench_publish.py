@@ -108,6 +108,11 @@ def leave_out(part: str) -> None:
     pub = importlib.import_module("dispatch_slurm.store.publish")
     from dispatch_slurm.store import posix
     nothing = staticmethod(lambda *a, **k: None)
+    keep = staticmethod(lambda *a, **k: (None, []))
+    if part == "held":
+        posix.PosixStore.keep = keep  # type: ignore[method-assign,assignment]
+        posix.PosixStore.release = nothing  # type: ignore[method-assign,assignment]
+        return
     where = {"event": [(pub.events, "record")], "claim": [(pub.epochs, "for_publication")],
              "walk": [(posix.PosixStore, "sync_save")],
              "once": [(pub.once, "published"), (posix.PosixStore, "realpath")]}[part]
@@ -120,7 +125,7 @@ def main():
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--dir", default=os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--model-mb", type=int, default=64, help="the weights of the save the whole check walks")
-    ap.add_argument("--without", action="append", default=[], choices=["event", "claim", "walk", "once"],
+    ap.add_argument("--without", action="append", default=[], choices=["event", "claim", "walk", "once", "held"],
                     help="leave this part of publish out, to show its cost (repeatable; skips the whole-file part)")
     a = ap.parse_args()
     for part in a.without:
@@ -191,6 +196,8 @@ def main():
         print(f"  publish adds (difference of the medians): {(mp - mb) * 1e6:.1f} us wall, {(cp - cb) * 1e6:.1f} us CPU")
         if layered and not a.without:
             whole_check(tmp, max(50, a.n // 10), a.model_mb)
+            if hasattr(store.Store, "keep"):
+                held_links(tmp, max(50, a.n // 10), a.model_mb)
 
 
 def hf_like_save(path: str, model_mb: int) -> None:
@@ -253,6 +260,46 @@ def whole_check(tmp: str, n: int, model_mb: int) -> None:
     print(f"  fsync walk (before)  median {mf * 1e6:9.1f} us")
     print(f"  check alone          median {mc * 1e6:9.1f} us")
     print(f"  ratio    (fsync walk + check) / fsync walk {(mf + mc) / mf:.3f}x   (goal <= 1.1x)")
+
+
+def held_links(tmp: str, n: int, model_mb: int) -> None:
+    """The publication's own links to a Hugging Face-shaped save (``held/<name>``: a folder, a
+    hard link and a chmod per file, two fsyncs), against the fsync walk publish makes anyway;
+    and what they add to the filesystem: inodes (the folder only: a link is no inode) and bytes."""
+    from dispatch_slurm.store.durable import open_dir, remove_tree, sync_tree
+    root = os.path.join(tmp, "held")
+    rel = "exec/linux.1.1000000/checkpoint-1"
+    hf_like_save(os.path.join(root, rel), model_mb)
+    st, name = store.at(root), names.encode(1_000_000, 1, rel)
+    parent = open_dir(os.path.join(root, "exec", "linux.1.1000000"))
+    t_fsync, t_keep = [], []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            sync_tree("checkpoint-1", parent)
+            t1 = time.perf_counter()
+            st.keep(rel, name)
+            t2 = time.perf_counter()
+            t_fsync.append(t1 - t0)
+            t_keep.append(t2 - t1)
+            if i == 0:
+                sv = os.statvfs(root)
+                inodes, free = sv.f_files - sv.f_ffree, sv.f_bfree * sv.f_frsize
+            if i < n - 1:
+                remove_tree(name, open_dir(os.path.join(root, "held")))
+        sv = os.statvfs(root)
+        remove_tree(name, open_dir(os.path.join(root, "held")))
+        after = os.statvfs(root)
+    finally:
+        os.close(parent)
+    mf, mk = statistics.median(t_fsync), statistics.median(t_keep)
+    files = len(os.listdir(os.path.join(root, rel)))
+    print(f"the held links of a Hugging Face-shaped save ({files} files, {model_mb} MiB of weights), {n} times each")
+    print(f"  fsync walk           median {mf * 1e6:9.1f} us")
+    print(f"  held links           median {mk * 1e6:9.1f} us")
+    print(f"  ratio    (fsync walk + held) / fsync walk {(mf + mk) / mf:.3f}x")
+    print(f"  per publication: {(sv.f_files - sv.f_ffree) - (after.f_files - after.f_ffree)} inode(s) "
+          f"(the folder; {files} links), {max(0, after.f_bfree - sv.f_bfree) * sv.f_frsize} bytes on disk")
 
 
 if __name__ == "__main__":

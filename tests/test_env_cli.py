@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from dispatch_slurm import store
 from dispatch_slurm.contract import env, siteconf
 from dispatch_slurm.errors import EnvError, EpochError
 from dispatch_slurm.slurm import sitefile
@@ -112,7 +113,9 @@ def test_cli_publish_latest_ls(root):
     table = cli("ls", str(root), check=True).stdout.splitlines()
     assert table[0].split() == ["G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH"]
     assert [r.split()[3] for r in table[1:]] == ["10", "20", "999"]
-    late.rmdir()
+    late.rmdir()  # the trainer's rotation: the publication's held links keep it
+    assert cli("ls", str(root), check=True).stdout.splitlines()[-1].split()[4] == "held"
+    (root / "held" / store.latest(str(root)).name).rmdir()  # and by hand: gone
     assert cli("ls", str(root), check=True).stdout.splitlines()[-1].split()[4] == "NO"
     (root / "pub" / "stray.tmp").touch()
     bad = cli("latest", str(root))

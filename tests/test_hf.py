@@ -26,6 +26,7 @@ except ImportError:
     raise
 
 from dispatch_slurm import store
+from dispatch_slurm.contract import names
 from dispatch_slurm.contract.epoch import compose
 from dispatch_slurm.integrations import hf
 from dispatch_slurm.store import events
@@ -72,8 +73,13 @@ def train(max_steps, resume, limit=2, output_dir=None):
 
 
 def outside(root, exec_dir):
-    """Every file outside `exec_dir` but events/ (appended to), with size and mtime."""
-    out, skip = {}, (exec_dir, os.path.join(root, events.EVENTS))
+    """Every file outside `exec_dir` but events/ (appended to) and the held links of its own
+    publications (each newer publication lets the one before it go), with size and mtime."""
+    out, skip = {}, [exec_dir, os.path.join(root, events.EVENTS)]
+    own = names.attempt_epoch(os.path.basename(exec_dir))
+    held = os.path.join(root, "held")
+    skip += [os.path.join(held, h) for h in (os.listdir(held) if os.path.isdir(held) else ())
+             if names.parse(h).epoch == own]
     for top, _, files in os.walk(root):
         if any(top == d or top.startswith(d + os.sep) for d in skip):
             continue
@@ -216,8 +222,10 @@ def test_an_exec_folder_no_save_of_which_could_be_published_fails_at_train_begin
 def test_a_vanished_latest_save_is_an_error(root, monkeypatch):
     exec_dir = execution(monkeypatch, root, "c.11.1000000", E_OLD)
     os.makedirs(os.path.join(exec_dir, "checkpoint-4"))
-    store.publish(os.path.join(exec_dir, "checkpoint-4"), 4, root=str(root), epoch=E_OLD)
+    pub = store.publish(os.path.join(exec_dir, "checkpoint-4"), 4, root=str(root), epoch=E_OLD).publication
     os.rmdir(os.path.join(exec_dir, "checkpoint-4"))
+    assert hf.resume_from_checkpoint().endswith("/checkpoint-4")  # its publication's held links keep it
+    os.rmdir(os.path.join(root, "held", pub.name))  # by hand: the save and its held links
     with pytest.raises(DispatchError, match="no longer exists"):
         hf.resume_from_checkpoint()
     monkeypatch.delenv("DISPATCH_EXEC_DIR")

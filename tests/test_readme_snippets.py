@@ -273,8 +273,9 @@ def test_the_job_script_stops_before_training_on_an_error(job, fault):
     else:
         save = root / "exec" / "c.6.1000000" / "checkpoint-5"
         save.mkdir(parents=True)
-        store.publish(str(save), root=str(root), epoch=1_000_000)
+        pub = store.publish(str(save), root=str(root), epoch=1_000_000).publication
         save.rmdir()
+        (root / "held" / pub.name).rmdir()  # a person (a scratch purge) removed its held links too
     res = bash(block("job-script"), env, tmp)
     assert res.returncode == 2, "the job went on after an error"
     assert trainer_args(tmp) is None, "the trainer ran: it would have started from step 0"
@@ -448,8 +449,9 @@ def test_troubleshooting_a_vanished_latest_save(job):
     for step in (5, 6):
         save = root / "exec" / "c.6.1000000" / f"checkpoint-{step}"
         save.mkdir(parents=True)
-        store.publish(str(save), root=str(root), epoch=1_000_000)
+        pub = store.publish(str(save), root=str(root), epoch=1_000_000).publication
     (root / "exec" / "c.6.1000000" / "checkpoint-6").rmdir()
+    (root / "held" / pub.name).rmdir()  # by hand, or a scratch purge: the save and its held links
     me = _scratch(tmp, root)
     res = bash(block("vanished-latest-save").replace("/scratch/me", me), env, tmp)
     assert res.returncode == 0, res.stderr

@@ -387,12 +387,33 @@ def test_a_latest_whose_save_is_gone_is_said_and_fails_the_report(root, monkeypa
     monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
     _publish(root, A1, 10, T0 + 10)
     shutil.rmtree(_publish(root, A1, 20, T0 + 20))
+    shutil.rmtree(root / "held" / store.latest(str(root)).name)  # by hand: the save and its held links
     assert cli("latest", root).returncode == 2
     res = cli("report", root)
     assert res.returncode == 2, res
     head = res.stdout.splitlines()[0]
     assert "latest: step 20" in head and "GONE" in head, head
     assert "retire" in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+
+
+def test_the_report_names_which_execution_removed_which_published_save(root, monkeypatch):
+    """The trainer's rotation (or an rm in its job script) removed its own published saves,
+    the latest too: the report says whose folder they left, that the latest is still whole
+    (its publication's held links), and exits 0."""
+    import shutil
+    monkeypatch.delenv("DISPATCH_ATTEMPT", raising=False)
+    for step in (10, 20, 30):
+        _publish(root, A1, step, T0 + step)
+    for step in (10, 20, 30):
+        shutil.rmtree(root / "exec" / A1 / f"checkpoint-{step}")
+    res = cli("report", root)
+    assert res.returncode == 0, res.stderr
+    assert "latest: step 30" in res.stdout.splitlines()[0] and "GONE" not in res.stdout
+    line = next(x for x in res.stdout.splitlines() if x.startswith(f"  {A1}: 3 saves removed"))
+    assert "by that execution (its trainer's rotation, or an rm in its job script)" in line
+    assert "step 30 kept whole by its publication's held links" in line and "step 10, 20 gone for good" in line
+    got = json.loads(cli("report", root, "--json", check=True).stdout)["removed"]
+    assert [(x["attempt"], x["held"], x["gone"]) for x in got] == [(A1, [30], [10, 20])]
 
 
 FAKE_SLURM = r"""#!/usr/bin/env python3

@@ -117,10 +117,27 @@ def test_keep_every_keeps_the_first_save_of_each_window(root, three):
 
 def test_a_published_save_the_trainer_rotated_away_is_retired_not_counted(root, three):
     import shutil
-    shutil.rmtree(three[(B, 60)])  # save_total_limit removed it; its publication stays
+    shutil.rmtree(three[(B, 50)])  # save_total_limit removed it; its publication stays, unheld (60 came after)
+    v = run_gc(root, ceased(A, B), keep_last=4)
+    assert v[rel(three[(B, 40)], root)].action == "keep", "a vanished save does not use up a --keep-last place"
+    assert rel(three[(B, 50)], root) in retired_paths(root)
+
+
+def test_an_executions_newest_save_its_trainer_removed_is_held_counted_and_removed_with_its_links(root, three):
+    """The rotation (or an rm) took B's newest save from its folder; its publication's held
+    links keep it: it exists for gc like any save, and goes, links and all, when the policy
+    no longer keeps it."""
+    import shutil
+    shutil.rmtree(three[(B, 60)])
+    b60 = rel(three[(B, 60)], root)
+    held = [p.name for p in store.publications(str(root)) if p.path == b60]
+    assert os.listdir(root / "held" / held[0])  # the publication's own links
     v = run_gc(root, ceased(A, B), keep_last=3)
-    assert v[rel(three[(B, 50)], root)].action == "keep", "a vanished save does not use up a --keep-last place"
-    assert rel(three[(B, 60)], root) in retired_paths(root)
+    assert v[b60].action == "keep" and v[b60].save.exists and v[b60].save.held_only
+    assert v[rel(three[(B, 50)], root)].action == "remove"
+    v = run_gc(root, ceased(A, B), keep_last=2)
+    assert v[b60].action == "remove" and "held links go with it" in v[b60].why and v[b60].freed > 0
+    assert not (root / "held" / held[0]).exists() and b60 in retired_paths(root)
 
 
 # ---- the safety rules ---------------------------------------------------------------------------
@@ -134,7 +151,8 @@ def test_the_latest_publication_is_never_removed_nor_retired(root, three):
     assert v[latest.path].action == "keep" and v[latest.path].why == "the latest publication's save"
     assert latest.name not in os.listdir(root / "retired")
     assert store.latest(str(root)) == latest
-    assert three[(LIVE, 80)].exists(), "the newest save still on disk is the one --keep-last 1 keeps"
+    assert not three[(LIVE, 80)].exists(), "the latest's held links keep it: it is the one --keep-last 1 keeps"
+    assert os.listdir(root / "held" / latest.name) and v[latest.path].save.held_only
 
 
 def test_gc_fsyncs_pub_before_it_removes_anything(root, three, monkeypatch):
@@ -149,9 +167,9 @@ def test_gc_fsyncs_pub_before_it_removes_anything(root, three, monkeypatch):
         log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         return real_fsync(fd)
 
-    def remove(self, path):
+    def remove(self, path, held=()):
         log.append(("remove", path))
-        return real_remove(self, path)
+        return real_remove(self, path, held)
     monkeypatch.setattr(posix.os, "fsync", fsync)
     monkeypatch.setattr(PosixStore, "remove", remove)
     run_gc(root, ceased(A, B), keep_last=1)

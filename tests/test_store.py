@@ -334,14 +334,16 @@ def test_fsync_eio_means_no_success_and_a_retry_completes_durability(root, which
     not merely say "already published": it fsyncs pub/ and the root again, and only then
     returns (existed)."""
     a = save(root, f"exec/{A1}/checkpoint-1")
-    (root / "pub").mkdir()  # so that fsync #1 is pub's and #2 the root's, after the entry
+    (root / "pub").mkdir()  # so that fsync #3 is pub's and #4 the root's, after the entry,
+    (root / "held").mkdir()  # #1 and #2 the held links' folder and held/ (made durable before the entry)
     claim(root, A1)  # as env did when the execution started: publish only reads it
-    proc = _strace(["-e", f"inject=fsync:error=EIO:when={which}"], root, a, sync=False)
+    proc = _strace(["-e", f"inject=fsync:error=EIO:when={which + 2}"], root, a, sync=False)
     assert proc.returncode != 0
     assert "RETURNED" not in proc.stdout
     assert "Input/output error" in proc.stderr
     failed = [e for e in _events(proc.stderr.splitlines()) if e[0] == "fsync"]
-    assert failed[which - 1] == ("fsync", ["pub", str(root)][which - 1], "EIO")
+    assert failed[which + 1] == ("fsync", ["pub", str(root)][which - 1], "EIO")
+    assert failed[0][1].startswith(".") and failed[1][1] == "held"  # the held links' folder, then held/
     retry = _strace([], root, a, sync=False)
     assert retry.returncode == 0, retry.stderr[-2000:]
     assert retry.stdout.startswith("RETURNED existed")

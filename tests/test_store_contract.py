@@ -46,9 +46,12 @@ class Posix:
         return (self.path / folder / name).stat().st_size
 
     def remove_save(self, rel):
-        for f in (self.path / rel).iterdir():
-            f.unlink()
-        (self.path / rel).rmdir()
+        """The save gone for good: from its folder and from its publications' held links."""
+        for d in [self.path / rel] + [self.path / "held" / p.name for p in store.publications(str(self.path))
+                                      if p.path == rel and (self.path / "held" / p.name).exists()]:
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
 
 
 class S3:

@@ -122,7 +122,7 @@ class MemStore(store.Store):
             s.exists, s.size = bool(held), sum(len(self.keys[k]) for k in held)
         return inv
 
-    def remove(self, rel):
+    def remove(self, rel, held=()):
         gone = [k for k in self.keys if k == rel or k.startswith(rel + "/")]
         return sum(len(self.keys.pop(k)) for k in gone)
 

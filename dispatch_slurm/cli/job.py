@@ -136,8 +136,10 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll_s, no_i
     shorter than its header says): it stays pending, named on stderr once it has been so
     for --incomplete-after seconds, and again when the watch ends. With --until-pid the
     watch exits 1 when the trainer ended leaving such saves above the last step published,
-    so the job fails instead of ending with its progress unkept. Ctrl-C (SIGINT) ends it
-    by that signal, after it names what it left unpublished."""
+    so the job fails instead of ending with its progress unkept. When the trainer's process
+    (srun) ends while the execution's processes run on on this node (a frozen slurmd: Slurm
+    took the node for dead, nothing killed them), the watch publishes until they are gone.
+    Ctrl-C (SIGINT) ends it by that signal, after it names what it left unpublished."""
     from ..runtime import watch as watchmod
     poll, interval = options.watch_polling(poll_s, no_inotify, interval)
     if until_pid is not None:
@@ -154,7 +156,7 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll_s, no_i
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         watchmod.run(w, poll=poll, interval=interval, once=once, until_pid=until_pid, timeout=timeout,
-                     incomplete_after=incomplete_after)
+                     incomplete_after=incomplete_after, linger=_lingering(w) if until_pid is not None else None)
     except KeyboardInterrupt:
         _unfinished(w, root)
         raise  # main() dies by SIGINT, as the shell expects
@@ -165,6 +167,24 @@ def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll_s, no_i
         return
     if _unfinished(w, root) and until_pid is not None:
         sys.exit(1)
+
+
+def _lingering(w):
+    """What the watch publishes for once the trainer's process ended: the execution's
+    processes that run on on this node (slurm/cessation/node.py), none once its Epilog
+    recorded their end here."""
+    from ..contract import layout
+    from ..slurm.cessation import node
+    ex = envmod.Execution.current()
+    attempt, here, root = ex.attempt, ex.node, ex.root
+    if not attempt or not root:
+        return None
+
+    def linger() -> list[int]:
+        if here and w.fs.has(layout.CEASED, f"{attempt}.{here}"):
+            return []
+        return node.running_on(attempt, root)
+    return linger
 
 
 def _unfinished(w, root: str) -> bool:

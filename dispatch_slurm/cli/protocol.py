@@ -51,8 +51,9 @@ def latest(root, path_only, as_json, resume):
     Exit 0 found, 1 none published yet, 2 error (an entry of pub/ that does not parse,
     a latest save that no longer exists: the message names the fix). With --resume,
     "none yet" is exit 0 with no output, and inside a job the path printed is the
-    execution's own copy of the save (hard links in its dispatch-resume/), which an
-    older execution still running cannot remove by rotating its saves. In a job script
+    execution's own copy of the save (in its dispatch-resume/: clones, else links to the
+    published, read-only files), which an older execution still running cannot remove by
+    rotating its saves, and through which no write reaches the published save. In a job script
     assign it to a variable first: `set -e` stops the script when an assignment fails,
     not when a command substitution inside an argument does.
 
@@ -62,8 +63,9 @@ def latest(root, path_only, as_json, resume):
     if resume:  # inside an execution: its private copy of the save (store/resume.py says why)
         pub, path = store.resume_from(root)
         store.resumed(root, pub, "latest --resume", path)
-    else:
-        pub, path = store.latest_save(root), None
+    else:  # the save's own path, or its publication's held links once the trainer removed it
+        pub, where = store.located(root)
+        path = None if where is None else os.path.join(root, where)
     if pub is None:
         store.unpublished.check(root, by="latest")  # saves nothing published: said, never silent
         if as_json:
@@ -77,7 +79,7 @@ def latest(root, path_only, as_json, resume):
         click.echo(json.dumps(common.publication_json(root, pub)))
     else:
         g, n, r = pub.parts
-        click.echo(f"{common.text(os.path.join(root, pub.path))}\tstep {pub.step}\tG={g} N={n} R={r}")
+        click.echo(f"{common.text(path or os.path.join(root, pub.path))}\tstep {pub.step}\tG={g} N={n} R={r}")
 
 
 def _state(p, inv, exists: bool) -> tuple[str, str | None, str | None]:
@@ -99,7 +101,8 @@ def ls_(root, as_json):
     longer exists: the trainer's rotation removed it) or retired (by gc, or by a person
     with `dispatch-slurm retire`); then, on stderr, unpublished saves and what gc can
     reclaim (`dispatch-slurm gc --dry-run` says more). On an s3:// root the size is the
-    bytes stored."""
+    bytes stored. EXISTS "held": the execution's folder no longer holds the save (its
+    rotation), the publication's own links to its files do."""
     from .. import retention
     from ..report.render import size
     inv, state = retention.scan_state(root)
@@ -109,19 +112,13 @@ def ls_(root, as_json):
         d = common.publication_json(root, p)
         st, by, reason = _state(p, inv, saves[p.path]["exists"])
         d.update(state=st, retired_by=by, reason=reason)
-        d.update(exists=saves[p.path]["exists"], size=saves[p.path]["size"], why=saves[p.path]["why"])
+        d.update(exists=saves[p.path]["exists"], held_only=saves[p.path]["held_only"], size=saves[p.path]["size"],
+                 why=saves[p.path]["why"])
         rows.append(d)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
-        head = ("G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH")
-        table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]), str(d["step"]),
-                           "yes" if d["exists"] else "NO", size(d["size"]),
-                           d["state"] + (f" by {d['retired_by']}" if d["retired_by"] else ""),
-                           common.text(d["path"])) for d in rows]
-        widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
-        for row in table:
-            click.echo("  ".join([c.rjust(w) for c, w in zip(row, widths)] + [row[-1]]))
+        _ls_table(rows, size)
     if not rows:
         click.echo(f"(no publication under {common.text(root)}/{layout.PUB})", err=True)
     for d in rows:
@@ -138,6 +135,17 @@ def ls_(root, as_json):
                    "`latest` refuses it; to resume from the previous publication: "
                    f"dispatch-slurm retire {common.text(root)} --latest -m 'save vanished'", err=True)
     click.echo(common.retention_summary(saves.values()), err=True)
+
+
+def _ls_table(rows: list[dict], size) -> None:
+    head = ("G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH")
+    table = [head] + [(str(d["generation"]), str(d["submission"]), str(d["restart"]), str(d["step"]),
+                       ("held" if d["held_only"] else "yes") if d["exists"] else "NO", size(d["size"]),
+                       d["state"] + (f" by {d['retired_by']}" if d["retired_by"] else ""),
+                       common.text(d["path"])) for d in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head) - 1)]
+    for row in table:
+        click.echo("  ".join([c.rjust(w) for c, w in zip(row, widths)] + [row[-1]]))
 
 
 @click.group()

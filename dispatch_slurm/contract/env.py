@@ -281,6 +281,10 @@ class Execution:
         return self._get("SLURM_JOB_ID")
 
     @property
+    def node(self) -> str | None:  # SLURMD_NODENAME: the node this process runs on, as Slurm names it
+        return self._get("SLURMD_NODENAME")
+
+    @property
     def rank(self) -> int | None:  # RANK (torchrun), else SLURM_PROCID: None when neither is a number
         value = self._get("RANK") or self._get("SLURM_PROCID")
         return int(value) if value is not None and value.isdigit() else None

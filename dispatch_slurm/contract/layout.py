@@ -18,15 +18,20 @@ EPOCHS = "epochs"      # epochs/<epoch, 20 digits>: the one execution (attempt) 
 JOBS = "jobs"          # jobs/<cluster>.<job id>: the N a plain sbatch job's first process allocated
 PROBES = "dispatch-probe"  # exec/<attempt>/dispatch-probe/<host>.<pid>.jsonl: the handler's probe records
 RESUMES = "dispatch-resume"  # exec/<attempt>/dispatch-resume/<publication name>/<leaf>: the save it resumes from
+HELD = "held"          # held/<publication name>/<leaf>: the publication's own links to its save's files
 
 #: (entry, who writes it, what it is): the on-disk contract, in the order docs/design.md shows.
 ENTRIES = (
     ("exec/<attempt>/...", "the execution", "one execution's saves; nothing else writes there"),
     ("exec/<attempt>/dispatch-resume/<epoch>-<step>-<b32>/<leaf>", "`latest --resume`, `resume_point` (every "
-     "integration's resume)", "hard links to the published save the execution resumes from, under its last "
-     "name: the older execution's own rotation cannot remove it while it is loaded; gc removes it once the "
-     "execution has ceased"),
+     "integration's resume)", "the published save the execution resumes from, under its last name: clones "
+     "(reflinks) where the filesystem makes them, else hard links to its read-only files; a write there never "
+     "reaches the published save; gc removes it once the execution has ceased"),
     ("pub/<epoch>-<step>-<b32>", "publish", "publications: empty, never renamed, rewritten or appended to"),
+    ("held/<epoch>-<step>-<b32>/<leaf>", "publish", "the publication's own hard links to its save's files, made "
+     "read-only when it publishes: a trainer's rotation or an `rm` of the save cannot take what the latest "
+     "publication names; kept for its execution's newest publication (an older one's goes when it publishes a "
+     "newer save), and by gc until it removes the save"),
     ("sub/<NNNNNN>", "submit, the plugin, the supervisor", "submission numbers, O_EXCL-allocated"),
     ("epochs/<epoch, 20 digits>", "the first process of an execution (env, the hooks, the plugin), or its "
                                   "first publish", "the epoch's claim: `<attempt>` and a newline, O_EXCL, "
@@ -49,7 +54,7 @@ ENTRIES = (
 )
 
 #: entries a save may never be: publishing or adopting one of them is refused
-PROTOCOL = frozenset({PUB, SUB, EPOCHS, JOBS, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED})
+PROTOCOL = frozenset({PUB, SUB, EPOCHS, JOBS, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED, HELD})
 
 
 def exec_relpath(attempt: str) -> str:

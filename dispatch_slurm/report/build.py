@@ -280,12 +280,35 @@ def build(root: store.Root, slurm: Any = None, ask_slurm: bool = True) -> dict[s
             "publications": [{"epoch": p.epoch, "step": p.step, "path": p.path, "name": p.name, "t": t}
                              for p, t in pubs],
             "latest": None if latest is None else {"step": latest.step, "path": latest.path, "name": latest.name,
-                                                   "exists": inv.saves[latest.path].exists},
+                                                   "exists": inv.saves[latest.path].exists,
+                                                   "held": inv.saves[latest.path].held_only},
+            "removed": _removed(inv, evs),
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
             "warnings": _warnings(evs) + ([] if pubs else _left_unpublished(st, evs, execs)),
             "retention": status(st, ask=False, facts=every_fact, inv=inv)}
     r["goodput"] = goodput.of_report(r, every_fact)
     return r
+
+
+def _removed(inv: store.Inventory, evs: list[dict]) -> list[dict]:
+    """Per execution, its published saves gone from its folder: only it writes there, so its
+    trainer's rotation (or an rm in its job script, or a person) removed them; when its watch
+    saw each go, and which its publication's held links still keep."""
+    seen = {e["path"]: e["t"] for e in evs if e["type"] == "removed" and "path" in e}
+    out: dict[str, dict] = {}
+    for s in sorted(inv.saves.values(), key=lambda s: (s.attempt or "", s.step or 0, s.path)):
+        if not s.pubs or s.attempt is None or (s.exists and not s.held_only) or any(p.name in inv.retired
+                                                                                  for p in s.pubs):
+            continue
+        row = out.setdefault(s.attempt, {"attempt": s.attempt, "steps": [], "held": [], "gone": [], "first_t": None,
+                                         "last_t": None})
+        step = max(p.step for p in s.pubs)
+        row["steps"].append(step)
+        row["held" if s.held_only else "gone"].append(step)
+        if (t := seen.get(s.path)) is not None:
+            row["first_t"] = t if row["first_t"] is None else min(row["first_t"], t)
+            row["last_t"] = t if row["last_t"] is None else max(row["last_t"], t)
+    return list(out.values())
 
 
 def _warnings(evs: list[dict]) -> list[dict]:

@@ -94,12 +94,28 @@ def text(r: dict) -> str:
     out += _section("holds", [_hold(h, t0) for h in r["holds"]])
     out += _section("publications", [f"  {_t(p['t'], t0):>10}  step {p['step']:<8} epoch {p['epoch']:<14} {p['path']}"
                                      for p in r["publications"]])
+    out += _section("published saves removed from their execution's folder", [_removed(x, t0)
+                                                                              for x in r.get("removed", [])])
     out += _section("warnings", [_warning(w) for w in r.get("warnings", [])])
     out += _retention(r.get("retention"))
     out += goodput.text(r.get("goodput"))
     if r["finished"]:
         out += ["", f"supervisor: finished, {r['finished']['outcome']}: {r['finished'].get('message', '')}"]
     return "\n".join(out) + "\n"
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:6])) + (f" ... {steps[-1]}" if len(steps) > 6 else "")
+
+
+def _removed(x: dict, t0) -> str:
+    """Who removed which of its saves: the execution whose folder held them (nothing else writes there)."""
+    when = "" if x["first_t"] is None else (f", seen gone at {_t(x['first_t'], t0)}" if x["first_t"] == x["last_t"]
+                                            else f", seen gone {_t(x['first_t'], t0)}..{_t(x['last_t'], t0)}")
+    held = f"; step {_steps(x['held'])} kept whole by its publication's held links" if x["held"] else ""
+    gone = f"; step {_steps(x['gone'])} gone for good (its links went with a newer save of it)" if x["gone"] else ""
+    return (f"  {x['attempt']}: {plural(len(x['steps']), 'save')} removed by that execution (its trainer's rotation, "
+            f"or an rm in its job script){when}{held}{gone}")
 
 
 def _headline(r: dict) -> str:

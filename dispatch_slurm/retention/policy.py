@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-from ..contract import names
+from ..contract import layout, names
 from ..contract.names import STEP_PATTERN, Publication
 from ..errors import DispatchError
 from ..store import Inventory, Save
@@ -82,7 +82,8 @@ class Verdict:
         state = STATES[REMOVE] if self.action == REMOVE else STATES[GONE] if done else \
             VANISHED if not s.exists else STATES[KEEP]  # retired by a person, still on disk: retired
         return {"path": s.path, "attempt": s.attempt, "state": state, "action": self.action,
-                "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
+                "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists,
+                "held_only": s.held_only, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
                 "latest": latest is not None and latest.path == s.path, "step": s.step,
                 "unfinished": s.unfinished}
@@ -169,11 +170,16 @@ def _rules(s: Save, attempt: str, inv: Inventory, policy: Policy, keep: dict[str
         return KEEP, keep[s.path]
     if ok is None:
         return KEEP, f"execution {s.attempt} is not known to have ceased (not asked)"
+    if s.copy and s.path.startswith(f"{layout.HELD}/"):
+        return REMOVE, f"links a killed publish of execution {s.attempt} left (no publication names them); " \
+                       f"it has ceased ({why})"
     if s.copy:
         return REMOVE, f"the copies execution {s.attempt} resumed from; it has ceased ({why})"
     if not s.pubs:
         return REMOVE, f"unpublished leftover of execution {s.attempt}, which has ceased ({why})"
-    gone = "" if s.exists else "; the save itself is already gone (the trainer's own rotation)"
+    gone = "" if s.exists and not s.held_only else \
+        "; its execution's folder no longer holds it (the trainer's own rotation)" + \
+        (": the publication's held links go with it" if s.held_only else "")
     return REMOVE, f"published, not kept by the policy; execution {s.attempt} has ceased ({why}){gone}"
 
 

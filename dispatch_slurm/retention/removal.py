@@ -60,7 +60,7 @@ def collect(root: store.Root, policy: Policy, ceased: Mapping[str, tuple[bool, s
                 v.why = (f"published again meanwhile ({again[0]}): kept, its older publications retired"
                          if again else "pinned meanwhile: kept, its publications retired")
                 continue
-            v.freed = st.remove(v.save.path)
+            v.freed = st.remove(v.save.path, tuple(v.save.held))
         st.drop_empty(empty_folders(inv, policy, ceased, now))
     return verdicts
 

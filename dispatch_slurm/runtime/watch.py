@@ -152,6 +152,7 @@ class Watcher:
         self.rel = execdir.check(self.exec_dir, root, epoch, Execution.current().attempt, local=self.fs.local)
         self.root = root
         self.done: set[str] = set()  # filled by the first scan, within its timeout
+        self.kept: set[str] = set()  # the published saves still in the folder
         self._first = True
         self.unfinished: dict[str, Unfinished] = {}  # saves seen but not publishable yet
         self.top: int | None = None  # the highest step of this folder published at this epoch
@@ -175,6 +176,7 @@ class Watcher:
         mine = [p for p in self.fs.publications()
                 if p.epoch == self.epoch and p.path.rsplit("/", 1)[0] == self.rel]
         self.done = {p.path.rsplit("/", 1)[-1] for p in mine}
+        self.kept = set(self.done)
         self.top = max((p.step for p in mine), default=None)
 
     def scan(self) -> list[names.Publication]:
@@ -183,8 +185,9 @@ class Watcher:
         if self._first:
             self._published_before()
             self._first = False
-        found, seen = [], {}
+        found, seen, here = [], {}, set()
         for name, is_dir in self.fs.entries(self.exec_dir):
+            here.add(name)
             if name in self.done or (step := self.layout.step(name)) is None:
                 continue
             why = self.layout.missing(os.path.join(self.exec_dir, name), is_dir, self.fs)
@@ -199,12 +202,20 @@ class Watcher:
                 seen[name] = (step, is_dir, pub)
             elif pub is not None:
                 out.append(pub)
+        self._removed(here)
         now = time.monotonic()
         old = self.unfinished
         self.unfinished = {n: Unfinished(step, is_dir, why, old[n].since if n in old else now,
                                          old[n].said if n in old else False)
                            for n, (step, is_dir, why) in seen.items()}
         return out
+
+    def _removed(self, here: set[str]) -> None:
+        """Record each published save gone from the folder (its trainer's rotation, an rm): the
+        report says who removed what, and when; the publication's held links still keep it."""
+        for name in sorted(self.kept - here):
+            self.kept.discard(name)
+            store.events.record("removed", root=self.fs, path=f"{self.rel}/{name}", by="watch")
 
     def _publish(self, name: str, step: int) -> names.Publication | str | None:
         """Publish one complete save: its publication (None: published before, or rotated
@@ -214,14 +225,15 @@ class Watcher:
             res = store.publish(path, step, root=self.fs, epoch=self.epoch, by="watch", sync=self.sync)
         except TornSave as e:
             return e.detail
-        except BadPath:
-            if self.fs.present(path):
+        except BadPath as e:
+            if self.fs.present(path) and not isinstance(e, store.SaveGone):
                 raise
             res = None  # rotated away before we got to it: never the latest, nothing to do
         self.done.add(name)
         if res is None:
             return None
         self.top = step if self.top is None else max(self.top, step)
+        self.kept.add(name)
         if res.existed:
             return None
         self.published += 1
@@ -355,36 +367,91 @@ def _scan(w: Watcher, ino: Inotify | None, timeout: float | None) -> None:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+class Ending:
+    """What ends the watch: ``until_pid``'s exit (None: nothing but ``once`` or an error), then
+    the end of the execution's processes that run on after it, as ``linger()`` finds them: a
+    step whose ``srun`` ended (slurmd frozen on a hung mount: the controller took the node for
+    dead) while its tasks train, save and rotate on. The watch publishes until they are gone,
+    woken by each one's exit (a pidfd) or the rescan."""
+
+    def __init__(self, pid: int | None, linger, say):
+        self.pid, self.linger, self.say = pid, linger, say
+        self.pidfd, self.alive = _open_pidfd(pid)
+        self.pidfds: dict[int, int] = {}  # the processes that run on, once the trainer's ended
+        self.said = False
+        self.due = 0.0  # the next look for them (a /proc scan): at most once a second, or when one exits
+
+    def over(self) -> bool:
+        if self.alive:
+            return False
+        if self.pidfds and time.monotonic() < self.due:
+            return False
+        self.due = time.monotonic() + 1.0
+        return not self._runs_on()
+
+    def fds(self) -> list[int]:
+        if self.alive:
+            return [] if self.pidfd is None else [self.pidfd]
+        return list(self.pidfds.values())
+
+    def woken(self, ready: list) -> None:
+        self.alive = self.alive and _still_alive(self.pid, self.pidfd, ready)
+        if any(fd in ready for fd in self.pidfds.values()):
+            self.due = 0.0  # one of them exited: look again now
+
+    def _runs_on(self) -> bool:
+        pids = set(self.linger()) if self.linger is not None else set()
+        for pid in [p for p in self.pidfds if p not in pids]:
+            os.close(self.pidfds.pop(pid))
+        for pid in sorted(pids - set(self.pidfds)):
+            fd, _ = _open_pidfd(pid)
+            if fd is not None:
+                self.pidfds[pid] = fd
+        if self.pidfds and not self.said:
+            self.said = True
+            self.say(f"dispatch-slurm watch: the trainer's step ended, but its processes "
+                     f"{', '.join(map(str, sorted(self.pidfds)[:5]))} run on on this node: publishing until they are gone")
+        return bool(self.pidfds)
+
+    def close(self) -> None:
+        for fd in [*self.pidfds.values(), *([self.pidfd] if self.pidfd is not None else [])]:
+            os.close(fd)
+        self.pidfds.clear()
+        self.pidfd = None
+
+
 def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
         once: bool = False, until_pid: int | None = None, timeout: float | None = 300.0,
-        say=lambda text: print(text, file=sys.stderr), incomplete_after: float = 300.0) -> None:
+        say=lambda text: print(text, file=sys.stderr), incomplete_after: float = 300.0, linger=None) -> None:
     """Scan, then wait for a change and scan again, until ``once`` or ``until_pid``'s exit
-    (after one final scan). Errors raise; a scan longer than ``timeout`` raises ScanTimeout
-    (enforced with SIGALRM, so only from the main thread). A save unfinished for
-    ``incomplete_after`` seconds is said once, with what it lacks (a save being written is
-    not a problem; one that never completes is)."""
+    (after one final scan) and, with ``linger`` (a callable: the pids of the execution's
+    processes still on this node), until those are gone too (Ending). Errors raise; a
+    scan longer than ``timeout`` raises ScanTimeout (enforced with SIGALRM, so only from the
+    main thread). A save unfinished for ``incomplete_after`` seconds is said once, with what
+    it lacks (a save being written is not a problem; one that never completes is)."""
     ino = _open_inotify(w, interval, say) if not poll and not once and w.fs.local else None  # local writes only
-    pidfd, alive = _open_pidfd(until_pid)
+    end = Ending(until_pid, linger, say)
     if threading.current_thread() is not threading.main_thread():
         timeout = None
     old = signal.signal(signal.SIGALRM, _alarm) if timeout is not None else None
-    fds = [f for f in (ino.fd if ino else None, pidfd) if f is not None]
     wait = rescan if ino is not None else interval
-    if until_pid is not None and pidfd is None:  # polling the pid
+    if until_pid is not None and end.pidfd is None:  # polling the pid
         wait = min(wait, interval)
     try:
         while True:
             _scan(w, ino, timeout)
             for line in w.overdue(incomplete_after):
                 say(f"dispatch-slurm watch: warning: {line}")
-            if once or not alive:
+            if once or end.over():
                 return
-            ready, _, _ = select.select(fds, [], [], _until_due(w, wait, incomplete_after))
+            ready, _, _ = select.select(([ino.fd] if ino else []) + end.fds(), [], [],
+                                        _until_due(w, wait if end.alive else min(wait, 5.0), incomplete_after))
             if ino is not None and ino.fd in ready:
                 ino.drain()
-            alive = _still_alive(until_pid, pidfd, ready)
+            end.woken(ready)
     finally:
-        _close(old, ino, pidfd)
+        end.close()
+        _close(old, ino)
 
 
 def _until_due(w: Watcher, wait: float, after: float) -> float:
@@ -400,13 +467,11 @@ def _still_alive(pid: int | None, pidfd: int | None, ready: list) -> bool:
     return pidfd not in ready if pidfd is not None else _alive(pid)
 
 
-def _close(old_alarm, ino: Inotify | None, pidfd: int | None) -> None:
+def _close(old_alarm, ino: Inotify | None) -> None:
     if old_alarm is not None:
         signal.signal(signal.SIGALRM, old_alarm)
     if ino is not None:
         ino.close()
-    if pidfd is not None:
-        os.close(pidfd)
 
 
 def check_pid(pid: int) -> None:

@@ -19,12 +19,12 @@ from .durable import write_all
 from .once import AlreadySaved
 from .inventory import Folder, Inventory, Save, markers, retired_by, retirement_record
 from .protocol import latest_of
-from .publish import Published, env_epoch, env_root, publish, sync
-from .resume import VanishedSave, latest_save, resume_from, resume_path, resume_point, resumed, save_exists
+from .publish import Published, SaveGone, env_epoch, env_root, publish, sync
+from .resume import VanishedSave, latest_save, located, resume_from, resume_path, resume_point, resumed, save_exists
 from .roots import Root, allocate_submission, at, backend, latest, make_exec_dir, publications
 
-__all__ = ["at", "backend", "Store", "publish", "Published", "latest", "publications", "allocate_submission",
-           "make_exec_dir", "Root", "env_root", "env_epoch", "sync", "latest_save", "resume_from", "resume_path",
+__all__ = ["at", "backend", "Store", "publish", "Published", "SaveGone", "latest", "publications", "allocate_submission",
+           "make_exec_dir", "Root", "env_root", "env_epoch", "sync", "latest_save", "located", "resume_from", "resume_path",
            "resume_point",
            "resumed", "save_exists", "VanishedSave",
            "events", "ceased", "epochs", "jobs", "once", "AlreadySaved", "execdir", "unpublished", "whole",

@@ -13,7 +13,7 @@ store (s3.py) through conditional PUTs, which are durable when they return."""
 from __future__ import annotations
 
 import re
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from ..contract import layout, names
 from ..contract.names import Publication
@@ -140,6 +140,22 @@ class Store:
         ``rel`` itself). SaveMoved when the save changed while it was copied."""
         return None, f"a {self.kind} store keeps no copies"
 
+    def keep(self, rel: str, name: str) -> tuple[Optional[str], list[str]]:
+        """The publication ``name``'s own reference to the files of the save ``rel``
+        (``layout.HELD``: copies.py), durable on return, so that nothing but gc can take the
+        save a publication names: (None, or why the store keeps none; the files a write can
+        still reach, another user's). SaveMoved when the save changed while it was linked."""
+        return f"a {self.kind} store keeps no reference of its own to a published save", []
+
+    def release(self, epoch: int, step: int) -> None:
+        """Drop the references of the publications at ``epoch`` below ``step``: this newer
+        save of the same execution supersedes them."""
+
+    def located(self, pub: Publication) -> Optional[str]:
+        """Where the publication's save is under the root: its own path while it exists, else
+        the publication's reference to it; None when neither is there."""
+        return pub.path if self.save_exists(pub.path) else None
+
     def sync(self, save) -> None:
         """Make a save's data durable without publishing it (POSIX: fsync its files and
         folders; S3: nothing, its PUTs were durable when they returned)."""
@@ -187,8 +203,9 @@ class Store:
         """What is under the root (inventory.py), with sizes: bytes on disk, on S3 bytes stored."""
         raise NotImplementedError
 
-    def remove(self, rel: str) -> int:
-        """Remove a save (all of it, never through a symlink); the bytes freed."""
+    def remove(self, rel: str, held: tuple[str, ...] = ()) -> int:
+        """Remove a save (all of it, never through a symlink) and the references its
+        publications ``held`` keep of it; the bytes freed."""
         raise NotImplementedError
 
     def drop_empty(self, attempts: list[str]) -> None:
@@ -311,10 +328,11 @@ class Store:
                 s.problem = why
 
     def finish_inventory(self, pubs: list[Publication], marks: list[str], folders: dict[str, Folder],
-                         pattern: str, by_person: dict[str, dict]) -> Inventory:
+                         pattern: str, by_person: dict[str, dict], held: Iterable[str] = ()) -> Inventory:
         """The inventory from the listings every store makes: the saves pub/ and retired/
-        name, the exec folders' leftovers, the latest, the pins; the caller measures sizes."""
-        saves = inventory.known_saves(pubs, marks, self.where(layout.RETIRED))
+        name (and held/ links), the exec folders' leftovers, the latest, the pins; the caller
+        measures sizes."""
+        saves = inventory.known_saves(pubs, marks, self.where(layout.RETIRED), held)
         inventory.add_leftovers(saves, folders, re.compile(pattern))
         attempts = {a: f for a, f in folders.items() if names.attempt_epoch(a) is not None}
         retired = {n for s in saves.values() for n in s.retired}

@@ -9,6 +9,7 @@ where they were checked. One opener of the root and its protocol folders (``open
 append-and-sync (``append``), one save sync (``sync_tree``), all ending in ``_sync_directory``."""
 
 import errno
+import fcntl
 import os
 import stat
 from typing import Callable, Optional, cast
@@ -360,23 +361,113 @@ def remove_tree(name: str, parent_fd: int) -> int:
         return 0
 
 
-def link_tree(name: str, parent_fd: int, new: str, new_parent_fd: int) -> set[str]:
-    """Hard-link ``name`` (a file, or a folder and everything in it) under ``parent_fd`` as
-    ``new`` under ``new_parent_fd``: folders made afresh, files linked, symlinks copied as
-    links (never followed); what was linked, as ``tree_names`` lists it. The copy shares
-    the files' data, so a process removing the original's names cannot take it from a
-    reader of the copy."""
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+#: what FICLONE answers where the filesystem (or this pair of files) makes no clone: link instead
+_NO_CLONE = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF,
+                       errno.EPERM, errno.ETXTBSY})
+
+
+class Linker:
+    """How ``link_tree`` makes each file of a copy. ``clone``: a clone (FICLONE, a reflink: a
+    new file sharing the data copy-on-write, so a write to it never reaches the original) as
+    long as the filesystem makes them, else a hard link, or for root (whom a file's mode does
+    not stop: a write through a link would reach the original) a copy of the data;
+    ``protect``: a linked file's write bits are dropped (its inode is a published save's,
+    which nothing may write again); ``sync``: every folder made is fsynced. Counts what it
+    made; ``unprotected`` names the files whose mode it could not change (another user's)."""
+
+    def __init__(self, clone: bool = False, protect: bool = False, sync: bool = False):
+        self.clone, self.protect, self.sync = clone, protect, sync
+        self.copy = clone and os.geteuid() == 0
+        self.cloned = self.linked = self.copied = 0
+        self.unprotected: list[str] = []
+
+    def file(self, name: str, parent_fd: int, new: str, new_parent_fd: int, st: os.stat_result) -> None:
+        if self.clone and self._cloned(name, parent_fd, new, new_parent_fd, st):
+            return
+        if self.copy:
+            self._copied(name, parent_fd, new, new_parent_fd, st)
+            return
+        os.link(name, new, src_dir_fd=parent_fd, dst_dir_fd=new_parent_fd, follow_symlinks=False)
+        self.linked += 1
+        if self.protect and st.st_mode & 0o222:
+            made = os.stat(new, dir_fd=new_parent_fd, follow_symlinks=False)
+            if (made.st_dev, made.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(made.st_mode):
+                raise FileNotFoundError(errno.ENOENT, "replaced while it was linked", name)
+            try:
+                os.chmod(new, stat.S_IMODE(st.st_mode) & ~0o222, dir_fd=new_parent_fd)
+            except PermissionError:
+                self.unprotected.append(name)
+
+    def _cloned(self, name: str, parent_fd: int, new: str, new_parent_fd: int, st: os.stat_result) -> bool:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        try:
+            dst = os.open(new, _NEW_FLAGS, stat.S_IMODE(st.st_mode), dir_fd=new_parent_fd)
+            try:
+                fcntl.ioctl(dst, FICLONE, src)
+            except OSError as e:
+                os.unlink(new, dir_fd=new_parent_fd)
+                if e.errno not in _NO_CLONE:
+                    raise
+                self.clone = False  # this filesystem makes none: link the rest
+                return False
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        self.cloned += 1
+        return True
+
+    def _copied(self, name: str, parent_fd: int, new: str, new_parent_fd: int, st: os.stat_result) -> None:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        try:
+            dst = os.open(new, _NEW_FLAGS, stat.S_IMODE(st.st_mode), dir_fd=new_parent_fd)
+            try:
+                _copy_data(src, dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        self.copied += st.st_size
+
+
+def _copy_data(src: int, dst: int) -> None:
+    """The whole of ``src`` into ``dst``, in the kernel where it can (copy_file_range)."""
+    try:
+        while os.copy_file_range(src, dst, 1 << 30):
+            pass
+        return
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    os.lseek(src, 0, os.SEEK_SET)
+    os.lseek(dst, 0, os.SEEK_SET)
+    os.ftruncate(dst, 0)
+    while chunk := os.read(src, 1 << 20):
+        write_all(dst, chunk)
+
+
+def link_tree(name: str, parent_fd: int, new: str, new_parent_fd: int, how: Optional[Linker] = None) -> set[str]:
+    """Copy ``name`` (a file, or a folder and everything in it) under ``parent_fd`` as ``new``
+    under ``new_parent_fd`` without copying data: folders made afresh, files linked or cloned
+    (``how``, a Linker; default: hard links), symlinks copied as links (never followed); what
+    was copied, as ``tree_names`` lists it. The copy shares the files' data, so a process
+    removing the original's names cannot take it from a reader of the copy."""
+    how = how or Linker()
     st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(name, dir_fd=parent_fd), new, dir_fd=new_parent_fd)
         return {""}
     if not stat.S_ISDIR(st.st_mode):
-        os.link(name, new, src_dir_fd=parent_fd, dst_dir_fd=new_parent_fd, follow_symlinks=False)
+        how.file(name, parent_fd, new, new_parent_fd, st)
         return {""}
     os.mkdir(new, 0o700, dir_fd=new_parent_fd)
     fd, new_fd = open_dir(name, dir_fd=parent_fd), open_dir(new, dir_fd=new_parent_fd)
     try:
-        return {""} | {f"/{e}{p}" for e in os.listdir(fd) for p in link_tree(e, fd, e, new_fd)}
+        made = {""} | {f"/{e}{p}" for e in os.listdir(fd) for p in link_tree(e, fd, e, new_fd, how)}
+        if how.sync:
+            _sync_directory(new_fd)
+        return made
     finally:
         os.close(fd)
         os.close(new_fd)

@@ -30,8 +30,11 @@ Type-specific fields:
                          finished`): a COMPLETED end is then done
     published            step, path (relative to the root), name (the pub/ entry), by
                          (who published: "watch", "hf", "preempt", "publish", ...), existed
-                         (a retry that re-confirmed durability); adopted, adopted_from
-                         when the save was not this execution's own
+                         (a retry that re-confirmed durability); held (the publication kept
+                         its own links to the save's files), unheld (why not); adopted,
+                         adopted_from when the save was not this execution's own
+    removed              path: a published save gone from its execution's folder (its trainer's
+                         rotation, an rm), as the watch saw it; its held links still keep it
     execution_ended      exit (exit code)
     resumed              step, name, path of the publication the execution resumes from (all
                          null: from scratch), by ("latest --resume", "resume_point"): its
@@ -43,7 +46,8 @@ Type-specific fields:
                          disk), keep_last, keep_every
     warning              kind ("unpublished_saves": a resume found nothing published but saves in
                          the exec folders; "never_complete": watch ended with saves it could not
-                         publish; "lightning_auto_requeue"), by, message, paths, count
+                         publish; "lightning_auto_requeue"; "refused": `latest --resume` refused
+                         the root), by, message, paths, count
 """
 
 import json
@@ -60,7 +64,8 @@ from .roots import Root, at, name_of
 
 SCHEMA = 1
 TYPES = frozenset({"execution_started", "preempt_signal", "checkpoint_complete", "training_finished", "published",
-                   "execution_ended", "cessation", "hold", "release", "gc", "retired", "resumed", "warning"})
+                   "execution_ended", "cessation", "hold", "release", "gc", "retired", "resumed", "warning",
+                   "removed"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from ..contract import names
-from ..contract.layout import EXEC, RESUMES
+from ..contract.layout import EXEC, HELD, RESUMES
 from ..contract.names import Publication
 
 
@@ -56,7 +56,15 @@ class Save:
     step: Optional[int] = None
     problem: Optional[str] = None  # why it cannot be touched (a symlink in the way)
     unfinished: bool = False  # a save ``saving()`` never finished (names.SAVING_PATTERN)
-    copy: bool = False  # the execution's copies of the saves it resumed from (layout.RESUMES)
+    copy: bool = False  # the execution's copies of the saves it resumed from (layout.RESUMES), or held/ links no
+    # publication names (a publish killed before its publication)
+    held: list[str] = field(default_factory=list)  # its publications whose held/ links exist (layout.HELD)
+    held_only: bool = False  # its own path is gone, its publication's held links are there (``exists``)
+
+    @property
+    def location(self) -> str:
+        """Where its bytes are: its own path while it exists, else its publication's held links."""
+        return f"{HELD}/{self.held[0]}" if self.held_only else self.path
 
 
 @dataclass
@@ -92,16 +100,34 @@ def attempt_of(path: str) -> Optional[str]:
     return parts[1] if parts[0] == EXEC and len(parts) > 2 else None
 
 
-def known_saves(pubs: Iterable[Publication], retired: Iterable[str], where: str) -> dict[str, Save]:
-    """The saves pub/ and retired/ name (a store's listings of both), before the store
-    adds its leftovers and measures them."""
+def known_saves(pubs: Iterable[Publication], retired: Iterable[str], where: str,
+                held: Iterable[str] = ()) -> dict[str, Save]:
+    """The saves pub/ and retired/ name (a store's listings of both, and of held/), before
+    the store adds its leftovers and measures them. held/ links no publication names (a
+    publish killed between the two) are a copy of their execution's, gc's once it ceased."""
     saves: dict[str, Save] = {}
+    held = set(held)
     for p in pubs:
-        saves.setdefault(p.path, Save(p.path, attempt_of(p.path))).pubs.append(p)
+        s = saves.setdefault(p.path, Save(p.path, attempt_of(p.path)))
+        s.pubs.append(p)
+        if p.name in held:
+            s.held.append(p.name)
+    named = {p.name for p in pubs}
+    for entry in sorted(held):
+        name = entry.lstrip(".").split(".", 1)[0]
+        if entry not in named and (pub := _parsed(name)) is not None:
+            saves[f"{HELD}/{entry}"] = Save(f"{HELD}/{entry}", attempt_of(pub.path), copy=True)
     for name in sorted(retired):
         r = names.parse(name, where)
         saves.setdefault(r.path, Save(r.path, attempt_of(r.path), step=r.step)).retired.append(name)
     return saves
+
+
+def _parsed(name: str) -> Optional[Publication]:
+    try:
+        return names.parse(name)
+    except ValueError:
+        return None  # not a publication's name: not ours to remove
 
 
 _SAVING = re.compile(names.SAVING_PATTERN)

@@ -18,6 +18,7 @@ import stat
 from typing import Iterator, Optional
 
 from ..contract import layout, names
+from ..contract.names import Publication
 from ..contract.env import Execution
 from ..errors import BadPath, StoreError, TornSave
 from . import copies, scan, whole
@@ -313,9 +314,23 @@ class PosixStore(Store):
         return f"{folder.rstrip('/')}/{rel.rsplit('/', 1)[-1]}"
 
     def hold(self, rel: str, attempt: str, name: str) -> tuple[Optional[str], Optional[str]]:
-        """Hard links, not a copy of the data: copies.py says how and why."""
+        """Clones or hard links, never a copy of the data: copies.py says how and why."""
         with self:
             return copies.hold(self._root_fd, rel, attempt, name)
+
+    def keep(self, rel: str, name: str) -> tuple[Optional[str], list[str]]:
+        with self:
+            return copies.keep(self._root_fd, rel, name)
+
+    def release(self, epoch: int, step: int) -> None:
+        with self:
+            copies.release(self._root_fd, epoch, step)
+
+    def located(self, pub: Publication) -> Optional[str]:
+        if self.save_exists(pub.path):
+            return pub.path
+        with self:
+            return f"{layout.HELD}/{pub.name}" if copies.held_here(pub.name, self._root_fd) else None
 
     def sync(self, save) -> None:
         """fsync only: a rank syncing its own part while another rank still writes its own
@@ -432,7 +447,8 @@ class PosixStore(Store):
         with self:
             root_fd = self._root_fd
             marks = self.listing(layout.RETIRED)
-            inv = self.finish_inventory(pubs, marks, self._folders(), pattern, self.by_person(marks))
+            inv = self.finish_inventory(pubs, marks, self._folders(), pattern, self.by_person(marks),
+                                        self.listing(layout.HELD))
             for s in inv.saves.values():
                 scan.measure(s, root_fd)
             self.check_problems(inv)
@@ -454,24 +470,28 @@ class PosixStore(Store):
                     os.close(fd)
         return out
 
-    def remove(self, rel: str) -> int:
-        """Remove the save, then its folders up to exec/<attempt> while they are empty."""
+    def remove(self, rel: str, held: tuple[str, ...] = ()) -> int:
+        """Remove the save, then its folders up to exec/<attempt> while they are empty, then
+        its publications' held links (the save's last names: where its bytes are freed)."""
         parts = rel.split("/")
         with self:
             root_fd = self._root_fd
             try:
                 fds = walk(rel, root_fd)
             except FileNotFoundError:
-                return 0
+                fds = []
+            freed = 0
             try:
-                freed = remove_tree(parts[-1], fds[-1])
-                for i in range(len(parts) - 2, 0, -1):  # parts[i] lives in fds[i]; never exec/ itself
-                    if not rmdir_empty(parts[i], fds[i]):
-                        break
-                return freed
+                if fds:
+                    freed = remove_tree(parts[-1], fds[-1])
+                    for i in range(len(parts) - 2, 0, -1):  # parts[i] lives in fds[i]; never exec/ itself
+                        if not rmdir_empty(parts[i], fds[i]):
+                            break
             finally:
                 for fd in fds[1:]:
                     os.close(fd)
+            kept = self._dir(layout.HELD) if held else None
+            return freed + sum(remove_tree(name, kept) for name in held) if kept is not None else freed
 
     def drop_empty(self, attempts: list[str]) -> None:
         if attempts:

@@ -21,7 +21,7 @@ A publication for another execution than the claimant is refused; one at an uncl
 epoch (a root from before claims, a publish outside the hooks) claims it first."""
 
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from ..contract import layout, names
 from ..contract.env import Execution
@@ -29,8 +29,12 @@ from ..contract.epoch import decompose
 from ..contract.names import Publication
 from ..errors import BadPath
 from . import epochs, events, once, protocol
-from .base import Store
+from .base import SaveMoved, Store
 from .roots import Root, at, name_of
+
+
+class SaveGone(BadPath):
+    """The save was removed while it was being published (its trainer's rotation): nothing to publish."""
 
 
 class Published(NamedTuple):
@@ -87,12 +91,12 @@ def _decide(rel: str, save, epoch: int, step: int, attempt: str | None, adopt: b
 
 
 def _create(st: Store, save, epoch: int, step: int, attempt: str | None, adopt: bool,
-            sync: bool) -> tuple[str, str, str | None, bool]:
+            sync: bool) -> tuple[str, str, str | None, tuple[bool, Optional[str]]]:
     """Inside the caller's session (one look at the root): the save checked, the epoch's
     claim checked, the save's data made durable, then the publication created and made
     durable (POSIX: O_EXCL-create pub/<name>, fsync pub/ and the root; S3: PUT with
     If-None-Match: *, durable on return). (rel, name, why it is not this execution's own
-    save, created now)."""
+    save, (created now, why no reference of the save was kept))."""
     rel = st.save_relpath(save)
     name, why = _decide(rel, save, epoch, step, attempt, adopt)
     st.publication_fits(name, rel)
@@ -101,9 +105,22 @@ def _create(st: Store, save, epoch: int, step: int, attempt: str | None, adopt: 
     epochs.for_publication(st, epoch, attempt or (None if why else rel.split("/")[1]), save)
     st.sync_save(rel, save, fsync=sync)  # every file whole (whole.py), then durable
     if not why:
-        return rel, name, why, st.create_publication(name)
+        return rel, name, why, _held_publication(st, rel, name, save)
     with protocol.adopting(st, rel):  # another execution's save: gc may be removing it
-        return rel, name, why, st.create_publication(name)
+        return rel, name, why, _held_publication(st, rel, name, save)
+
+
+def _held_publication(st: Store, rel: str, name: str, save) -> tuple[bool, Optional[str]]:
+    """The publication's own reference to the save's files (base.Store.keep: nothing but gc
+    can then remove or change what it names), then the publication; (created now, why no
+    reference was kept: None when one was)."""
+    try:
+        why_not, writable = st.keep(rel, name)
+    except SaveMoved:
+        raise SaveGone(f"save {save} does not exist (removed before it could be published)") from None
+    if writable:
+        why_not = f"{len(writable)} of its files belong to another user, whose write bits stay: {writable[0]}"
+    return st.create_publication(name), why_not
 
 
 def _step(save, step: int | None, pattern: str, adopt: bool) -> int:
@@ -141,10 +158,12 @@ def publish(save: str, step: int | None = None, *, root: Root | None = None, epo
     attempt = ex.attempt
     st = at(root or where)
     with st:
-        rel, name, why, created = _create(st, save, epoch, step, attempt, adopt, sync)
+        rel, name, why, (created, unheld) = _create(st, save, epoch, step, attempt, adopt, sync)
+        st.release(epoch, step)  # this execution's older references: superseded by this save
         once.published(save, st.realpath(rel))
         parts = rel.split("/")
         writer = parts[1] if parts[0] == layout.EXEC and len(parts) > 2 else None
         events.record("published", root=st, attempt=attempt or writer, step=step, path=rel, name=name, by=by,
-                      existed=not created, **({"adopted": True, "adopted_from": writer or rel} if why else {}))
+                      existed=not created, held=unheld is None, **({"unheld": unheld} if unheld else {}),
+                      **({"adopted": True, "adopted_from": writer or rel} if why else {}))
     return Published(Publication(epoch, step, rel, name), not created, bool(why))

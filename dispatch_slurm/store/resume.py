@@ -1,10 +1,12 @@
 """The resume point: the latest publication, whose save must still exist.
 
-``latest`` answers from ``pub/`` alone; a save removed since it was published (by
-hand, or a rotation that deleted more than it should) leaves a publication naming
-nothing. Resuming from "nothing" would start from step 0 and, at a higher epoch,
-outrank the real lineage, so a vanished latest save is an error naming it and the
-command that moves ``latest`` back on purpose (``dispatch-slurm retire``)."""
+``latest`` answers from ``pub/`` alone. A publication keeps its own links to its save's
+files (copies.py), so the trainer's rotation removing the save from its folder takes
+nothing from it; a save gone from both (a person removed the publication's links too, or a
+publication older than them) leaves a publication naming nothing. Resuming from "nothing"
+would start from step 0 and, at a higher epoch, outrank the real lineage, so a vanished
+latest save is an error naming it and the command that moves ``latest`` back on purpose
+(``dispatch-slurm retire``)."""
 
 import os
 import shlex
@@ -29,15 +31,22 @@ def save_exists(root: str, rel: str) -> bool:
 
 def latest_save(root: str) -> Publication | None:
     """The latest publication (None: nothing published yet); VanishedSave if its save is gone."""
+    return located(root)[0]
+
+
+def located(root: str) -> tuple[Publication | None, str | None]:
+    """The latest publication and where its save is under the root (its own path, or the
+    publication's held links once the trainer removed it); VanishedSave if neither is there."""
     st = at(root)
     pub = st.latest()
-    if pub is not None and not st.save_exists(pub.path):
+    where = None if pub is None else st.located(pub)
+    if pub is not None and where is None:
         raise VanishedSave(
             f"the latest publication {root}/{layout.PUB}/{pub.name} (step {pub.step}) names the save "
             f"{os.path.join(root, pub.path)}, which no longer exists: nothing can resume from it. To resume "
             f"from the previous publication instead: dispatch-slurm retire {shlex.quote(root)} --latest -m "
             "'save vanished' (or restore the save first)")
-    return pub
+    return pub, where
 
 
 TRIES = 5  # copies taken again while the older execution's rotation removes saves under them
@@ -47,7 +56,7 @@ def resume_from(root: str) -> tuple[Publication | None, str | None]:
     """The latest publication and the path to load it from (None, None: nothing published).
 
     Inside an execution of this root the path is a private copy of the save in its own
-    folder (``layout.RESUMES``: hard links, no data copied): the older execution may still
+    folder (``layout.RESUMES``: clones or links, copies.py): the older execution may still
     run (a requeue or a preemption overlaps them) and its trainer's own rotation
     (``save_total_limit``) remove the very save this one loads, between the choice and
     the load, which then fails. Where the store makes no copy (S3, links refused) the
@@ -56,9 +65,10 @@ def resume_from(root: str) -> tuple[Publication | None, str | None]:
     ex = Execution.current()  # this execution's own, when the root is its root
     mine = ex.attempt if ex.attempt and ex.exec_dir and ex.root == root else None
     for _ in range(TRIES):
-        pub = latest_save(root)  # a vanished save is an error, never None
-        if pub is None or mine is None or pub.path.startswith(f"{layout.EXEC}/{mine}/"):
-            return pub, None if pub is None else os.path.join(root, pub.path)  # its own: nobody else removes it
+        pub, where = located(root)  # a vanished save is an error, never None
+        if pub is None or where is None or mine is None or (where == pub.path and
+                                                            pub.path.startswith(f"{layout.EXEC}/{mine}/")):
+            return pub, None if where is None else os.path.join(root, where)  # its own: nobody else removes it
         try:
             held, _ = st.hold(pub.path, mine, pub.name)
         except SaveMoved:

@@ -392,7 +392,7 @@ class S3Store(Store):
         wanted = set(marks)
         return self._by_person([(n, o) for n, o in walk(self.root, layout.RETIRED) if n in wanted])
 
-    def remove(self, rel: str) -> int:
+    def remove(self, rel: str, held: tuple[str, ...] = ()) -> int:
         """Delete every object of the save (under ``rel/``, and ``rel`` itself: a file save)."""
         url = f"{self.root}/{rel}"
         objs = [o for _, o in walk(self.root, rel)] + [o for o in [stat(url)] if o]

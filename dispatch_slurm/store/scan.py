@@ -19,9 +19,24 @@ def folder(fd: int) -> inventory.Folder:
 
 
 def measure(save: Save, root_fd: int) -> None:
-    """The save's size and whether it exists, or why it cannot be touched (a symlink in the way)."""
+    """The save's size and whether it exists (its own path, else its publication's held links),
+    or why it cannot be touched (a symlink in the way)."""
+    _measure(save, save.path, root_fd)
+    if not save.exists and save.held:
+        save.held_only = True
+        _measure(save, save.location, root_fd)
+        save.held_only = save.exists
+    elif save.exists:  # the held links' folders are its too (their files are its files)
+        for name in save.held:
+            try:
+                save.size += os.stat(f"{layout.HELD}/{name}", dir_fd=root_fd, follow_symlinks=False).st_blocks * 512
+            except FileNotFoundError:
+                pass
+
+
+def _measure(save: Save, path: str, root_fd: int) -> None:
     try:
-        parent = walk(save.path, root_fd)
+        parent = walk(path, root_fd)
     except FileNotFoundError:
         return
     except OSError as e:
@@ -30,7 +45,7 @@ def measure(save: Save, root_fd: int) -> None:
             return
         raise
     try:
-        save.size = usage(save.path.rsplit("/", 1)[-1], parent[-1])
+        save.size = usage(path.rsplit("/", 1)[-1], parent[-1])
         save.exists = True
     except FileNotFoundError:
         pass

@@ -18,10 +18,11 @@ WAIT_S = 30.0  # how long an Epilog waits for the execution's processes to go
 POLL_S = 0.2
 
 
-def processes_with(attempt: str, job: Optional[str] = None) -> list[int]:
-    """Pids on this node whose environment carries this execution's token or, given the
-    ``job`` id, that are one of its slurmstepds (``slurmstepd: [<job>.<step>]``)."""
+def processes_with(attempt: str, job: Optional[str] = None, root: Optional[str] = None) -> list[int]:
+    """Pids on this node whose environment carries this execution's token (and, given, its
+    ``root``) or, given the ``job`` id, that are one of its slurmstepds (``slurmstepd: [<job>.<step>]``)."""
     needle = f"DISPATCH_ATTEMPT={attempt}".encode()
+    rooted = f"DISPATCH_CHECKPOINT={root}".encode() if root else None
     stepd = f"slurmstepd: [{job}.".encode() if job else None
     found = []
     for pid in os.listdir("/proc"):
@@ -33,11 +34,39 @@ def processes_with(attempt: str, job: Optional[str] = None) -> list[int]:
                             found.append(int(pid))
                             continue
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.append(int(pid))
+                    env = f.read().split(b"\0")
+                if needle in env and (rooted is None or rooted in env):
+                    found.append(int(pid))
             except OSError:
                 pass
     return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def running_on(attempt: str, root: str) -> list[int]:
+    """The execution's processes on this node (its token and its root in their environment)
+    that this process's parent did not start (its job script's own commands, this process
+    itself): a step's tasks, children of their slurmstepd, which run on when the step's
+    ``srun`` ended (a frozen slurmd: the controller took the node for dead, nothing here
+    killed them). What `watch` publishes for."""
+    mine = {os.getpid(), os.getppid()}
+    out = []
+    for pid in processes_with(attempt, root=root):
+        p: int | None = pid
+        for _ in range(64):  # up the tree to init (or a subreaper), bounded
+            if p is None or p in mine or p <= 1:
+                break
+            p = _parent(p)
+        if p not in mine:
+            out.append(pid)
+    return out
 
 
 def wait_ceased(attempt: str, job: str, sluid: Optional[str], wait: float = WAIT_S) -> tuple[Optional[dict], str]:

@@ -1,0 +1,73 @@
+"""A trainer that rotates its saves as Hugging Face's ``save_total_limit`` does, and that runs
+on after the process that started it ended (a step whose ``srun`` ended while its tasks train
+on: a frozen slurmd). Not the project's: no dispatch import.
+
+    python tests/rotating_trainer.py OUT --steps 12 --save-every 2 --keep 1 [--step-time 0.1]
+                                     [--detach READY]
+
+Each save is ``OUT/checkpoint-<step>/`` holding ``model.bin`` and, last, ``trainer_state.json``
+(what `watch` takes as complete); then every save but the newest ``--keep`` is removed with
+``shutil.rmtree`` (HF's rotation). ``--detach READY``: the process that was started (the
+"srun") starts the trainer in a session of its own, waits until its first save is complete,
+writes the trainer's pid to READY and exits 1, as srun does when the controller took the node
+for dead; the trainer trains on. Prints "saved <step>" after each save.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+
+def train(out: str, steps: int, every: int, keep: int, step_time: float) -> int:
+    for step in range(1, steps + 1):
+        time.sleep(step_time)  # the step's work
+        if step % every:
+            continue
+        d = os.path.join(out, f"checkpoint-{step}")
+        os.mkdir(d)
+        with open(os.path.join(d, "model.bin"), "wb") as f:
+            f.write(f"weights of step {step}\n".encode() * 64)
+        with open(os.path.join(d, "trainer_state.json"), "w") as f:
+            json.dump({"global_step": step}, f)
+        saves = sorted((e for e in os.listdir(out) if e.startswith("checkpoint-")), key=lambda e: int(e[11:]))
+        for old in saves[:-keep]:
+            shutil.rmtree(os.path.join(out, old), ignore_errors=True)
+        print(f"saved {step}", flush=True)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--save-every", type=int, default=2)
+    ap.add_argument("--keep", type=int, default=1)
+    ap.add_argument("--step-time", type=float, default=0.1)
+    ap.add_argument("--detach")
+    a = ap.parse_args()
+    if a.detach is None:
+        return train(a.out, a.steps, a.save_every, a.keep, a.step_time)
+    pid = os.fork()
+    if pid == 0:  # the task: its own session, reparented once the "srun" above it is gone
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        os._exit(train(a.out, a.steps, a.save_every, a.keep, a.step_time))
+    os.waitpid(pid, 0)
+    first = os.path.join(a.out, f"checkpoint-{a.save_every}", "trainer_state.json")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(first):
+        if time.monotonic() > deadline:
+            return 2
+        time.sleep(0.02)
+    with open(a.detach, "w") as f:
+        f.write("ready\n")
+    print("srun: error: node lost: the step's srun ends, its tasks run on", file=sys.stderr, flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
