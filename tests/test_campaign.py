@@ -125,6 +125,29 @@ def test_the_development_pages_campaign_commands_parse():
         assert "runs," in res.stdout.splitlines()[-1]
 
 
+def test_the_slurmd_stop_campaign_command_parses():
+    (argv,) = documented("evidence.md", "campaign-slurmd-stop")
+    res = cli("campaign", *argv, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert re.match(r"3 runs, 3 setups, \d+ faults: slurmd-stop \d+$", res.stdout.splitlines()[-1]), res.stdout
+
+
+def test_slurmd_is_frozen_longer_than_slurmd_timeout_beside_the_other_kinds():
+    """slurmd-stop is drawn among every kind; each one outlasts the profile's SlurmdTimeout
+    (15 s fast; Slurm's default 300 s), so slurmctld takes the node for dead while the job's
+    processes run on."""
+    drawn = [f for s in range(1, 100) for f in campaign.schedule_for(s, P) if f.kind == "slurmd-stop"]
+    assert len(drawn) > 10 and all(45 <= f.duration <= 90 for f in drawn)
+    assert "slurmd-stop" in campaign.NODE_FAULTS and "slurmd-stop" in campaign.checker.OTHER_ENDS
+    site = campaign.Params(slurmd_timeout=300, kinds=("slurmd-stop",))
+    assert all(f.duration >= 330 for s in range(1, 20) for f in campaign.schedule_for(s, site))
+    before = campaign.Params(kinds=tuple(k for k in campaign.KINDS if k not in campaign.ADDED))
+    for s in range(1000, 1140):  # an older seed keeps its faults, but for those the added kind took
+        now, then = campaign.schedule_for(s, P), campaign.schedule_for(s, before)
+        assert [(f.at, f.pick) for f in now] == [(f.at, f.pick) for f in then]
+        assert all(a == b or a.kind in campaign.ADDED for a, b in zip(now, then)), s
+
+
 def test_the_replay_command_replays_the_same_run():
     cmd = campaign.replay_command("trixie", 17, "dispatch", setup="ranks=2", steps=200, kinds=("cancel",))
     argv = shlex.split(cmd.split("python -m testbed ", 1)[1])
@@ -147,6 +170,33 @@ def test_the_trainers_state_is_a_pure_function_of_the_steps_applied():
     for k in range(21, 51):
         skipped = dettrain.step_hash(skipped, k, 7, 2)
     assert len({ref[50], repeated, skipped, dettrain.chain(8, 2, 50)[50], dettrain.chain(7, 1, 50)[50]}) == 5
+
+
+def test_a_resume_folds_in_the_id_of_the_save_it_loaded(tmp_path, monkeypatch):
+    """The trainer itself: two executions' saves of one step hold one state (the chain), but
+    a resume from each diverges by the save's id, as real training does after a restart."""
+    ref = dettrain.chain(7, 1, 30)
+    states = {}
+    for attempt in ("c.1.1000000", "c.2.2000000"):
+        out = tmp_path / attempt
+        log = tmp_path / f"{attempt}.jsonl"
+        monkeypatch.setenv("DISPATCH_ATTEMPT", attempt)  # the save's writer
+        dettrain.main(["--output-dir", str(out), "--max-steps", "20", "--save-every", "10", "--step-time", "0",
+                       "--seed", "7", "--ranks", "1", "--log", str(log)])
+        assert (out / "checkpoint-20" / "model.bin").read_text().split()[0] == ref[20]
+        nxt = tmp_path / f"next-{attempt}"
+        monkeypatch.setenv("DISPATCH_ATTEMPT", f"next-{attempt}")
+        dettrain.main(["--output-dir", str(nxt), "--resume-from", str(out / "checkpoint-20"), "--max-steps", "30",
+                       "--step-time", "0", "--seed", "7", "--ranks", "1", "--log", str(log)])
+        recs = [json.loads(line) for line in log.read_text().splitlines()]
+        resume, done = (next(r for r in reversed(recs) if r["op"] == op) for op in ("resume", "done"))
+        sid = json.loads((out / "checkpoint-20" / "data.json").read_text())["save_id"]
+        h = dettrain.resumed(ref[20], sid)
+        for k in range(21, 31):
+            h = dettrain.step_hash(h, k, 7, 1)
+        assert resume["h"] == ref[20] and resume["save_id"] == sid and done["h"] == h != ref[30]
+        states[attempt] = done["h"]
+    assert len(set(states.values())) == 2, "resumes from two lineages' saves of one step end apart"
 
 
 def result(seed: int, anomalies: list[str]) -> dict:

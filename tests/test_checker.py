@@ -10,6 +10,7 @@ import ast
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ class History:
     one clock ``t`` that the test moves (mtimes and log lines carry it)."""
 
     def __init__(self, tmp: Path):
+        self.execs: dict[str, Exec] = {}
         self.root = tmp / "root"
         (self.root / "pub").mkdir(parents=True)
         self.log = tmp / "train.jsonl"
@@ -48,6 +50,9 @@ class History:
                                   "rank": 0, "op": op, **f}) + "\n")
 
     def execution(self, attempt: str, resume: int | None = None, source: str | None = None) -> "Exec":
+        """A new execution, from scratch or resumed at step ``resume`` from ``source`` (a path
+        the trainer logs: by default the one save of that step under exec/), as dettrain.py
+        resumes: the save's state with the save's id folded in."""
         job = int(attempt.split(".")[1])
         self.t += 2  # Slurm starts it (sacct has whole seconds)
         self.jobs.append({"job_id": job, "state": {"current": ["RUNNING"]}, "time": {"start": int(self.t), "end": 0}})
@@ -55,11 +60,15 @@ class History:
         ex = Exec(self, attempt)
         if resume is not None:
             src = source or f"/r/exec/{self.owner(resume)}/checkpoint-{resume}"
-            self.line(attempt, "start", resume_from=src)
-            ex.step = resume
-            self.line(attempt, "resume", path=src, step=resume, h=REF[resume])
+            writer = self.execs[re.search(r"exec/([^/]+)/(?:dispatch-resume/[^/]+/)?checkpoint-", src)[1]]
+            if "dispatch-resume" in src:  # the copy names the publication, whose save is its writer's
+                writer = self.execs[self.owner(resume)]
+            self.line(attempt, "start", resume_from=src, lineage=True)
+            sid = dettrain.save_id(writer.attempt, resume)
+            ex.step, ex.h = resume, dettrain.resumed(writer.states[resume], sid)
+            self.line(attempt, "resume", path=src, step=resume, h=writer.states[resume], save_id=sid)
         else:
-            self.line(attempt, "start", resume_from=None)
+            self.line(attempt, "start", resume_from=None, lineage=True)
         return ex
 
     def owner(self, step: int) -> str:
@@ -83,42 +92,61 @@ class History:
 
 
 class Exec:
-    def __init__(self, h: History, attempt: str):
-        self.h, self.attempt, self.step = h, attempt, 0
+    """One execution of dettrain.py: its state ``h`` after each step (``states``)."""
+
+    def __init__(self, hist: History, attempt: str):
+        self.hist, self.attempt, self.step, self.h = hist, attempt, 0, REF[0]
+        self.states = {0: REF[0]}
         self.epoch = int(attempt.rsplit(".", 1)[1])
-        self.folder = h.root / "exec" / attempt
+        self.folder = hist.root / "exec" / attempt
         self.folder.mkdir(parents=True)
+        hist.execs[attempt] = self
 
     def steps(self, to: int, publish: bool = True) -> None:
         while self.step < to:
             self.step += 1
-            self.h.line(self.attempt, "step", step=self.step, h=REF[self.step])
+            self.h = self.states[self.step] = dettrain.step_hash(self.h, self.step, SEED, RANKS)
+            self.hist.line(self.attempt, "step", step=self.step, h=self.h)
             if self.step % 10 == 0:
                 self.save(publish)
 
     def save(self, publish: bool = True) -> None:
+        self.states[self.step] = self.h
         d = self.folder / f"checkpoint-{self.step}"
         d.mkdir()
-        (d / "model.bin").write_text(REF[self.step] + "\nxx")
-        (d / "data.json").write_text(json.dumps({"cursor": self.step * RANKS}))
+        (d / "model.bin").write_text(self.h + "\nxx")
+        (d / "data.json").write_text(json.dumps({"cursor": self.step * RANKS,
+                                                 "save_id": dettrain.save_id(self.attempt, self.step)}))
         (d / "trainer_state.json").write_text(json.dumps({"global_step": self.step}))
-        self.h.line(self.attempt, "save", step=self.step, path=f"/r/exec/{self.attempt}/checkpoint-{self.step}",
-                    h=REF[self.step])
+        self.hist.line(self.attempt, "save", step=self.step, path=f"/r/exec/{self.attempt}/checkpoint-{self.step}",
+                       h=self.h)
         if publish:
             self.publish(self.step)
 
     def publish(self, step: int) -> Path:
-        self.h.t += 0.05
-        p = self.h.root / "pub" / pub_name(self.epoch, step, f"exec/{self.attempt}/checkpoint-{step}")
+        self.hist.t += 0.05
+        p = self.hist.root / "pub" / pub_name(self.epoch, step, f"exec/{self.attempt}/checkpoint-{step}")
         p.touch()
-        os.utime(p, (self.h.t, self.h.t))
+        os.utime(p, (self.hist.t, self.hist.t))
         return p
 
     def done(self) -> None:
-        self.h.line(self.attempt, "done", step=self.step, h=REF[self.step])
+        self.hist.line(self.attempt, "done", step=self.step, h=self.h)
 
 
 A, B, C = "c.99.1000000", "c.101.2000000", "c.102.3000000"
+
+
+def overlapped(h: History, old_to: int = 60) -> None:
+    """A to step 35; its replacement B resumes from A's 30 while A trains on at its lower
+    epoch (to ``old_to``); B reaches 50; both end."""
+    a = h.execution(A)
+    a.steps(35)
+    b = h.execution(B, resume=30)
+    a.steps(old_to)
+    b.steps(50)
+    h.end(A, "NODE_FAIL")
+    h.end(B, "CANCELLED")
 
 
 def classes(run: checker.Run) -> set[str]:
@@ -146,11 +174,7 @@ def test_resume_from_the_newest_folder_by_name_is_flagged(tmp_path):
     """The broken design: resume from the exec folder whose name sorts last (A's, c.99...),
     its highest save: another lineage than the greatest publication (B's, epoch 2)."""
     h = History(tmp_path)
-    a = h.execution(A)
-    a.steps(35)
-    b = h.execution(B, resume=30)
-    a.steps(60)
-    b.steps(50)
+    overlapped(h)
     newest = sorted(os.listdir(h.root / "exec"))[-1]
     assert newest == A, "the folder that sorts last is the old lineage's"
     top = max(int(n.split("-")[1]) for n in os.listdir(h.root / "exec" / newest))
@@ -158,8 +182,8 @@ def test_resume_from_the_newest_folder_by_name_is_flagged(tmp_path):
     c.steps(MAX)
     c.done()
     found = checker.check(h.run())
-    assert {a.cls for a in found} == {"resume-not-latest"}, found
-    assert "exec/c.101.2000000/checkpoint-50" in found[0].detail
+    assert {a.cls for a in found} == {"resume-not-latest", "final-state"}, found
+    assert "exec/c.101.2000000/checkpoint-50" in next(a for a in found if a.cls == "resume-not-latest").detail
 
 
 @pytest.mark.parametrize("which", ["latest", "older"])
@@ -179,8 +203,9 @@ def test_a_resume_from_the_executions_copy_counts_as_from_the_save_its_publicati
     if which == "latest":
         assert found == []
     else:
-        assert {x.cls for x in found} == {"resume-not-latest"}, found
-        assert f"resumed from exec/{A}/checkpoint-20 (epoch 1000000, step 20)" in found[0].detail
+        assert {x.cls for x in found} == {"resume-not-latest", "final-state"}, found
+        assert f"resumed from exec/{A}/checkpoint-20 (epoch 1000000, step 20)" in \
+            next(x for x in found if x.cls == "resume-not-latest").detail
 
 
 def test_gc_without_cessation_is_flagged(tmp_path):
@@ -233,14 +258,42 @@ def test_a_continuation_taken_as_done_is_flagged(tmp_path):
         "nobody stops a campaign's run: a stop is an admin's cancel taken for the user's"
 
 
-def test_a_failed_run_that_made_progress_with_budget_left_is_flagged(tmp_path):
+def test_a_failure_is_judged_by_its_cause_not_by_its_message(tmp_path):
+    """A run that ended failed or held is a true failure only when a fault of the run could
+    have ended the execution that ended it: "no resubmission is left" is no reason by itself."""
     h = History(tmp_path)
     a = h.execution(A)
     a.steps(45)
     h.end(A, "FAILED")
-    assert classes(h.run("failed", "job 99 ended FAILED")) == {"false-failure"}
-    assert classes(h.run("failed", "failed: no resubmission is left (--resubmit 3)")) == set()
-    assert classes(h.run("held", "held for a person")) == {"false-failure"}
+    for outcome, message in (("failed", "job 99 ended FAILED"), ("held", "held for a person"),
+                             ("failed", "failed: job 99 ended FAILED and no resubmission is left (--resubmit 3)")):
+        found = checker.check(h.run(outcome, message))
+        assert [x.cls for x in found] == ["false-failure"], (message, found)
+        assert "job 99's execution that started at" in found[0].detail and "with no fault to end it" in found[0].detail
+    h.faults.append({"kind": "crash", "t0": h.t - 5, "t1": h.t + 20, "jobs": [], "nodes": []})
+    assert classes(h.run("failed", "no resubmission is left")) == {"false-failure"}, "a crash of another node"
+    h.faults[-1]["jobs"] = [99]
+    assert classes(h.run("failed", "no resubmission is left")) == set(), "its own node crashed"
+
+
+def test_a_run_failed_by_a_refusal_no_fault_explains_is_a_false_failure(tmp_path):
+    """After a fault that ended A, every execution after it failed before any step, refused
+    its resume while no fault was in force (the supervisor spent its budget on them): a
+    false failure. The same refusals while the checkpoint filesystem was full are explained."""
+    h = History(tmp_path)
+    a = h.execution(A)
+    a.steps(45)
+    h.faults.append({"kind": "cancel", "t0": h.t, "t1": h.t, "jobs": [99], "nodes": []})
+    h.end(A, "CANCELLED")
+    for job in (101, 102, 103):
+        h.t += 10
+        h.jobs.append({"job_id": job, "state": {"current": ["FAILED"]}, "time": {"start": int(h.t), "end": int(h.t) + 1}})
+    message = "job 103 ended FAILED and no resubmission is left (--resubmit 3)"
+    found = checker.check(h.run("failed", message))
+    assert [x.cls for x in found] == ["false-failure"], found
+    assert "job 101's execution" in found[0].detail and "ended FAILED before any step with no fault" in found[0].detail
+    h.faults.append({"kind": "enospc", "t0": h.t - 40, "t1": h.t + 5, "jobs": [], "nodes": []})
+    assert classes(h.run("failed", message)) == set()
 
 
 @pytest.mark.parametrize("crash", ["torn", "gone"])
@@ -357,6 +410,9 @@ def test_a_supervisor_that_exited_and_was_started_again_is_flagged(tmp_path):
     again = {**first, "seq": 9, "pid": 11, "resumed": True}
     record.write_text(json.dumps(first) + "\n" + json.dumps(again) + "\n")
     assert classes(h.run()) == {"supervisor-exited"}
+    superseded = {"v": 1, "seq": 10, "t": h.t, "type": "superseded", "from_g": 0, "to_g": 1}
+    record.write_text("".join(json.dumps(f) + "\n" for f in (first, again, superseded)))
+    assert checker.check(h.run()) == [], "a person's supersede starts a supervisor of its own"
 
 
 def test_an_execution_that_never_loaded_its_resume_save_is_flagged_not_counted_as_recompute(tmp_path):
@@ -397,7 +453,9 @@ def test_a_real_local_run_through_dispatch_slurm_passes(tmp_path):
     """Two executions on this machine with dispatch-slurm's own commands (env --local,
     latest --resume, watch): the first is stopped by SIGTERM (its own handler saves and
     prints the sentinel), the second resumes and finishes: nothing to flag; and the same
-    root with the second's resume pointed at an older save is flagged."""
+    root with the second's resume pointed at an older save is flagged. The trainer loads
+    for a few seconds first, as a real one does: on a loaded machine the second's 15
+    steps were over before `watch` had started (`--until-pid`: no such process)."""
     bindir = Path(sys.executable).parent
     root = tmp_path / "root"
     root.mkdir()
@@ -406,7 +464,7 @@ def test_a_real_local_run_through_dispatch_slurm_passes(tmp_path):
               f"resume=$({bindir}/dispatch-slurm latest --resume)\n"
               f"{sys.executable} {REPO}/tests/testbed/dettrain.py --output-dir \"$DISPATCH_EXEC_DIR\" "
               "${resume:+--resume-from \"$resume\"} " + f"--max-steps 60 --step-time 0.05 --save-every 10 "
-              f"--trap own --seed {SEED} --log {log} & T=$!\n"
+              f"--trap own --seed {SEED} --log {log} --warmup 5 & T=$!\n"
               f"{bindir}/dispatch-slurm watch --until-pid $T --no-inotify --poll 0.1\nwait $T\n")
     env = {**os.environ, "DISPATCH_CHECKPOINT": str(root)}
     first = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
@@ -429,3 +487,66 @@ def test_a_real_local_run_through_dispatch_slurm_passes(tmp_path):
     log.write_text("".join(json.dumps({**r, "resume_from": older} if r["op"] == "start" and r.get("resume_from")
                                       else r) + "\n" for r in recs))
     assert "resume-not-latest" in {a.cls for a in checker.check(run)}
+
+
+def test_a_latest_publication_the_old_executions_rotation_removed_is_flagged(tmp_path):
+    """slurmd frozen on A's node: Slurm requeued the job while A's trainer trained on, saving
+    unpublished (its step ended, and its watch with it) and rotating (keep 2) until it
+    removed the latest published save, checkpoint-40. Every execution after it was refused
+    its resume, before any step, while no fault was in force any more; the supervisor spent
+    its budget on them. The removal is A's own (no unexplained removal), the latest
+    publication names nothing, and the failure is a false one, whatever its message."""
+    h = History(tmp_path)
+    a = h.execution(A)
+    a.steps(45)
+    h.faults.append({"kind": "slurmd-stop", "t0": h.t - 2, "t1": h.t + 60, "jobs": [], "nodes": ["c1"]})
+    h.jobs[0]["nodes"] = "c1"
+    h.end(A, "NODE_FAIL")
+    a.steps(70, publish=False)  # its step ended: nothing publishes its saves any more
+    for step in (30, 40, 50):  # its save_total_limit rotation
+        import shutil
+        shutil.rmtree(a.folder / f"checkpoint-{step}")
+        h.line(A, "delete", step=step, path=f"/r/exec/{A}/checkpoint-{step}")
+    h.t += 60
+    for job in (100, 101, 102, 103):  # the requeue, then one execution per resubmission: refused at once
+        h.jobs.append({"job_id": job, "state": {"current": ["FAILED"]}, "time": {"start": int(h.t), "end": int(h.t) + 1},
+                       "nodes": "c2"})
+        h.t += 1
+    found = checker.check(h.run("failed", "job 103 ended FAILED and no resubmission is left (--resubmit 3)"))
+    assert {x.cls for x in found} == {"removed-publication", "false-failure"}, found
+    removed = next(x for x in found if x.cls == "removed-publication")
+    assert f"exec/{A}/checkpoint-40, which no longer exists" in removed.detail
+    assert f"the latest publication's save exec/{A}/checkpoint-40 is gone" in \
+        next(x for x in found if x.cls == "false-failure").detail
+
+
+def test_a_resume_from_another_lineage_ends_in_another_final_state(tmp_path):
+    """`latest` ignoring the epoch: C resumes from the old execution A's step 60 (epoch 1,
+    trained on after its replacement B resumed from 30) instead of B's step 50 (epoch 2).
+    A's save holds the right state of its own lineage, but B's diverged at its resume, so C
+    ends in another state than the uninterrupted run's along the greatest publications:
+    final-state flags it on its own, also when C's log names B's save as the one it resumed
+    from (only the save's own id says what it loaded)."""
+    h = History(tmp_path)
+    overlapped(h)
+    by_step = max(checker.publications(str(h.root))[0], key=lambda p: p.step)
+    assert by_step.path == f"exec/{A}/checkpoint-60", "the greatest step is the old lineage's"
+    c = h.execution(C, resume=60, source=f"/r/{by_step.path}")
+    c.steps(MAX)
+    c.done()
+    only = checker.Checker(h.run())
+    only.final_state()
+    assert [x.cls for x in only.found] == ["final-state"], only.found
+    assert {x.cls for x in checker.check(h.run())} == {"final-state", "resume-not-latest"}
+    said = f"/r/exec/{B}/checkpoint-50"
+    h.log.write_text("".join(json.dumps({**r, **({"resume_from": said} if r["op"] == "start" else {}),
+                                         **({"path": said} if r["op"] == "resume" else {})}) + "\n"
+                             if r["attempt"] == C else json.dumps(r) + "\n" for r in checker.read_log(str(h.log))))
+    assert {x.cls for x in checker.check(h.run())} == {"final-state"}
+    # the same history along the right lineage passes
+    right = History(tmp_path / "right")
+    overlapped(right)
+    c = right.execution(C, resume=50, source=f"/r/exec/{B}/checkpoint-50")
+    c.steps(MAX)
+    c.done()
+    assert checker.check(right.run()) == []

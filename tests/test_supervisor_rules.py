@@ -17,6 +17,7 @@ from support import cli
 
 from dispatch_slurm import store
 from dispatch_slurm import supervisor as sv
+from dispatch_slurm.contract import names
 from dispatch_slurm.store import events
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.store import ceased
@@ -1136,3 +1137,130 @@ def test_roots_from_a_binary_file_is_refused_in_one_line(root, tmp_path):
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "plot.png: not UTF-8 text (byte 0)" in lines[0], p.stderr
     assert list(root.iterdir()) == []
+
+
+# ---- a failure that repeats before the trainer starts is not resubmitted again ----------------
+
+REFUSAL = ("the latest publication /r/pub/X (step 180) names the save /r/exec/a/checkpoint-180, which no longer "
+           "exists: nothing can resume from it. To resume from the previous publication instead: dispatch-slurm "
+           "retire /r --latest -m 'save vanished' (or restore the save first)")
+
+
+def refused_in(root, job: int, message: str = REFUSAL, epoch: int | None = None) -> None:
+    """What `latest --resume` leaves of a refusal in the job's execution: its own warning event."""
+    attempt = f"{CLUSTER}.{job}.{epoch or (job - 99) * 1_000_000}"
+    (root / "events").mkdir(exist_ok=True)
+    with open(root / "events" / f"{attempt}.c1.7.jsonl", "a") as f:
+        f.write(json.dumps({"v": 1, "t": 1.0, "type": "warning", "kind": "refused", "by": "latest --resume",
+                            "attempt": attempt, "message": message}) + "\n")
+
+
+def fail_next(sup, fake, jid: int, code: int = 2, then=None) -> None:
+    drive(sup, lambda: sup.state.job == jid)
+    fake.start(jid)
+    drive(sup, lambda: sup.state.started)
+    if then:
+        then(jid)
+    fake.end(jid, "FAILED", code=code, after=3)
+
+
+def test_a_refusal_that_repeats_before_the_trainer_starts_fails_at_once_naming_it(root):
+    """A root whose latest publication's save was removed (by hand, or an old execution's
+    rotation): every execution's `latest --resume` refuses it the same way, seconds after it
+    started. One resubmission is tried; the second identical refusal ends the run failed,
+    naming the refusal (its fix) and how to go on, with budget left: not --resubmit 3
+    spent in seconds."""
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=3))
+    fail_next(sup, fake, 100, then=lambda j: refused_in(root, j))
+    fail_next(sup, fake, 101, then=lambda j: refused_in(root, j))
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.code == 1 and len(fake.sbatch) == 2, e.value.message
+    assert e.value.message.startswith(f"job 101 was refused its resume: {REFUSAL}; job 100 failed the same way "
+                                      "before it, so it is not resubmitted again (2 of --resubmit 3 left)")
+    assert e.value.message.endswith(f"`dispatch-slurm supersede {root}` starts it again")
+    got = [(f["rule"], f.get("budget_left"), f.get("repeated", False)) for f in facts(root, "rule")]
+    assert got == [("resubmit", 2, False), ("fail", 2, True)]
+    assert facts(root, "rule")[0]["before_training"] == {"exit_code": 2, "signal": None, "refusal": REFUSAL}
+
+
+@pytest.mark.parametrize("between", ["another-exit", "another-refusal", "it-trained", "a-publication"])
+def test_a_failure_unlike_the_one_before_is_resubmitted(root, between):
+    """Only the same failure twice in a row before any training stops the run: a second one
+    with another exit status or refusal, an execution in between whose trainer started
+    (its resume resolved), or a publication since, is resubmitted as before."""
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=3))
+    fail_next(sup, fake, 100, then=lambda j: refused_in(root, j))
+    if between == "it-trained":
+        def trained(j):
+            refused_in(root, j)
+            attempt = f"{CLUSTER}.{j}.{(j - 99) * 1_000_000}"
+            with open(root / "events" / f"{attempt}.c1.8.jsonl", "w") as f:
+                f.write(json.dumps({"v": 1, "t": 2.0, "type": "resumed", "attempt": attempt, "step": None}) + "\n")
+        fail_next(sup, fake, 101, code=1, then=trained)
+    elif between == "a-publication":
+        def published(j):  # an older execution still running published meanwhile
+            refused_in(root, j)
+            (root / "pub").mkdir(exist_ok=True)
+            (root / "pub" / names.encode(1_000_000, 10, "exec/a/checkpoint-10")).touch()
+        fail_next(sup, fake, 101, then=published)
+    else:
+        fail_next(sup, fake, 101, code=3 if between == "another-exit" else 2,
+                  then=lambda j: refused_in(root, j, REFUSAL if between == "another-exit" else "another refusal"))
+    drive(sup, lambda: sup.state.job == 102)
+    assert [f["rule"] for f in facts(root, "rule")] == ["resubmit", "resubmit"]
+
+
+def test_no_resubmission_left_names_the_failure_before_the_trainer_started(root):
+    fake = FakeSlurm()
+    sup = new(root, fake, start_defn=defn(resubmit=0))
+    fail_next(sup, fake, 100, then=lambda j: refused_in(root, j))
+    with pytest.raises(sv.Finished) as e:
+        drive(sup, lambda: False)
+    assert e.value.message == f"job 100 ended FAILED and no resubmission is left (--resubmit 0): it was refused " \
+                              f"its resume: {REFUSAL.rstrip('.')}"
+
+
+def test_what_counts_as_failing_before_the_trainer_started():
+    """From the execution's own events: Slurm's FAILED and none of the events a started
+    trainer writes; a node's failure, a cancel, or events that cannot be read are never
+    taken for it."""
+    from dispatch_slurm.supervisor import ends
+    failed = {"state": "FAILED", "exit_code": 2, "signal": None}
+    refusal = ends.own_events([{"type": "warning", "kind": "refused", "message": "no"},
+                               {"type": "warning", "kind": "unpublished_saves", "message": "other"}])
+    assert ends.before_training(failed, refusal) == {"exit_code": 2, "signal": None, "refusal": "no"}
+    assert ends.before_training(failed, ends.Own()) == {"exit_code": 2, "signal": None, "refusal": None}
+    for t in ("resumed", "published", "preempt_signal", "checkpoint_complete", "training_finished"):
+        assert ends.before_training(failed, ends.own_events([{"type": t}])) is None, t
+    assert ends.before_training(failed, ends.Own(error="unreadable")) is None
+    for state in ("NODE_FAIL", "CANCELLED", "COMPLETED", "TIMEOUT", "OUT_OF_MEMORY"):
+        assert ends.before_training({**failed, "state": state}, ends.Own()) is None, state
+
+
+def test_latest_resume_records_its_refusal_as_the_executions_event(tmp_path):
+    """The real CLI in a local execution: the latest publication's save removed by hand;
+    `latest --resume` refuses it (exit 2, the fix named) and leaves the refusal as an event
+    of its execution, which the supervisor reads; the event says what stderr says."""
+    from support import LOCAL_SAVE, local_run
+    root = tmp_path / "root"
+    root.mkdir()
+    local_run(root, f"save() {{ {LOCAL_SAVE}; }}\nsave 10")
+    (latest,) = os.listdir(root / "pub")
+    shutil.rmtree(root / names.parse(latest).path)
+    p = local_run(root, "dispatch-slurm latest --resume; echo $DISPATCH_ATTEMPT", wait=False)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2 and not out.strip()
+    attempts = sorted({e["attempt"] for e in events.read(str(root)) if e["type"] == "warning"})
+    assert len(attempts) == 1
+    own = ends_of(root, attempts[0])
+    assert "which no longer exists" in own.refusal and "dispatch-slurm retire" in own.refusal
+    from dispatch_slurm.supervisor import ends
+    assert ends.before_training({"state": "FAILED", "exit_code": 2}, own)["refusal"] == own.refusal
+
+
+def ends_of(root, attempt: str):
+    from dispatch_slurm.supervisor import ends
+    return ends.own_events(events.read(str(root), attempt=attempt))

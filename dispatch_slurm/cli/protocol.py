@@ -9,6 +9,8 @@ import click
 from .. import store
 from ..contract import epoch as epochmod
 from ..contract import layout
+from ..contract.env import Execution
+from ..errors import DispatchError
 from . import common
 
 
@@ -38,6 +40,15 @@ def publish(save, step, root, epoch_, adopt, no_sync, as_json):
         click.echo(f"{what}: step {pub.step} of {common.text(pub.path)} at epoch {pub.epoch} as {layout.PUB}/{pub.name}")
 
 
+def _refused(root: str, error: Exception) -> None:
+    """Record, as an event of this execution (its first rank), that its resume was refused
+    and why: the supervisor tells a refusal that repeats from one worth another try by it
+    (its job's output is no fact it reads)."""
+    ex = Execution.current(root=root)
+    if ex.attempt and ex.rank in (None, 0):
+        store.events.record("warning", root=root, kind="refused", by="latest --resume", message=str(error))
+
+
 @click.command(cls=common.RootCommand, epilog=common.ROOT_HELP)
 @common.root_argument(required=False)
 @click.option("--path", "path_only", is_flag=True, help="print only the save's absolute path")
@@ -61,7 +72,11 @@ def latest(root, path_only, as_json, resume):
         resume=$(dispatch-slurm latest --resume)
         srun python train.py ${resume:+--resume-from "$resume"}"""
     if resume:  # inside an execution: its private copy of the save (store/resume.py says why)
-        pub, path = store.resume_from(root)
+        try:
+            pub, path = store.resume_from(root)
+        except (DispatchError, OSError) as e:
+            _refused(root, e)
+            raise
         store.resumed(root, pub, "latest --resume", path)
     else:  # the save's own path, or its publication's held links once the trainer removed it
         pub, where = store.located(root)

@@ -22,20 +22,47 @@ CAUSES = {"FAILED": "failure", "OUT_OF_MEMORY": "failure", "BOOT_FAIL": "failure
           "NODE_FAIL": "node_failure"}
 #: the events an execution writes itself that say it was signalled and saved
 SIGNAL_EVENTS = frozenset({"preempt_signal", "checkpoint_complete"})
+#: the events of an execution whose trainer started: its resume resolved (`latest --resume`, or
+#: the integrations' resume at the trainer's start), a save published, a signal seen
+TRAINING_EVENTS = frozenset({"resumed", "published", "training_finished"}) | SIGNAL_EVENTS
 
 
 class Own(NamedTuple):
     """What the ended execution wrote itself: the types of its events (``types``), or why
-    they could not be read (``error``)."""
+    they could not be read (``error``); ``refusal``: why its resume was refused (its
+    ``warning`` event of kind "refused"), if it was."""
     types: frozenset = frozenset()
     error: Optional[str] = None
+    refusal: Optional[str] = None
 
 
 def own_events(evs: list[dict]) -> Own:
     """The facts an execution's events give the rule. A ``checkpoint_complete`` an older
     Epilog wrote (source "epilog": it scanned an output path another execution may have
     written too) is no fact of this execution's."""
-    return Own(frozenset(e.get("type") for e in evs if e.get("source") != "epilog"))
+    mine = [e for e in evs if e.get("source") != "epilog"]
+    refused = [e for e in mine if e.get("type") == "warning" and e.get("kind") == "refused"]
+    return Own(frozenset(e.get("type") for e in mine), refusal=str(refused[-1].get("message")) if refused else None)
+
+
+def before_training(ended: dict, own: Own) -> Optional[dict]:
+    """How an execution failed before its trainer started, as the fingerprint two failures
+    of one cause share (its exit status, the signal that killed it, the refusal it
+    recorded), or None: it ended otherwise, its trainer started (it wrote one of
+    TRAINING_EVENTS), or its events cannot be read. A failure of the job itself: Slurm's
+    FAILED, not a node's or a person's doing."""
+    if ended["state"] != "FAILED" or own.error is not None or own.types & TRAINING_EVENTS:
+        return None
+    return {"exit_code": ended.get("exit_code"), "signal": ended.get("signal"), "refusal": own.refusal}
+
+
+def failed_before(before: dict) -> str:
+    """The sentence for a failure before the trainer started (``before_training``)."""
+    if before.get("refusal"):
+        return f"was refused its resume: {before['refusal'].rstrip('.')}"
+    how = f"killed by signal {before['signal']}" if before.get("signal") else f"exit {before.get('exit_code')}"
+    return (f"ended FAILED ({how}) before its trainer started (no resume resolved, nothing published: the "
+            "job's output says why)")
 
 
 def signal_time(ended: dict, warning: JobSignal) -> tuple[Optional[int], Optional[str]]:

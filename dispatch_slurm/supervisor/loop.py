@@ -387,9 +387,10 @@ class Supervisor:
         st = self.state
         ended = st.pending_decision
         assert ended is not None  # next_action's "decide"
-        cause, why = ends.cause_of(ended, self._own(ended), JobSignal.from_fact(st.warning), os.geteuid())
+        own = self._own(ended)
+        cause, why = ends.cause_of(ended, own, JobSignal.from_fact(st.warning), os.geteuid())
         d = rules.decide(st, ended, cause, self._latest_step() if rules.wants_latest(cause) else None, self.root,
-                         why)
+                         why, own)
         fact = d.fact
         if d.slurm_hold:  # keep it from starting: the hold applies
             fact = rules.held_in_slurm(fact, self._slurm_hold(ended["job"]))
@@ -407,8 +408,9 @@ class Supervisor:
 
     def _own(self, ended: dict) -> ends.Own:
         """What the ended execution wrote itself (its events), for the rule; only a COMPLETED
-        end asks (a time-limit save exits 0, a finished trainer too)."""
-        if ended["state"] != "COMPLETED":
+        end asks (a time-limit save exits 0, a finished trainer too), and a FAILED one (did
+        its trainer start: ends.before_training)."""
+        if ended["state"] not in ("COMPLETED", "FAILED"):
             return ends.Own()
         if not ended.get("attempt"):
             return ends.Own(error="the record names no attempt for it")

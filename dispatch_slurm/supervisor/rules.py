@@ -16,9 +16,9 @@ from typing import Any, NamedTuple, Optional
 from ..contract import epoch, names
 from ..contract.signals import JobSignal, signal_option
 from ..errors import DispatchError
-from . import holds
+from . import ends, holds
+from .ends import Own, signal_rule
 from .render import fmt_duration
-from .ends import signal_rule
 from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
@@ -204,6 +204,8 @@ CONTINUE = ("the next execution at once, with a new N, while the `--continuation
             f"{DEFAULTS['continuations']}), else fail (exit 1); a chain whose last {STALLS} executions published no "
             "higher step is stopped (exit 1)")
 RESUBMIT = "resubmit with a new N while the `--resubmit` budget lasts (default 0), else fail (exit 1)"
+REPEATED = ("; FAILED before its trainer started (no resume resolved: `latest --resume` refused, `env` exited) the same "
+            "way as the execution before it, nothing published since: fail at once (exit 1), naming the cause")
 SIGNAL_TIME = "its --signal time (start + time limit - T - 30 s: Slurm checks time limits every 30 s)"
 #: (cause, when, in Slurm's words; the rule; what follows)
 TABLE = (
@@ -222,7 +224,7 @@ TABLE = (
      "number): a trainer that does not trap it", "continue", CONTINUE),
     ("unsure", "COMPLETED, and a fact that would tell is missing (the --signal, the times: the rule names it)",
      "continue", CONTINUE + "; the safe side: never done on a guess"),
-    ("failure", "FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE", "resubmit", RESUBMIT),
+    ("failure", "FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE", "resubmit", RESUBMIT + REPEATED),
     ("preemption", "PREEMPTED", "resubmit", RESUBMIT),
     ("node_failure", "NODE_FAIL", "resubmit", RESUBMIT),
     ("cancel", "CANCELLED by someone else (an admin, as sacct says)", "resubmit", RESUBMIT),
@@ -372,12 +374,15 @@ def stopped_message(stopping: dict, job: Optional[int]) -> str:
             f"; job {job} ended" * (job is not None) + "; nothing is resubmitted")
 
 
-def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root: str, why: str = "") -> Decision:
+def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root: str, why: str = "",
+           own: Optional[Own] = None) -> Decision:
     """The rule for an ended execution (``cause`` and ``why`` from ends.cause_of), given the
-    state and the step of the latest publication now (None: nothing published, or unreadable).
-    Progress is a latest step above the one recorded at the previous decision; a chain
-    of STALLS continuations without it is stopped (a trainer that never advances would
-    otherwise be continued for ever)."""
+    state, the step of the latest publication now (None: nothing published, or unreadable)
+    and what the execution wrote itself (``own``: its events). Progress is a latest step
+    above the one recorded at the previous decision; a chain of STALLS continuations
+    without it is stopped (a trainer that never advances would otherwise be continued for
+    ever), and so is a failure before the trainer started that repeats the one before it
+    (``repeated``: resubmitting it would spend the budget in seconds)."""
     defn, job = st.defn, ended["job"]
     ref = {"job": job, "r": ended["r"], "cause": cause, **({"why": why} if why else {})}
     if st.stopping is not None:
@@ -398,7 +403,7 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
                         "sacct, so how it ended cannot be told; not resubmitting blindly (supersede to go on)"))
     progress = latest_step is not None and (st.last_step is None or latest_step > st.last_step)
     stalls = 0 if progress else st.stalls + (rule == "continue")
-    seen = {"latest_step": latest_step, "progress": progress, "stalls": stalls}
+    seen: dict[str, Any] = {"latest_step": latest_step, "progress": progress, "stalls": stalls}
     if rule == "continue":
         left = defn.get("continuations", DEFAULTS["continuations"]) - st.continued
         if left <= 0:
@@ -413,11 +418,38 @@ def decide(st: State, ended: dict, cause: str, latest_step: Optional[int], root:
                             "makes no progress (is the trainer resuming and saving? `dispatch-slurm report "
                             f"{root}`)"))
         return Decision({"rule": "continue", **ref, **seen, "budget_left": left - 1, "held": defn["shared"]})
+    return resubmission(st, ended, {**ref, **seen}, own, root)
+
+
+def resubmission(st: State, ended: dict, fact: dict, own: Optional[Own], root: str) -> Decision:
+    """The resubmit rule's decision (``fact``: the rule fact so far): resubmit while budget
+    lasts, unless the execution failed before its trainer started as the one before it did
+    (``repeated``); else fail, naming such a failure."""
+    defn = st.defn
+    before = ends.before_training(ended, own) if own is not None else None
+    if before is not None:
+        fact = {**fact, "before_training": before}
     left = defn["resubmit"] - st.used
+    if left > 0 and (again := repeated(st, before, fact["progress"], left, root)):
+        return Decision({"rule": "fail", **fact, "budget_left": left, "repeated": True}, ("failed", again))
     if left > 0:
-        return Decision({"rule": "resubmit", **ref, **seen, "budget_left": left - 1, "held": defn["shared"]})
-    return Decision({"rule": "fail", **ref, **seen, "budget_left": 0}, ("failed", f"job {job} ended "
-                    f"{ended['state']} and no resubmission is left (--resubmit {defn['resubmit']})"))
+        return Decision({"rule": "resubmit", **fact, "budget_left": left - 1, "held": defn["shared"]})
+    named = f": it {ends.failed_before(before)}" if before is not None else ""
+    return Decision({"rule": "fail", **fact, "budget_left": 0}, ("failed", f"job {ended['job']} ended "
+                    f"{ended['state']} and no resubmission is left (--resubmit {defn['resubmit']}){named}"))
+
+
+def repeated(st: State, before: Optional[dict], progress: bool, left: int, root: str) -> Optional[str]:
+    """Why the failure before the trainer started (``before``: ends.before_training) is not
+    resubmitted again: the previous execution failed before its trainer started with the
+    same fingerprint, and nothing was published since (None: resubmit). One resubmission
+    is spent on a failure first, in case it passes."""
+    prev = st.repeat
+    if before is None or prev is None or progress or prev.get("before_training") != before:
+        return None
+    return (f"job {st.job} {ends.failed_before(before)}; job {prev['job']} failed the same way before it, so it is "
+            f"not resubmitted again ({left} of --resubmit {st.defn['resubmit']} left). Once that is fixed, "
+            f"`dispatch-slurm supersede {shlex.quote(root)}` starts it again")
 
 
 def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[str, ...] = (),
@@ -438,7 +470,7 @@ def plan(defn: dict, root: str, state: Optional[State] = None, warnings: tuple[s
             else:
                 row["then"] = (f"submit the next execution at once with a new N ({n} left; stopped after "
                                f"{STALLS} without a higher published step)" if rule == "continue" else
-                               f"resubmit with a new N ({n} left, then fail)")
+                               f"resubmit with a new N ({n} left, then fail)" + REPEATED * (cause == "failure"))
                 if shared:
                     row.update(rule="hold", replaces=rule, then=f"HOLD; when lifted, {row['then']}")
         if rule == "requeue" and shared:

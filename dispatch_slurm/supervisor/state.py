@@ -41,6 +41,7 @@ class State:
     stalls: int = 0  # consecutive continuations that published no higher step
     launch_releases: int = 0  # holds Slurm put on this submission after a failed launch, released
     last_step: Optional[int] = None  # the latest published step at the last decision
+    repeat: Optional[dict] = None  # the last rule's, when its execution failed before its trainer started
     finished: Optional[dict] = None
     stopping: Optional[dict] = None  # a person asked to stop (`dispatch-slurm stop`)
     retry_n: Optional[int] = None  # an N sbatch refused: reused, never allocated anew
@@ -64,7 +65,7 @@ class State:
     def _on_job(self, f: dict) -> None:
         self.g = f["g"]
         self.defs[self.g] = f
-        self.n = self.tag = self.job = self.started = self.last_step = self.warning = None
+        self.n = self.tag = self.job = self.started = self.last_step = self.warning = self.repeat = None
         self.ended = {}
         self.intent_open, self.need_submit = False, True
         self.submitted_in_g = self.used = self.continued = self.stalls = self.submit_failures = 0
@@ -108,6 +109,8 @@ class State:
         self.pending_decision = self.pending_apply = None
         self.gc_pending = False
         self.stalls = f.get("stalls", self.stalls)
+        if not f.get("after_hold"):  # a lifted hold applies the rule it held: the same execution's
+            self.repeat = f if f.get("before_training") else None
         if f.get("latest_step") is not None:
             self.last_step = f["latest_step"]
         if f.get("held"):

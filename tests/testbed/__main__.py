@@ -75,7 +75,7 @@ def trial(scenarios, mode, trials, target, suite, tracking, profile, base, nodes
               help="training steps of a run (0.25 s each; a save every 20)")
 @click.option("--kind", "kinds", multiple=True, help="draw faults among these kinds only (repeat; default: all of "
                                                       "timelimit, cancel, preempt, requeue, partition, partition-long, "
-                                                      "crash, stall, enospc, ctld-restart, stray)")
+                                                      "crash, stall, enospc, ctld-restart, stray, slurmd-stop)")
 @click.option("--tracking", type=click.Choice(["linuxproc", "cgroup"]), help="docker-slurm's process tracking")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write every run's result as JSON")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="a PNG per run into this folder "

@@ -71,8 +71,12 @@ KINDS: dict[str, tuple[float, tuple[float, float]]] = {
     "enospc": (1.5, (10, 40)),         # the checkpoint filesystem full
     "ctld-restart": (1.0, (0, 0)),     # slurmctld stopped and started
     "stray": (1.0, (10, 40)),          # a stray file in pub/, removed by a person later
+    "slurmd-stop": (1.5, (45, 90)),    # slurmd SIGSTOPped (a hung mount, memory pressure), the job's processes running
 }
-NODE_FAULTS = ("partition", "partition-long", "crash")
+NODE_FAULTS = ("partition", "partition-long", "crash", "slurmd-stop")
+#: kinds added since the long campaign, drawn on a generator of their own: a seed draws the
+#: faults it drew before, but for those an added kind takes the place of (at its weight's share)
+ADDED = ("slurmd-stop",)
 GIVE_UP = 8  # a user who resubmits by hand gives up after this many jobs in a row without a new step
 STRAYS = ("notes.txt", ".nfs000000000123abcd00000001", "00000000000001000000-00000000000000000100-MZXW6===")
 
@@ -109,6 +113,7 @@ class Params:
     save_every: int = 20
     lead_s: int = 20  # --signal=TERM@lead
     min_job_age: float = 180.0
+    slurmd_timeout: float = 15.0  # the profile's SlurmdTimeout: a slurmd-stop outlasts it
     deadline_s: float = 1500.0
     mean_gap_s: float = 25.0
     resubmit: int = 100
@@ -161,16 +166,22 @@ def setup_for(seed: int, fixed: Optional[dict] = None, hf: bool = True) -> Setup
 def schedule_for(seed: int, p: Params, n: Optional[int] = None) -> list[Fault]:
     """The run's faults: ``n`` (else 2..5, from the seed) of weighted kinds, the first 10-25 s
     after training began, then exponential gaps (mean ``p.mean_gap_s``, at least 3 s), so
-    faults with durations overlap the next ones."""
-    rng = random.Random(f"faults:{seed}")
+    faults with durations overlap the next ones. A kind of ``ADDED`` replaces the one drawn
+    at its weight's share, so every other fault of a seed stays what it was."""
+    rng, later = random.Random(f"faults:{seed}"), random.Random(f"faults:{seed}:added")
     count = rng.randint(2, 5) if n is None else n
-    kinds = [k for k in KINDS if p.kinds is None or k in p.kinds]
-    weights = [KINDS[k][0] for k in kinds]
+    kinds = [k for k in KINDS if (p.kinds is None or k in p.kinds) and k not in ADDED]
+    added = [k for k in ADDED if p.kinds is None or k in p.kinds]
+    weights, more = [KINDS[k][0] for k in kinds], [KINDS[k][0] for k in added]
     out, t = [], rng.uniform(10, 25)
     for _ in range(count):
-        kind = rng.choices(kinds, weights)[0]
+        kind = rng.choices(kinds, weights)[0] if kinds else str(rng.random())
+        if added and (not kinds or later.random() < sum(more) / (sum(weights) + sum(more))):
+            kind = later.choices(added, more)[0]
         lo, hi = KINDS[kind][1]
         duration = p.min_job_age + rng.uniform(15, 45) if kind == "partition-long" else rng.uniform(lo, hi)
+        if kind == "slurmd-stop":  # long enough for slurmctld to set the node DOWN, whatever the profile
+            duration = max(duration, p.slurmd_timeout + 30)
         out.append(Fault(round(t, 1), kind, round(duration, 1), rng.randrange(1 << 16)))
         t += max(3.0, rng.expovariate(1 / p.mean_gap_s))
     return out
@@ -240,6 +251,7 @@ class Side:
         self.log = f"{self.dir}/train.jsonl"
         self.jobs: list[int] = []
         self.retry_at = 0.0
+        self.superseded: dict[int, float] = {}  # finished fact (its seq) -> when its user superseded after it
         self.outcome: Optional[dict] = None
         self.events: list[dict] = []
         s = run.setup
@@ -364,12 +376,15 @@ class Side:
             return
         if self.launcher == "run":
             self.current_job()
-            fin = [f for f in self.record() if f.get("type") == "finished"]
-            if fin:
-                self.outcome = {"state": fin[-1]["outcome"], "message": fin[-1].get("message", ""), "t": fin[-1]["t"],
+            facts = self.record()
+            last = next((f for f in reversed(facts) if f.get("type") in ("finished", "job")), {})
+            if last.get("type") == "finished":  # of the generation that runs now
+                if self.supersede_after(last):
+                    return
+                self.outcome = {"state": last["outcome"], "message": last.get("message", ""), "t": last["t"],
                                 "by": "supervisor"}
                 self.note("ended", state=self.outcome["state"], message=self.outcome["message"][:200])
-            elif not self.bed.pids(self.camp.login, f"dispatch-slurm run {self.root}", user=USER):
+            elif not self.bed.pids(self.camp.login, f"dispatch-slurm (run|supersede) {self.root}", user=USER):
                 tail = (self.hdir / "sup.log").read_text()[-600:] if (self.hdir / "sup.log").exists() else ""
                 self.note("supervisor exited without finishing; started again (as after a logout)", log=tail)
                 self.start_supervisor(first=False)
@@ -401,6 +416,29 @@ class Side:
             self.retry_at = 0.0
             self.note("job ended before training finished; resubmitted by its user", job=job, state=j.state)
             self.submit()
+
+    def supersede_after(self, fin: dict) -> bool:
+        """A run that failed on a refusal repeated before training (`run` names it and says
+        to supersede once it is fixed): its user looks for up to a minute whether `latest`
+        answers again (a person moved the stray entry out of pub/), and then supersedes, as
+        the message says. True while the user is at it."""
+        if fin["outcome"] != "failed" or "failed the same way before it" not in fin.get("message", ""):
+            return False
+        if fin["seq"] in self.superseded:  # until the supersession is in the record
+            return time.time() < self.superseded[fin["seq"]] + 60
+        if time.time() > fin["t"] + 60:
+            return False
+        if time.time() < self.retry_at:
+            return True
+        self.retry_at = time.time() + 2
+        if self.bed.exec(self.camp.login, ["dispatch-slurm", "latest", self.root], user=USER, check=False).returncode == 2:
+            return True
+        self.superseded[fin["seq"]] = time.time()
+        self.note("run failed on a refusal that went away; superseded, as its user would", message=fin["message"][:200])
+        env = " ".join(f"{k}={v}" for k, v in self.env().items())
+        self.bed.exec(self.camp.login, f"cd {self.dir} && env {env} setsid nohup dispatch-slurm supersede {self.root} "
+                                       f"--poll 1 >> {self.dir}/sup.log 2>&1 < /dev/null &", user=USER)
+        return True
 
     def idle_jobs(self) -> int:
         """How many of the last jobs, in a row, applied no step beyond what earlier ones had."""
@@ -578,38 +616,41 @@ class Nemesis(threading.Thread):
                 self.bed.exec("ctl", ["scancel", str(p)], check=False)
         self.later(f.duration + 5, cancel, a)  # its sleep ends by itself; one still pending is cancelled
 
-    def _partition(self, f: Fault, a: Applied, live, running) -> None:
+    def _on_node(self, f: Fault, a: Applied, running: dict, act: Callable[[str], None],
+                 undo: Callable[[str], None], what: str) -> None:
+        """A fault on one node running the job (``f.pick`` among them), busy until ``undo``
+        ran after the fault's duration; ``what``: its detail, ``{n}`` the node."""
         nodes = self._nodes(running, f)
         a.missed, a.nodes = not nodes, nodes
         if not nodes:
             return
         n = nodes[0]
         self.busy.add(n)
-        self.bed.partition(n)
-        a.detail = f"{n} cut off for {f.duration:.0f}s"
+        act(n)
+        a.detail = what.format(n=n, s=f"{f.duration:.0f}")
 
-        def heal() -> None:
-            self.bed.heal(n)
+        def back() -> None:
+            undo(n)
             self.busy.discard(n)
-        self.later(f.duration, heal, a)
+        self.later(f.duration, back, a)
+
+    def _partition(self, f: Fault, a: Applied, live, running) -> None:
+        self._on_node(f, a, running, self.bed.partition, self.bed.heal, "{n} cut off for {s}s")
 
     _partition_long = _partition  # the same cut; the schedule draws it longer than MinJobAge
 
     def _crash(self, f: Fault, a: Applied, live, running) -> None:
-        nodes = self._nodes(running, f)
-        a.missed, a.nodes = not nodes, nodes
-        if not nodes:
-            return
-        n = nodes[0]
-        self.busy.add(n)
-        self.bed.kill(n)
-        a.detail = f"{n} killed (slurmd and every process), back after {f.duration:.0f}s"
-
-        def boot() -> None:
+        def boot(n: str) -> None:
             self.bed.boot(n)
             self.camp.pin_addresses()  # its address may have changed
-            self.busy.discard(n)
-        self.later(f.duration, boot, a)
+        self._on_node(f, a, running, self.bed.kill, boot, "{n} killed (slurmd and every process), back after {s}s")
+
+    def _slurmd_stop(self, f: Fault, a: Applied, live, running) -> None:
+        """slurmd frozen on a node running the job, longer than SlurmdTimeout: slurmctld sets
+        the node DOWN and requeues or fails the job while its processes run on."""
+        self._on_node(f, a, running, lambda n: self.bed.exec(n, ["pkill", "-STOP", "-x", "slurmd"]),
+                      lambda n: self.bed.exec(n, ["pkill", "-CONT", "-x", "slurmd"], check=False),
+                      "slurmd on {n} SIGSTOPped for {s}s")
 
     def _stall(self, f: Fault, a: Applied, live, running) -> None:
         stopped: list[tuple[str, int]] = []
@@ -689,9 +730,11 @@ class Campaign:
         self.job_script = readme_job_script(readme or Path(__file__).resolve().parents[2] / "README.md")
         ok = bed.exec("db", ["sinfo", "-h"], user=USER, check=False).returncode == 0
         self.login = "db" if ok else "ctl"  # a login node of its own, when Slurm's clients work there
-        age = str(bed.slurm.config().get("MinJobAge") or "").split()  # "180 sec"
-        if age and age[0].isdigit():
-            self.params.min_job_age = float(age[0])
+        conf = bed.slurm.config()
+        for key, attr in (("MinJobAge", "min_job_age"), ("SlurmdTimeout", "slurmd_timeout")):
+            value = str(conf.get(key) or "").split()  # "180 sec"
+            if value and value[0].isdigit():
+                setattr(self.params, attr, float(value[0]))
         bed.path("campaign").mkdir(exist_ok=True)
         bed.path("campaign").chmod(0o1777)
         if hasattr(bed, "kill"):

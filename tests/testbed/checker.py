@@ -16,7 +16,12 @@ so) and reads only what a run leaves behind:
   ``finished`` line of ``record.jsonl``, or the user who resubmitted by hand).
 
 The oracle is the deterministic trainer's ``chain``: the state after every step of the
-uninterrupted run (a Hugging Face run: the uninterrupted run's final weights' digest).
+uninterrupted run, with the id of each save resumed from folded in where the run resumed
+(``expected``): along the lineage the greatest publications make (dispatch mode; one save
+of another lineage loaded, and the final state is another), along the saves each execution
+loaded otherwise (a Hugging Face run: the uninterrupted run's final weights' digest). A
+failed or held end is judged by its cause: the faults in force on the execution that ended
+the run, never the supervisor's message alone.
 Each finding is an ``Anomaly``: a class (``CLASSES``) and what was seen.
 """
 
@@ -43,7 +48,8 @@ CLASSES = {
     "unexplained-removal": "a published save vanished, removed by neither its own execution nor gc",
     "end-misjudged": "the run ended done while training had not finished (a continuation taken as done), "
                      "ended failed/held/stopped although training finished, or stopped though nobody asked",
-    "false-failure": "the run ended failed or held with no true reason (budget left, progress made)",
+    "false-failure": "the run ended failed or held for a cause no fault of the run explains (a removed "
+                     "publication, a refusal or a crash with no fault in force), whatever its message says",
     "recompute-excess": "work recomputed after a fault exceeds the save interval plus the signal lead",
     "step-lost-at-time-limit": "a trainer that traps the time-limit signal lost steps at a time limit",
     "unfinished": "the run neither finished nor ended within the campaign's deadline",
@@ -60,7 +66,9 @@ CLASSES = {
 UNBOUNDED = ("enospc", "stray", "stall")
 #: faults that end an execution another way than its time limit
 OTHER_ENDS = ("cancel", "preempt", "requeue", "partition", "partition-long", "crash", "stall", "enospc", "stray",
-              "ctld-restart")
+              "ctld-restart", "slurmd-stop")
+#: faults that can end any execution in force then, whatever its job or node
+ANY_JOB = ("enospc", "stray", "ctld-restart")
 
 _PUB = re.compile(r"([0-9]{20})-([0-9]{20})-([A-Z2-7]+)")
 
@@ -207,8 +215,22 @@ def sacct_executions(path: Optional[str]) -> list[dict]:
         state = state[0] if isinstance(state, list) and state else state
         t = j.get("time") or {}
         out.append({"job": int(j.get("job_id", 0)), "state": state or "UNKNOWN", "start": _num(t.get("start")),
-                    "end": _num(t.get("end")), "reason": (j.get("state") or {}).get("reason")})
+                    "end": _num(t.get("end")), "reason": (j.get("state") or {}).get("reason"),
+                    "nodes": hostnames(j.get("nodes"))})
     return out
+
+
+def hostnames(text: Any) -> list[str]:
+    """The nodes of a Slurm host list (``c1``, ``c[1-2,4]``, ``None assigned``)."""
+    out: list[str] = []
+    for m in re.finditer(r"([A-Za-z0-9_.-]+?)(?:\[([0-9,-]+)\])?(?:,|$)", str(text or "")):
+        if not m[2]:
+            out.append(m[1])
+            continue
+        for part in m[2].split(","):
+            lo, _, hi = part.partition("-")
+            out += [f"{m[1]}{str(i).zfill(len(lo))}" for i in range(int(lo), int(hi or lo) + 1)]
+    return [n for n in out if n and not str(text).startswith("None")]
 
 
 # -- executions --------------------------------------------------------------------------------
@@ -263,6 +285,9 @@ class Checker:
         self.execs = executions(self.log)
         self.sacct = sacct_executions(run.sacct)
         self.ref = dettrain.chain(run.seed, run.ranks, run.max_steps) if run.trainer == "det" else None
+        self.by_attempt = {e.attempt: e for e in self.execs}
+        self.folds = any(r["op"] == "start" and r.get("lineage") for r in self.log)  # resumes fold in the save's id
+        self._states: dict[tuple[str, bool], Optional[tuple[int, list[str]]]] = {}
         if run.root:
             self.pubs, self.strays = publications(run.root)
         else:
@@ -309,19 +334,93 @@ class Checker:
     # the final state and how the run ended
 
     def _good(self, step: int, h: Optional[str]) -> bool:
-        if self.ref is not None:
-            return 0 <= step < len(self.ref) and h == self.ref[step]
+        """The Hugging Face run's final weights are the uninterrupted run's (its ``reference``)."""
         return self.run.reference is None or h == self.run.reference or step < self.run.max_steps or h is None
+
+    # the deterministic trainer's states: ``chain`` from scratch; a resume folds the loaded save's
+    # id into that save's state (dettrain.resumed), then the execution's own steps follow
+
+    def expected(self, attempt: Optional[str], step: int, right: bool = False) -> Optional[str]:
+        """The state execution ``attempt`` holds after ``step`` if it applied every step right
+        from the save it loaded (its log's resume line: the save's id names its writer, whose
+        state is worked out the same way); ``right``: from the save it should have loaded
+        instead (``right_point``: the greatest publication when it started), and so on back
+        along that lineage. None: it cannot be told (a writer without a log line)."""
+        if self.ref is None:
+            return None
+        if attempt is None:  # a save of a trainer that records no id: the step alone tells its state
+            return self.ref[step] if 0 <= step < len(self.ref) else ""
+        got = self.states(attempt, right, ())
+        if got is None:
+            return None
+        first, hs = got
+        return hs[step - first] if first <= step < first + len(hs) else ""
+
+    def states(self, attempt: str, right: bool, seen: tuple[str, ...]) -> Optional[tuple[int, list[str]]]:
+        """(s, [h_s .. h_max]): the states ``expected`` gives execution ``attempt`` from the
+        step it resumed at on."""
+        key = (attempt, right)
+        if key not in self._states:
+            self._states[key] = self._compute(attempt, right, seen)
+        return self._states[key]
+
+    def _compute(self, attempt: str, right: bool, seen: tuple[str, ...]) -> Optional[tuple[int, list[str]]]:
+        assert self.ref is not None
+        ex = self.by_attempt.get(attempt)
+        if ex is None or attempt in seen:
+            return None
+        src = self.source(ex, right)
+        if src is None:
+            return 0, self.ref
+        writer, at, sid = src
+        if writer is None:
+            base: Optional[str] = self.ref[at] if 0 <= at < len(self.ref) else None
+        else:
+            parent = self.states(writer, right, (*seen, attempt))
+            base = parent[1][at - parent[0]] if parent and parent[0] <= at < parent[0] + len(parent[1]) else None
+        if base is None:
+            return None
+        hs = [dettrain.resumed(base, sid) if sid is not None else base]
+        for k in range(at + 1, self.run.max_steps + 1):
+            hs.append(dettrain.step_hash(hs[-1], k, self.run.seed, self.run.ranks))
+        return at, hs
+
+    def source(self, ex: Execution, right: bool) -> Optional[tuple[Optional[str], int, Optional[str]]]:
+        """(the writer of the save ``ex`` resumed from, its step, its id; None: from scratch),
+        as its log says or, ``right``, the save it should have resumed from."""
+        if right and self.run.mode == "dispatch" and attempt_epoch(ex.attempt) is not None:
+            p = self.right_point(ex)
+            if p is None:
+                return None
+            writer = p.path.split("/")[1] if p.path.startswith("exec/") else None
+            return writer, p.step, dettrain.save_id(writer, p.step) if self.folds and writer else None
+        res = next(iter(ex.ops("resume")), None)
+        if res is None:
+            return None
+        sid = res.get("save_id")
+        if sid is None:
+            return None, res["step"], None
+        return str(sid).rpartition(":")[0], res["step"], sid
+
+    def state_ok(self, attempt: Optional[str], step: int, h: Optional[str]) -> bool:
+        want = self.expected(attempt, step)
+        return want is None or h == want
 
     def final_state(self) -> None:
         for r in (r for r in self.log if r["op"] == "done" and r.get("rank", 0) == 0):
-            # a Trainer resumed from its final save counts one more step (at learning rate 0):
-            # its weights are what counts
-            short = r["step"] < self.run.max_steps if self.run.trainer == "hf" else r["step"] != self.run.max_steps
-            if short or not self._good(self.run.max_steps if self.run.trainer == "hf" else r["step"], r.get("h")):
+            if self.ref is None:
+                # a Trainer resumed from its final save counts one more step (at learning rate 0):
+                # its weights are what counts
+                if r["step"] < self.run.max_steps or not self._good(self.run.max_steps, r.get("h")):
+                    self.flag("final-state", f"{r['attempt']} finished at step {r['step']} with state {r.get('h')}, "
+                                             f"not the uninterrupted run's (step {self.run.max_steps}, "
+                                             f"{self.run.reference})")
+                continue
+            want = self.expected(r["attempt"], self.run.max_steps, right=True)
+            if r["step"] != self.run.max_steps or (want is not None and r.get("h") != want):
                 self.flag("final-state", f"{r['attempt']} finished at step {r['step']} with state {r.get('h')}, "
-                                         f"not the uninterrupted run's (step {self.run.max_steps}, "
-                                         f"{self.ref[-1] if self.ref else self.run.reference})")
+                                         f"not the uninterrupted run's along the lineage of the greatest "
+                                         f"publications (step {self.run.max_steps}, {want})")
 
     def finished(self) -> bool:
         return any(r["op"] == "done" and r.get("rank", 0) == 0 for r in self.log)
@@ -340,22 +439,50 @@ class Checker:
         elif state == "stopped" and not done:
             self.flag("end-misjudged", f"the run ended stopped at step {self.last_step()} of {self.run.max_steps} "
                                        f"though nobody asked it to stop: {msg}")
-        elif state in ("failed", "held") and not self.true_failure(msg):
-            self.flag("false-failure", f"the run ended {state} with budget left and progress made: {msg}")
+        elif state in ("failed", "held") and (why := self.unexplained(msg)):
+            self.flag("false-failure", f"the run ended {state} ({msg}), but {why}")
 
     def last_step(self) -> int:
         return max((r["step"] for r in self.log if r["op"] == "step"), default=0)
 
-    def true_failure(self, msg: str) -> bool:
-        """A failure the run's own record explains: a budget spent or a chain that stopped
-        advancing (the last executions published no higher step)."""
-        if "no resubmission is left" in msg or "budget" in msg:
-            return True
-        if "no higher step" in msg and self.run.root:
-            by_exec: dict[int, int] = {}
-            for p in self.pubs:
-                by_exec[p.epoch] = max(by_exec.get(p.epoch, 0), p.step)
-            return True if len(by_exec) < 2 else False
+    def unexplained(self, msg: str) -> Optional[str]:
+        """Why a failed or held end has no true reason (None: the run's faults explain it),
+        judged by its cause, whatever the message says (a budget spent on refusals is no
+        reason): the latest publication's save is gone (every later execution is refused its
+        resume), or an execution that ended the run (those after the last one that applied a
+        step; that one when none came after) ended outside every fault that could end it."""
+        latest = max(self.pubs, key=lambda p: p.key, default=None)
+        if latest is not None and not os.path.isdir(self.host(latest.path)):
+            return f"the latest publication's save {latest.path} is gone: no execution could resume"
+        started = sorted((s for s in self.sacct if s["start"]), key=lambda s: s["start"])
+        if not started:  # no accounting to judge by: only the decider's word
+            return None if "no resubmission is left" in msg or "budget" in msg else "nothing says why"
+        stepped = [i for i, s in enumerate(started) if self.stepped(s)]
+        ended_it = started[stepped[-1] + 1:] or started[stepped[-1]:] if stepped else started
+        alone = [s for s in ended_it if not self.explained(s)]
+        if alone:
+            s = alone[0]
+            return (f"job {s['job']}'s execution that started at {s['start']:.0f} ended {s['state']} "
+                    f"{'before any step ' if not self.stepped(s) else ''}with no fault to end it")
+        return None
+
+    def stepped(self, s: dict) -> bool:
+        """Whether the execution Slurm lists as ``s`` applied a step (by the trainer's log)."""
+        return any(str(s["job"]) == ex.job and ex.ops("step") and s["start"] - 1 <= ex.first_t and
+                   (not s["end"] or ex.first_t <= s["end"] + 1) for ex in self.execs)
+
+    def explained(self, s: dict) -> bool:
+        """Whether a fault could have ended the execution Slurm lists as ``s``: one in force
+        while it ran (or ending shortly before it ended: a node comes back, its Epilog
+        runs) on every job (a full filesystem, a stray entry, the controller), on its job,
+        or on its node."""
+        t0, t1 = s["start"] or 0.0, s["end"] or float("inf")
+        for f in self.run.faults:
+            if f["t0"] > t1 + 5 or (f.get("t1") or f["t0"]) + 60 < t0:
+                continue
+            if f["kind"] in ANY_JOB or str(s["job"]) in map(str, f.get("jobs") or []) or \
+                    set(f.get("nodes") or []) & set(s["nodes"]):
+                return True
         return False
 
     # resumes
@@ -366,9 +493,12 @@ class Checker:
                 self.flag("torn-resume", f"{ex.attempt} rank {r.get('rank', 0)} could not load "
                                          f"{self.rel(r['path'])}: {r.get('error')}")
             for r in ex.ops("resume", rank=None):
-                if self.ref is not None and not self._good(r["step"], r.get("h")):
+                sid = r.get("save_id")
+                writer, _, at = str(sid).rpartition(":") if sid is not None else (None, "", str(r["step"]))
+                if self.ref is not None and (at != str(r["step"]) or not self.state_ok(writer, r["step"], r.get("h"))):
                     self.flag("torn-resume", f"{ex.attempt} rank {r.get('rank', 0)} loaded {self.rel(r['path'])} "
-                                             f"at step {r['step']} with a state that is not step {r['step']}'s")
+                                             f"at step {r['step']} with a state that is not step {r['step']}'s"
+                                             + (f" of save {sid}" if sid is not None else ""))
 
     def window(self, ex: Execution) -> tuple[float, float]:
         """When the execution chose its resume point: from Slurm's start of it (sacct) to
@@ -382,17 +512,34 @@ class Checker:
                 begin = s["start"] - 1  # whole seconds
         return (begin if begin is not None else start["t"] - 1.0), chose
 
+    def choice(self, ex: Execution) -> tuple[Optional[Publication], Optional[Publication], Optional[str], float]:
+        """What execution ``ex`` (of a known epoch) chose from: (the greatest publication of an
+        earlier epoch made before Slurm started it, the publication of the save its log says it
+        resumed from, that save's path, when it chose)."""
+        epoch = attempt_epoch(ex.attempt)
+        assert epoch is not None
+        begin, chose = self.window(ex)
+        earlier = [p for p in self.pubs if p.epoch < epoch]
+        best = max((p for p in earlier if p.made < begin), key=lambda p: p.key, default=None)
+        src = self.rel(ex.start.get("resume_from"))
+        loaded = max((p for p in earlier if p.path == src), key=lambda p: p.key, default=None)
+        return best, loaded, src, chose
+
+    def right_point(self, ex: Execution) -> Optional[Publication]:
+        """The publication ``ex`` should have resumed from: the one it did when ``resume_points``
+        finds nothing wrong with that (published in time, not below the greatest), else the
+        greatest published before it started (None: from scratch)."""
+        best, loaded, src, chose = self.choice(ex)
+        if src is not None and loaded is not None and loaded.made <= chose + 0.5 and \
+                (best is None or loaded.key >= best.key):
+            return loaded
+        return best
+
     def resume_points(self) -> None:
         for ex in self.execs:
-            epoch = attempt_epoch(ex.attempt)
-            if epoch is None:
+            if attempt_epoch(ex.attempt) is None:
                 continue
-            begin, chose = self.window(ex)
-            earlier = [p for p in self.pubs if p.epoch < epoch]
-            before = [p for p in earlier if p.made < begin]
-            best = max(before, key=lambda p: p.key, default=None)
-            src = self.rel(ex.start.get("resume_from"))
-            loaded = max((p for p in earlier if p.path == src), key=lambda p: p.key, default=None)
+            best, loaded, src, chose = self.choice(ex)
             if src is None:
                 if best is not None:
                     self.flag("resume-not-latest", f"{ex.attempt} started from scratch while {best.path} (epoch "
@@ -426,13 +573,17 @@ class Checker:
                     return "its trainer_state.json names another step"
             if self.run.trainer == "hf":
                 return None
+            owner = rel.split("/")[1] if rel.startswith("exec/") else None
             with open(os.path.join(d, "model.bin")) as f:
                 h = f.readline().strip()
-            if not self._good(step, h):
+            if not self.state_ok(owner, step, h):
                 return "its model.bin is not the state of its step"
             with open(os.path.join(d, "data.json")) as f:
-                if int(json.load(f)["cursor"]) != step * self.run.ranks:
-                    return "its data cursor is not its step's"
+                data = json.load(f)
+            if int(data["cursor"]) != step * self.run.ranks:
+                return "its data cursor is not its step's"
+            if owner and self.folds and data.get("save_id") != dettrain.save_id(owner, step):
+                return f"its data.json names another save ({data.get('save_id')})"
             for r in range(1, self.run.ranks):
                 with open(os.path.join(d, f"rank-{r}.bin")) as f:
                     if f.readline().strip() != h:
@@ -450,7 +601,8 @@ class Checker:
             if owner and attempt_epoch(owner) not in (None, p.epoch):
                 self.flag("torn-publication", f"{p.name} publishes {p.path} at epoch {p.epoch}, not its writer's")
             made = [s for s in saves.get(p.path, []) if s["step"] == p.step]
-            if self.ref is not None and made and not any(self._good(p.step, s.get("h")) for s in made):
+            if self.ref is not None and made and \
+                    not any(self.state_ok(s["attempt"], p.step, s.get("h")) for s in made):
                 self.flag("torn-publication", f"{p.path} (step {p.step}) was saved with a wrong state")
             if os.path.isdir(self.host(p.path)):
                 why = self.intact(p.path, p.step)
@@ -483,21 +635,26 @@ class Checker:
 
     def supervisors(self) -> None:
         """Every process that supervised the root announced itself in its ``record.jsonl``
-        (a ``supervisor`` line with its host and pid): more than one is a supervisor that
-        exited and was started again."""
+        (a ``supervisor`` line with its host and pid): more than one, beside those a person's
+        supersession started, is a supervisor that exited and was started again."""
         path = os.path.join(self.run.root or "", "record.jsonl")
         if not os.path.exists(path):
             return  # plugin-only: Slurm requeues, nothing supervises
-        seen = []
+        facts = []
         with open(path) as f:
             for line in f:
                 try:
                     fact = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(fact, dict) and fact.get("type") == "supervisor" and \
-                        (fact.get("host"), fact.get("pid")) not in seen:
-                    seen.append((fact.get("host"), fact.get("pid")))
+                if isinstance(fact, dict):
+                    facts.append(fact)
+        seen = []
+        for fact, then in zip(facts, facts[1:] + [{}]):
+            # a person's `supersede` starts a supervisor of its own on purpose: its first fact says so
+            if fact.get("type") == "supervisor" and then.get("type") != "superseded" and \
+                    (fact.get("host"), fact.get("pid")) not in seen:
+                seen.append((fact.get("host"), fact.get("pid")))
         if len(seen) > 1:
             self.flag("supervisor-exited", f"{len(seen)} supervisor processes followed the root in turn "
                                            f"({', '.join(f'pid {p} on {h}' for h, p in seen)})")

@@ -1,12 +1,18 @@
-"""The campaign's deterministic trainer: its state is a pure function of the steps applied.
+"""The campaign's deterministic trainer: its state is a pure function of the steps applied
+and of the saves it resumed from.
 
 Step ``k`` consumes the next item(s) of a seeded data order (a fresh permutation of a small
 dataset per data epoch) and sets ``h_k = sha256(h_{k-1} : k : items)``, so repeating a
 step, skipping one, or resuming from a save whose files disagree ends in another final
 hash than the uninterrupted run's (``chain``), which a checker recomputes on its own.
+Each resume also folds in the id of the save it loaded (``resumed``: its writer's execution
+and step, which the save records), as real training diverges after a restart: two
+lineages that reach one step hold different states there, so a resume from the wrong
+lineage ends in another final state even when the step is right. The checker recomputes
+the state of the right lineage (``chain`` up to each right resume, ``resumed``, on).
 
 Saves are ``checkpoint-<step>/`` in the Hugging Face layout: ``model.bin`` (the hash and a
-payload, so a save takes time and space), ``data.json`` (the data cursor), one
+payload, so a save takes time and space), ``data.json`` (the data cursor and the save's id), one
 ``rank-<r>.bin`` per other rank, and ``trainer_state.json`` last, once every rank's file
 is written (what ``dispatch-slurm watch`` waits for). The trainer rotates like
 ``save_total_limit`` and resumes from ``--resume-from`` or, with ``--naive``, from the
@@ -41,6 +47,7 @@ import signal
 import socket
 import sys
 import time
+from functools import lru_cache
 from typing import Optional
 
 STATE = "trainer_state.json"
@@ -53,12 +60,17 @@ def start_hash(seed: int) -> str:
     return hashlib.sha256(f"dettrain seed {seed}".encode()).hexdigest()
 
 
+@lru_cache(maxsize=64)
+def _order(seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(DATASET))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
 def item(seed: int, cursor: int) -> tuple[int, int]:
     """(data epoch, item) at position ``cursor`` of the seeded data order."""
     epoch, pos = divmod(cursor, DATASET)
-    order = list(range(DATASET))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return epoch, order[pos]
+    return epoch, _order(seed, epoch)[pos]
 
 
 def step_hash(h: str, step: int, seed: int, ranks: int) -> str:
@@ -66,6 +78,16 @@ def step_hash(h: str, step: int, seed: int, ranks: int) -> str:
     consumes one item, so the data cursor is ``(step - 1) * ranks + rank``."""
     items = [item(seed, (step - 1) * ranks + r) for r in range(ranks)]
     return hashlib.sha256(f"{h}:{step}:{items}".encode()).hexdigest()
+
+
+def save_id(attempt: str, step: int) -> str:
+    """The id a save records of itself: the execution that wrote it and its step."""
+    return f"{attempt}:{step}"
+
+
+def resumed(h: str, sid: str) -> str:
+    """The state after loading the save ``sid`` whose state is ``h``: a restart diverges."""
+    return hashlib.sha256(f"{h}:resumed:{sid}".encode()).hexdigest()
 
 
 def chain(seed: int, ranks: int, steps: int) -> list[str]:
@@ -153,7 +175,7 @@ class Trainer:
                 with open(os.path.join(path, "model.bin"), "w") as f:
                     f.write(self.h + "\n" + "x" * self.a.payload)
                 with open(os.path.join(path, "data.json"), "w") as f:
-                    json.dump({"cursor": step * self.ranks}, f)
+                    json.dump({"cursor": step * self.ranks, "save_id": save_id(self.attempt, step)}, f)
             else:
                 with open(os.path.join(path, f"rank-{self.rank}.bin"), "w") as f:
                     f.write(self.h + "\n")
@@ -184,7 +206,8 @@ class Trainer:
             with open(os.path.join(path, "model.bin")) as f:
                 h = f.readline().strip()
             with open(os.path.join(path, "data.json")) as f:
-                cursor = int(json.load(f)["cursor"])
+                data = json.load(f)
+            cursor, sid = int(data["cursor"]), str(data["save_id"])
             if self.rank:
                 with open(os.path.join(path, f"rank-{self.rank}.bin")) as f:
                     if f.readline().strip() != h:
@@ -194,8 +217,8 @@ class Trainer:
         except (OSError, ValueError, KeyError) as e:  # a half-written, mixed or deleted save
             self.log("resume_failed", path=path, error=str(e))
             sys.exit(f"dettrain: cannot resume from {path}: {e}")
-        self.step, self.h = step, h
-        self.log("resume", path=path, step=step, h=h)
+        self.step, self.h = step, resumed(h, sid)
+        self.log("resume", path=path, step=step, h=h, save_id=sid)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -212,7 +235,7 @@ class Trainer:
         os.makedirs(a.output_dir, exist_ok=True)
         src = a.resume_from or (last_checkpoint(a.output_dir) if a.naive else None)
         self.log("start", resume_from=src, max_steps=a.max_steps, save_every=a.save_every,
-                 step_time=a.step_time, trap=a.trap, ranks=self.ranks, seed=a.seed)
+                 step_time=a.step_time, trap=a.trap, ranks=self.ranks, seed=a.seed, lineage=True)
         if src:
             self.resume(src)
         if a.trap == "own":
