@@ -8,9 +8,9 @@ on: a frozen slurmd). Not the project's: no dispatch import.
 Each save is ``OUT/checkpoint-<step>/`` holding ``model.bin`` and, last, ``trainer_state.json``
 (what `watch` takes as complete); then every save but the newest ``--keep`` is removed with
 ``shutil.rmtree`` (HF's rotation). ``--detach READY``: the process that was started (the
-"srun") starts the trainer in a session of its own, waits until its first save is complete,
-writes the trainer's pid to READY and exits 1, as srun does when the controller took the node
-for dead; the trainer trains on. Prints "saved <step>" after each save.
+"srun") starts the trainer in a session of its own, waits until a save of it is published
+(``$DISPATCH_CHECKPOINT/pub``), writes READY and exits 1, as srun does when the controller
+took the node for dead; the trainer trains on. Prints "saved <step>" after each save.
 """
 
 import argparse
@@ -57,9 +57,9 @@ def main() -> int:
             os._exit(0)
         os._exit(train(a.out, a.steps, a.save_every, a.keep, a.step_time))
     os.waitpid(pid, 0)
-    first = os.path.join(a.out, f"checkpoint-{a.save_every}", "trainer_state.json")
+    pub = os.path.join(os.environ["DISPATCH_CHECKPOINT"], "pub")  # the node is lost once the watch published
     deadline = time.monotonic() + 60
-    while not os.path.exists(first):
+    while not (os.path.isdir(pub) and os.listdir(pub)):
         if time.monotonic() > deadline:
             return 2
         time.sleep(0.02)

@@ -1241,7 +1241,8 @@ def test_what_counts_as_failing_before_the_trainer_started():
 
 
 def test_latest_resume_records_its_refusal_as_the_executions_event(tmp_path):
-    """The real CLI in a local execution: the latest publication's save removed by hand;
+    """The real CLI in a local execution: the latest publication's save removed by hand (with
+    its held links);
     `latest --resume` refuses it (exit 2, the fix named) and leaves the refusal as an event
     of its execution, which the supervisor reads; the event says what stderr says."""
     from support import LOCAL_SAVE, local_run
@@ -1250,6 +1251,7 @@ def test_latest_resume_records_its_refusal_as_the_executions_event(tmp_path):
     local_run(root, f"save() {{ {LOCAL_SAVE}; }}\nsave 10")
     (latest,) = os.listdir(root / "pub")
     shutil.rmtree(root / names.parse(latest).path)
+    shutil.rmtree(root / "held" / latest)  # by hand: the save and its publication's held links
     p = local_run(root, "dispatch-slurm latest --resume; echo $DISPATCH_ATTEMPT", wait=False)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 2 and not out.strip()
