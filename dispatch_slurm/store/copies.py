@@ -83,17 +83,20 @@ def keep(root_fd: int, rel: str, name: str) -> tuple[Optional[str], list[str]]:
 
 
 def release(root_fd: int, epoch: int, step: int) -> None:
-    """Drop the held links of the publications at ``epoch`` below ``step`` (and what a killed
-    publisher left half-made there): superseded by this newer save of the same execution,
-    none of them can be the latest again but by a person's ``retire``."""
+    """Drop the held links of the publications at ``epoch`` below ``step``: superseded by this
+    newer save of the same execution, none of them can be the latest again but by a person's
+    ``retire``. Hidden entries are links still being made (or a killed publisher's, gc's once
+    its execution ceased): never touched here."""
     try:
         held = open_dir(layout.HELD, dir_fd=root_fd)
     except FileNotFoundError:
         return
     try:
         for entry in os.listdir(held):
+            if entry.startswith("."):
+                continue
             try:
-                pub = names.parse(entry.lstrip(".").split(".", 1)[0])
+                pub = names.parse(entry)
             except BadName:
                 continue  # not a publication's: left for a person to see
             if pub.epoch == epoch and pub.step < step:
