@@ -3,7 +3,8 @@
 * Each subpackage depends only on the layers below it: contract <- store <- runtime /
   integrations; slurm and supervisor on top of the store; the CLI on everything. The
   core (contract, store, runtime) imports nothing Slurm-, Docker- or test-bed-related.
-* The wheel users install holds the package and nothing of the test bed.
+* The wheel users install holds the package, its ``py.typed`` marker (users' mypy reads the
+  package's annotations) and nothing of the test bed.
 * Every module keeps radon's maintainability index at A, no function above radon's
   complexity rank C, and pyflakes finds nothing.
 * The modules of slurm/ reach one another through public names only, so each module's
@@ -94,7 +95,7 @@ def test_the_package_imports_nothing_of_docker_or_the_test_bed():
         assert not bad, f"{name} imports {bad}"
 
 
-def test_the_wheel_holds_the_package_and_no_test_bed(tmp_path):
+def test_the_wheel_holds_the_package_its_type_marker_and_no_test_bed(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(PKG, src / "dispatch_slurm", ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("pyproject.toml", "README.md"):
@@ -104,7 +105,7 @@ def test_the_wheel_holds_the_package_and_no_test_bed(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     files = {n for n in zipfile.ZipFile(wheel).namelist() if not n.startswith("dispatch_slurm-")}
     want = {f"dispatch_slurm/{p.relative_to(PKG)}" for p in PKG.rglob("*.py")}
-    assert files == want
+    assert files == want | {"dispatch_slurm/py.typed"}
     assert not {f for f in files if any(x in f for x in ("dockerslurm", "trial", "workload", "wait", "testbed"))}
 
 

@@ -75,7 +75,8 @@ def test_install_lays_out_the_packages_files_and_uninstall_removes_them(tree, tm
     install(tree, dest)
     got = files(dest)
     modules = {f"{PYDIR[1:]}/{p.relative_to(tree)}": 0o644 for p in (tree / "dispatch_slurm").rglob("*.py")}
-    assert got == {**LAYOUT, **modules}
+    typed = {f"{PYDIR[1:]}/dispatch_slurm/py.typed": 0o644}  # a user's mypy reads the package's annotations
+    assert got == {**LAYOUT, **modules, **typed}
     assert len(modules) > 40, modules
     drop_in = (dest / "usr/local/share/dispatch-slurm/plugstack.conf").read_text()
     active = [line for line in drop_in.splitlines() if line and not line.startswith("#")]
