@@ -14,7 +14,7 @@ import time
 import pytest
 
 from dispatch_slurm.store import events
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
 
 pytestmark = pytest.mark.cluster
 WORKLOAD = "/src/dispatch-slurm/tests/testbed/workload.py"
@@ -78,7 +78,7 @@ def test_report_and_gc_of_a_plugin_job_nobody_supervised(slurm_cluster: Cluster,
               and ev.get("source") == "prolog"]
     assert {(ev["attempt"], ev["node"]) for ev in prolog} == {(a, n) for a, ns in ((a0, nodes0), (a1, nodes1))
                                                                     for n in ns}
-    if c.slurm_release >= "24.11":  # Slurm gives the Prolog the start time (SLURM_JOB_START_TIME) from 24.11
+    if slurm_at_least(c, "24.11"):  # Slurm gives the Prolog the start time (SLURM_JOB_START_TIME) from 24.11
         assert all(isinstance(ev.get("start_time"), int) for ev in prolog), prolog
     (i,) = r["interruptions"]
     (res,) = [x for x in resumes(hdir) if x["lineage"] == a1]  # the trainer's word on R=1's resume

@@ -16,7 +16,7 @@ import pytest
 from dispatch_slurm.contract import env as envmod
 from dispatch_slurm.slurm.hooks.job import SPANK_OPT
 from dispatch_slurm.store import events
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
 
 pytestmark = pytest.mark.cluster
 
@@ -155,7 +155,7 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     assert ceased["evidence"] == evidence
     if getattr(c, "cgroup", None) == "v2":
         assert evidence["by"] == "cgroup v2" and evidence["state"] in ("gone", "empty"), evidence
-        assert (sluid[0] if sluid and c.slurm_release >= "26.05" else f"job_{job}") in evidence["cgroup"], evidence
+        assert (sluid[0] if sluid and slurm_at_least(c, "26.05") else f"job_{job}") in evidence["cgroup"], evidence
     else:
         assert evidence == {"by": "process scan"}
     before = snapshot(hdir / "root")

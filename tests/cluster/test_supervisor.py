@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
 from dispatch_slurm.supervisor.record import Record
 
 pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
@@ -108,7 +108,7 @@ def dispatch_jobs(c: Cluster, root: str) -> dict[str, list[int]]:
     and, as it forgets ended jobs after MinJobAge, those sacct recorded (its submit line
     names the tag, 24.11 on)."""
     found = {j.job_id: j.comment for j in c.slurm.jobs() if j.comment.startswith(f"dispatch-slurm:{root}:")}
-    if c.slurm_release != "22.05":
+    if slurm_at_least(c, "24.11"):
         lines = c.exec(CONTROLLER, ["sacct", "--allusers", "-X", "-n", "--parsable2", "-S", "2000-01-01",
                                     "-o", "JobID,SubmitLine"]).stdout.splitlines()
         for job, _, line in (row.partition("|") for row in lines):
