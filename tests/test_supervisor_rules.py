@@ -274,7 +274,7 @@ def test_resubmit_until_the_budget_is_spent(root):
     assert sorted(p.name for p in (root / "sub").iterdir()) == ["000001", "000002", "000003"]
 
 
-# ---- issue 12: stop, a user's own cancel, --once, no N spent on a refused sbatch -----------
+# ---- stop, a user's own cancel, --once, no N spent on a refused sbatch --------------------
 
 @pytest.mark.parametrize("sacct", [True, False], ids=["sacct-names-the-user", "no-accounting"])
 def test_a_users_own_cancel_is_a_stop_not_a_failure_to_retry(root, sacct):
@@ -449,7 +449,7 @@ def test_a_job_that_ran_between_two_polls_is_still_recorded_as_started(root):
     assert started["late"] and started["nodes"] == ["c2"]
 
 
-# ---- issue 20: continuations across time limits ------------------------------------------------
+# ---- continuations across time limits ---------------------------------------------------------
 
 def _execution(sup, fake, jid, state, *, signalled=False, step=None, code=0):
     """Run job ``jid`` to its end as a trainer would: optionally publish a save at ``step``
@@ -756,7 +756,7 @@ def test_the_cessation_command_is_run_with_the_execution_filled_in(root, tmp_pat
     assert ask_command(h, str(root), CLUSTER)["answer"] == "unknown"
 
 
-# ---- the hold's rules and the loop's other decisions, as pure functions (issue 21) ---------------
+# ---- the hold's rules and the loop's other decisions, as pure functions ------------------------
 
 def held(**kw):
     """The state while hold #1 stands (instead of a resubmission; until 13,600; asked every 60 s)."""
@@ -1061,7 +1061,7 @@ def test_plan_shows_the_hold_stages_with_the_jobs_values(root):
 
 
 def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
-    """Issue 12, #8: `--via spank` where sbatch has no --dispatch-* options is a warning in
+    """`--via spank` where sbatch has no --dispatch-* options is a warning in
     the plan (and refused by run); `auto` takes the environment there."""
     fake = tmp_path / "bin" / "sbatch"
     fake.parent.mkdir()
@@ -1078,7 +1078,7 @@ def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
 
 
 def test_run_sets_sbatch_signal_from_the_grace_and_warns_when_saves_do_not_fit(root):
-    """Issue 13: `run --signal` (as `submit --signal`): SIG the grace before the time limit."""
+    """`run --signal` (as `submit --signal`): SIG the grace before the time limit."""
     p = cli("plan", root, "--via", "spank", "--signal", "B:USR2@90", "--", "t.sbatch", check=True).stdout
     assert "--signal=B:USR2@90" in p and "--dispatch-grace=90" in p and "WARNING" not in p
     (root / "events").mkdir()

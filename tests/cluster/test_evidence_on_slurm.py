@@ -1,4 +1,4 @@
-"""Issue 28 points 4-6 on the real cluster: a plugin job nobody supervises (sbatch
+"""On the real cluster: a plugin job nobody supervises (sbatch
 --dispatch-checkpoint, no `run`), read from its root alone. The Prolog records each
 execution's nodes and start, the Epilog every node's cessation naming the execution's
 nodes, so `report` shows every execution's end and `gc` collects what the policy allows;
@@ -67,7 +67,7 @@ def test_report_and_gc_of_a_plugin_job_nobody_supervised(slurm_cluster: Cluster,
     r = json.loads(c.exec(CONTROLLER, ["dispatch-slurm", "report", root, "--json"], user="alice").stdout)
     ex = r["executions"]
     assert [e["attempt"] for e in ex] == [a0, a1]
-    # no supervisor record: how each ended is Slurm's word, asked by the report (issue 36), and
+    # no supervisor record: how each ended is Slurm's word, asked by the report, and
     # the root shows both ceased
     assert [(e["ended"]["state"].split("+")[0], e["ended"]["source"]) for e in ex] == \
         [("REQUEUED", "slurm"), ("CANCELLED", "slurm")], [e["ended"] for e in ex]

@@ -1,4 +1,4 @@
-"""Issue 4 on the real cluster (Slurm 22.05, 24.11 and 26.05): the SPANK plugin, the Prolog,
+"""On the real cluster (Slurm 22.05, 24.11 and 26.05): the SPANK plugin, the Prolog,
 TaskProlog and Epilog give every task the same DISPATCH_* values as
 `dispatch-slurm env` and the shared contract; bad input is refused without draining
 a node or touching anything outside the user's own tree."""
@@ -321,7 +321,7 @@ def test_bad_input_matrix(slurm_cluster: Cluster, workdir):
     assert reasons == "", f"a node was drained: {reasons}"
 
 
-# ---- issue 11: no user input makes a hook exit non-zero, hang, or read a node dry ------------
+# ---- no user input makes a hook exit non-zero, hang, or read a node dry ---------------------
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -425,7 +425,7 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
     assert "DISPATCH_GRACE_S=45" in (hdir / "task").read_text().splitlines()
 
 
-# what dispatch_env(8) says each refusal exits with, per kind and command (issue 36)
+# what dispatch_env(8) says each refusal exits with, per kind and command
 REFUSALS = {  # kind -> (options, exit status of sbatch / salloc / srun)
     "a bad value (read when the option is)": (["--dispatch-checkpoint=ROOT", "--dispatch-generation=abc"], 255),
     "a root that cannot be used (checked once every option is read)": (["--dispatch-checkpoint=WD/missing"], 1),

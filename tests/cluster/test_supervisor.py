@@ -1,4 +1,4 @@
-"""Issue 7 on the real cluster (Slurm 22.05 and 24.11): the supervisor's rules, holds and
+"""On the real cluster (Slurm 22.05 and 24.11): the supervisor's rules, holds and
 restart, and the cessation signal.
 
 The supervisor runs where a user would run it, on a login node: inside the controller
@@ -300,7 +300,7 @@ def test_resubmit_survives_failure_node_failure_and_supervisor_kills(sup: Sup):
 
 
 def test_a_users_scancel_and_stop_end_supervision_and_once_drives_it_from_cron(sup: Sup):
-    """Issue 12, #8: the user's own `scancel` is a stop, not a failure to retry; `dispatch-slurm
+    """The user's own `scancel` is a stop, not a failure to retry; `dispatch-slurm
     stop` cancels and stops; `run --once`, called again and again as scrontab would, carries a
     job to its end with the same facts as a long-lived supervisor."""
     c, cdir, hdir = sup.c, sup.cdir, sup.hdir
