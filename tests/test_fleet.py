@@ -10,7 +10,7 @@ import os
 import subprocess
 
 import pytest
-from test_supervisor_rules import Clock, FakeSlurm, defn, facts
+from test_supervisor_rules import Clock, FakeSlurm, defn, facts, slurm_number
 
 from dispatch_slurm import supervisor as sv
 from dispatch_slurm.errors import DispatchError
@@ -238,7 +238,7 @@ def test_a_time_limit_makes_the_poll_fast_before_it_ends(tmp_path):
 
     def start():
         fake.start(100, t=int(clock.t))
-        fake.jobs[100]["end_time"] = {"set": True, "number": int(t0 + 1800)}
+        fake.jobs[100]["end_time"] = slurm_number(int(t0 + 1800))
     f.sleep = Until(clock, t0 + 1800, at=[(t0 + 5, start)])
     with pytest.raises(Until.Stop):
         f.run()
