@@ -341,8 +341,8 @@ def test_the_verdicts_in_docs_signals_are_what_the_doctor_prints(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--save-seconds", "inf"], "--save-seconds': inf is not a finite number"),
-    (["--kill-wait", "nan"], "--kill-wait': nan is not a finite number"),
+    (["--save-seconds", "inf"], "--save-seconds': 'inf' is not a duration"),
+    (["--kill-wait", "nan"], "--kill-wait': 'nan' is not a duration"),
     (["--grace-time", "-inf"], "--grace-time'"),
     (["--script", "binary"], "binary: not UTF-8 text (byte 0)"),
 ])

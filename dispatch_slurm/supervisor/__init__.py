@@ -44,7 +44,7 @@ from .fleet import Fleet, follow, outcome
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor, job_signal_of, lead_refusal
 from .record import Record
 from .render import render_plan
-from .rules import (DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, parse_duration, plan,
+from .rules import (DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, plan,
                     resolve_via, sbatch_argv, submission_tag)
 from .state import State
 
@@ -257,5 +257,5 @@ def load_state(root: str) -> State:
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
            "release", "stop", "open_root", "Fleet", "follow", "NoHold", "signal_warning", "submission_signal", "signal_refusal",
-           "lead_refusal", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
+           "lead_refusal", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from .render import fmt_duration
+from ..contract.durations import fmt_duration
 
 #: while a hold stands, the first of these that applies: (stage, when, then); ``{interval}``
 #: and ``{hold_for}`` are the job's --cessation-interval and --hold-for
