@@ -563,6 +563,29 @@ def test_the_commands_a_job_starts_with_import_only_what_they_use(tmp_path):
         assert argv[0] != "latest" or out.strip() == save  # it found what publish published
 
 
+def test_a_command_that_reaches_no_root_loads_none_of_the_store(tmp_path):
+    """The store's package imports its modules on first use: every command module imports
+    it, and the ones that reach no root start without them."""
+    for argv in (["epoch", "compose", "0", "1", "0"], ["check-site", "--help"], ["launch", "--help"]):
+        code, _, mods = _loaded(argv, {})
+        assert code == 0 and not {m for m in mods if m.startswith("dispatch_slurm.store.")}, \
+            (argv, sorted(m for m in mods if m.startswith("dispatch_slurm.store.")))
+
+
+def test_the_store_exports_its_names_on_first_use_and_publish_stays_the_function():
+    """Importing store/publish.py (other store modules do) must not turn ``store.publish``
+    into that module, as an eager import of the function never let it."""
+    check = ("import importlib, types\nimport dispatch_slurm.store as s\n"
+             "m = importlib.import_module('dispatch_slurm.store.publish')\n"
+             "assert s.publish is m.publish and not isinstance(s.publish, types.ModuleType)\n"
+             "assert set(s.__all__) == set(s._NAMES) | set(s._MODULES)\n"
+             "assert all(getattr(s, n) is not None for n in s.__all__)\n"
+             "assert isinstance(s.events, types.ModuleType) and s.publish is m.publish\n"
+             "try:\n    s.no_such_name\nexcept AttributeError:\n    print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "ok\n", r.stderr
+
+
 def test_the_import_check_can_fail():
     assert _heavy({"dispatch_slurm.cli.common", "dispatch_slurm.cli.options", "dispatch_slurm.cli.protocol",
                    "dispatch_slurm.supervisor.loop",
