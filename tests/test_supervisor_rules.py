@@ -14,6 +14,7 @@ import signal as signal_module
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from dispatch_slurm.store import events
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.store import ceased
 from dispatch_slurm.supervisor import holds, rules
-from dispatch_slurm.supervisor.loop import ask_command
+from dispatch_slurm.supervisor.question import Question
+from testbed import wait
 from dispatch_slurm.supervisor.state import State
 from dispatch_slurm.supervisor.record import execution
 from dispatch_slurm.errors import DispatchError
@@ -732,6 +734,28 @@ def test_a_second_live_supervisor_is_refused_and_a_dead_one_is_taken_over(root):
     assert again.claim.seq == 2
 
 
+def test_a_claim_on_another_host_is_in_doubt_until_its_heartbeat_moves_or_stands_still(root):
+    """Each look returns at once: a claimant on another host is alive once its heartbeat
+    moved, gone once it stood still for three of its polls (+5 s), in doubt until then."""
+    from dispatch_slurm.supervisor.claim import LOOK
+    (root / "supervisor").mkdir()
+    entry = root / "supervisor" / "000001"
+    entry.write_text(json.dumps({"host": "elsewhere", "pid": 1, "poll": 10.0, "purpose": "run"}))
+    os.utime(entry, (1000, 1000))
+    clock = Clock()
+    claim = sv.Claim(str(root), 1.0, "test", clock=clock)
+    assert claim.attempt() == LOOK
+    clock.sleep(34)
+    assert claim.attempt() == LOOK and claim.seq is None
+    os.utime(entry, (1010, 1010))  # its heartbeat: the claimant lives
+    with pytest.raises(DispatchError, match="already running"):
+        claim.attempt()
+    other = sv.Claim(str(root), 1.0, "test", clock=clock)
+    assert other.attempt() == LOOK
+    clock.sleep(35)
+    assert other.attempt() is None and other.seq == 2 and (root / "supervisor" / "000002").exists()
+
+
 def test_a_writer_that_lost_its_claim_stops_without_writing(root):
     fake = FakeSlurm()
     sup = new(root, fake, start_defn=defn())
@@ -775,6 +799,30 @@ def test_shared_checkpoint_holds_until_the_cessation_signal_says_ceased(root):
     applied = facts(root, "rule")[1]
     assert applied == {**applied, "rule": "resubmit", "after_hold": 1, "budget_left": 0}
     assert len(fake.sbatch) == 2 and "--dispatch-submission=2" in fake.sbatch[1][0]
+
+
+def test_a_step_never_waits_for_the_cessation_command(root):
+    """The site's command runs as a child: the step that asks it returns at once, the next
+    ones find it running and return too, and closing the supervisor kills it."""
+    fake, clock = FakeSlurm(), Clock()
+    sup = sv.Supervisor(str(root), Slurm(fake), poll=1.0, clock=clock, sleep=clock.sleep, say=lambda m: None)
+    sup.open("test")
+    sup.start(defn(shared=True, resubmit=1, cessation_cmd="sleep 60", cessation_interval=60.0, hold_for=3600.0))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    fake.end(100, "NODE_FAIL")
+    drive(sup, lambda: sup.state.hold)
+    try:
+        for _ in range(3):
+            t0 = time.monotonic()
+            wait = sup.step()
+            assert time.monotonic() - t0 < 5 and wait == sup.poll, (time.monotonic() - t0, wait)
+        assert sup.asking is not None and sup.asking.proc.poll() is None and not facts(root, "cessation")
+    finally:
+        proc = sup.asking and sup.asking.proc
+        sup.close()
+    assert proc is not None and proc.poll() is not None and sup.asking is None
 
 
 def test_a_person_releases_the_hold(root):
@@ -828,18 +876,40 @@ def test_shared_job_requeued_by_slurm_anyway_is_held_in_slurm(root):
     assert [f["rule"] for f in facts(root, "rule")] == ["requeue", "requeue"]
 
 
+def asked(h, root, now=0.0):
+    """The cessation command's answer for hold ``h``, collected as a supervisor's steps do
+    (polled, with a bounded deadline)."""
+    q = Question.start(h, str(root), CLUSTER, now)
+    return wait.until(lambda: q.answer(now), timeout=30, what="the cessation command's answer", every=0.02)
+
+
 def test_the_cessation_command_is_run_with_the_execution_filled_in(root, tmp_path):
     out = tmp_path / "argv"
-    script = f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:])); sys.exit(int(sys.argv[1]))"
-    h = {"job": 100, "r": 2, "g": 0, "n": 3, "epoch": 3_000_002, "attempt": "testc.100.3000002",
+    script = (f"import json, sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:])); "
+              "print(json.dumps(dict(by='test'))); sys.exit(int(sys.argv[1]))")
+    h = {"hold": 1, "job": 100, "r": 2, "g": 0, "n": 3, "epoch": 3_000_002, "attempt": "testc.100.3000002",
          "nodes": ["c1", "c2"], "start_time": 2000, "interval": 5.0}
     for code, answer in ((0, "ceased"), (1, "not_ceased"), (7, "unknown")):
         h["cessation_cmd"] = f"{sys.executable} -c {script!r} {code} {{job}} {{restart}} {{nodes}} {{root}} {{attempt}}"
-        got = ask_command(h, str(root), CLUSTER)
-        assert got["answer"] == answer and got["exit"] == code
+        got = asked(h, root)
+        assert got["answer"] == answer and got["exit"] == code and got["evidence"] == {"by": "test"}, got
     assert out.read_text() == f"7 100 2 c1,c2 {root} testc.100.3000002"
     h["cessation_cmd"] = "/nonexistent/ceased {job}"
-    assert ask_command(h, str(root), CLUSTER)["answer"] == "unknown"
+    assert asked(h, root)["answer"] == "unknown"
+
+
+def test_a_cessation_command_past_its_time_is_killed_and_cannot_tell(root):
+    """Collected, never waited for: while it runs there is no answer; past its time (at least
+    30 s, or the interval) it is killed, and the answer is "unknown"."""
+    h = {"hold": 1, "job": 100, "r": 0, "interval": 60.0, "cessation_cmd": "sleep 600"}
+    q = Question.start(h, str(root), CLUSTER, 1000.0)
+    try:
+        assert q.answer(1000.0) is None and q.answer(1059.9) is None and q.proc.poll() is None
+        got = q.answer(1060.0)
+        assert got == {"answer": "unknown", "exit": None, "error": "no answer within 60 s"}
+        assert q.proc.poll() is not None, "killed and reaped"
+    finally:
+        q.close()
 
 
 # ---- the hold's rules and the loop's other decisions, as pure functions ------------------------
@@ -1141,8 +1211,9 @@ def test_plan_shows_the_hold_stages_with_the_jobs_values(root):
             "30s", "--json", "--", "train.sbatch", check=True).stdout
     stages = json.loads(p)["hold"]["stages"]
     assert [s["stage"] for s in stages] == [s for s, _, _ in holds.STAGES] == \
-        ["person", "ask", "ceased", "expired", "wait"], "a person's release is looked at first"
-    assert "every 30s" in stages[1]["when"] and "12h" in stages[3]["when"] and "exits 3" in stages[3]["then"]
+        ["person", "asking", "ask", "ceased", "expired", "wait"], "a person's release is looked at first"
+    assert "may run for 30s, at least 30s" in stages[1]["when"] and "every 30s" in stages[2]["when"]
+    assert "12h" in stages[4]["when"] and "exits 3" in stages[4]["then"]
     text = cli("plan", root, "--via", "spank", "--shared-checkpoint", "--", "train.sbatch", check=True).stdout
     assert all(s["then"] in text for s in stages) and "every 1m" in text
 
