@@ -538,3 +538,27 @@ def test_a_claim_in_doubt_holds_up_no_other_root(tmp_path, monkeypatch):
     assert sb.claim.seq == 2 and sb.state.job is not None  # ...then took the root over
     for m in f.members.values():
         m.sup.close()
+
+
+def test_run_once_again_and_again_carries_a_job_to_its_end(tmp_path, monkeypatch):
+    """As scrontab calls it: each `run --once` joins the root (claim, record), reads Slurm
+    once for it and does what that calls for, then exits 0; the job's start and end are
+    recorded by the runs that come after them."""
+    fake, clock = FakeSlurm(), Clock()
+    (r,) = roots(tmp_path, 1)
+    monkeypatch.chdir(defn()["cwd"])
+
+    def once(*args):
+        sup = sv.open_root(str(r), {"via": "spank"}, list(args), POLL, Slurm(fake), once=True)
+        sup.clock, sup.sleep, sup.say = clock, clock.sleep, lambda m: None
+        try:
+            return fl.follow(sup, once=True)
+        finally:
+            sup.close()
+    assert once("job.sh").code == 0 and len(fake.sbatch) == 1
+    fake.start(100)
+    assert once().code == 0 and facts(r, "started")
+    fake.end(100, "COMPLETED")
+    assert once().code == 0 and facts(r, "finished")[0]["outcome"] == "done"
+    assert [f["type"] for f in sv.Record(str(r)).read() if f["type"] not in ("supervisor", "job")] == [
+        "intent", "submitted", "started", "ended", "rule", "finished"]

@@ -229,7 +229,11 @@ class Fleet:
             for _ in range(1000):  # a record that never asks to wait would be a bug: stop, named
                 # this poll's read, again after a step that changed something (it may say the job
                 # both started and ended); a job submitted in this poll is NOT_ASKED until the next
+                joining = sup.joining is not None
                 wait = sup.step(snap.find_job)
+                if joining and sup.joining is None:  # joined: due again at once, its job in that poll's read
+                    m.due = self.clock()
+                    return 0.0
                 if wait:
                     m.due = self.clock() + min(wait, self.poll)
                     return wait
