@@ -55,7 +55,7 @@ install-admin:
 
 install-python:
 	install -d $(D)$(PYTHONDIR) $(D)$(BINDIR) $(DISTINFO)
-	find dispatch_slurm -name '*.py' | LC_ALL=C sort | while read -r f; do \
+	find dispatch_slurm -name '*.py' -o -name py.typed | LC_ALL=C sort | while read -r f; do \
 	  install -D -m 0644 "$$f" "$(D)$(PYTHONDIR)/$$f" || exit 1; done
 	printf 'Metadata-Version: 2.1\nName: $(PKG)\nVersion: $(VERSION)\nRequires-Dist: click>=8.0\n' >$(DISTINFO)/METADATA
 	printf '[console_scripts]\n$(PKG) = dispatch_slurm.cli:main\n' >$(DISTINFO)/entry_points.txt

@@ -3,7 +3,8 @@
 * Each subpackage depends only on the layers below it: contract <- store <- runtime /
   integrations; slurm and supervisor on top of the store; the CLI on everything. The
   core (contract, store, runtime) imports nothing Slurm-, Docker- or test-bed-related.
-* The wheel users install holds the package and nothing of the test bed.
+* The wheel users install holds the package, its ``py.typed`` marker (users' mypy reads the
+  package's annotations) and nothing of the test bed.
 * Every module keeps radon's maintainability index at A, no function above radon's
   complexity rank C, and pyflakes finds nothing.
 * The modules of slurm/ reach one another through public names only, so each module's
@@ -94,7 +95,7 @@ def test_the_package_imports_nothing_of_docker_or_the_test_bed():
         assert not bad, f"{name} imports {bad}"
 
 
-def test_the_wheel_holds_the_package_and_no_test_bed(tmp_path):
+def test_the_wheel_holds_the_package_its_type_marker_and_no_test_bed(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(PKG, src / "dispatch_slurm", ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("pyproject.toml", "README.md"):
@@ -104,7 +105,7 @@ def test_the_wheel_holds_the_package_and_no_test_bed(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     files = {n for n in zipfile.ZipFile(wheel).namelist() if not n.startswith("dispatch_slurm-")}
     want = {f"dispatch_slurm/{p.relative_to(PKG)}" for p in PKG.rglob("*.py")}
-    assert files == want
+    assert files == want | {"dispatch_slurm/py.typed"}
     assert not {f for f in files if any(x in f for x in ("dockerslurm", "trial", "workload", "wait", "testbed"))}
 
 
@@ -560,6 +561,29 @@ def test_the_commands_a_job_starts_with_import_only_what_they_use(tmp_path):
         assert code == 0, argv
         assert not _heavy(mods, module), (argv, sorted(_heavy(mods, module)))
         assert argv[0] != "latest" or out.strip() == save  # it found what publish published
+
+
+def test_a_command_that_reaches_no_root_loads_none_of_the_store(tmp_path):
+    """The store's package imports its modules on first use: every command module imports
+    it, and the ones that reach no root start without them."""
+    for argv in (["epoch", "compose", "0", "1", "0"], ["check-site", "--help"], ["launch", "--help"]):
+        code, _, mods = _loaded(argv, {})
+        assert code == 0 and not {m for m in mods if m.startswith("dispatch_slurm.store.")}, \
+            (argv, sorted(m for m in mods if m.startswith("dispatch_slurm.store.")))
+
+
+def test_the_store_exports_its_names_on_first_use_and_publish_stays_the_function():
+    """Importing store/publish.py (other store modules do) must not turn ``store.publish``
+    into that module, as an eager import of the function never let it."""
+    check = ("import importlib, types\nimport dispatch_slurm.store as s\n"
+             "m = importlib.import_module('dispatch_slurm.store.publish')\n"
+             "assert s.publish is m.publish and not isinstance(s.publish, types.ModuleType)\n"
+             "assert set(s.__all__) == set(s._NAMES) | set(s._MODULES)\n"
+             "assert all(getattr(s, n) is not None for n in s.__all__)\n"
+             "assert isinstance(s.events, types.ModuleType) and s.publish is m.publish\n"
+             "try:\n    s.no_such_name\nexcept AttributeError:\n    print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "ok\n", r.stderr
 
 
 def test_the_import_check_can_fail():

@@ -1,4 +1,4 @@
-"""Issue 12: every bad input is one line naming the thing, exit 2, never a traceback.
+"""Every bad input is one line naming the thing, exit 2, never a traceback.
 
 Hypothesis throws arguments at every command (its own options with hostile values:
 nan, inf, negative and huge numbers, control characters, undecodable bytes, missing and

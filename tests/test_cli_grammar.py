@@ -137,3 +137,53 @@ def test_watch_polls_every_poll_seconds_and_reads_its_old_flag(root):
     assert said == ["dispatch-slurm: watch --poll --interval 0.1 is deprecated: write --no-inotify --poll 0.1"]
     bare = cli("watch", "--once", "--poll", env=env)
     assert "watch --poll is deprecated: write --no-inotify --poll 0.5" in bare.stderr
+
+
+DURATIONS = {"--poll", "--max-poll", "--hold-for", "--cessation-interval", "--grace", "--timeout", "--incomplete-after",
+             "--min-age", "--save-seconds", "--kill-wait", "--grace-time", "--ready-timeout"}
+
+
+def test_every_duration_option_reads_the_one_grammar():
+    """Whichever command takes it, a duration is DURATION in --help and read by one parser."""
+    from dispatch_slurm.cli.options import Duration
+    found = {opt: (p.metavar, type(p.type)) for _, cmd in _leaves() for p in cmd.params
+             if isinstance(p, click.Option) and not p.hidden for opt in p.opts if opt in DURATIONS}
+    assert set(found) == DURATIONS
+    assert {opt: m for opt, (m, t) in found.items() if m != "DURATION" or not issubclass(t, Duration)} == {}
+
+
+@pytest.mark.parametrize("given,seconds", [("90", 90), ("90s", 90), ("1.5m", 90), ("2h", 7200), ("2d", 172800),
+                                           ("45.5", 45.5), (" 30 m ", 1800)])
+def test_a_duration_is_seconds_or_a_number_with_a_unit(root, given, seconds):
+    p, _ = _plan(root, root, "--via", "env", "--shared-checkpoint", "--hold-for", given,
+                 "--cessation-interval", given, "--", "x.sbatch")
+    assert p["hold"]["hold_for"] == p["hold"]["cessation_interval"] == seconds
+    if float(seconds).is_integer() and seconds <= 300:  # the grace: whole seconds, at most 300
+        p, _ = _plan(root, root, "--via", "env", "--grace", given, "--", "x.sbatch")
+        assert p["env"]["DISPATCH_GRACE"] == str(seconds)
+
+
+def test_old_number_spellings_are_read_and_say_the_new_one(root):
+    p, err = _plan(root, root, "--via", "env", "--shared-checkpoint", "--hold-for", "1e3", "--", "x.sbatch",
+                   stderr_lines=1)
+    assert p["hold"]["hold_for"] == 1000
+    assert err == "dispatch-slurm: --hold-for 1e3 is deprecated: write --hold-for 1000s\n"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--poll", "2x"], "'2x' is not a duration: seconds, or a number with a unit (s, m, h, d), e.g. 90, 90s"),
+    (["--poll", "0.01"], "'0.01' is not at least 0.1s and at most 1h"),
+    (["--hold-for", "0m"], "'0m' is not more than 0s"),
+    (["--grace", "1.5"], "'1.5' is not whole seconds (at least 0s and at most 5m)"),
+    (["--grace", "6m"], "'6m' is not at least 0s and at most 5m"),
+    (["--cessation-interval", "inf"], "'inf' is not a duration"),
+])
+def test_a_bad_duration_is_refused_naming_the_option_and_the_grammar(root, args, needle):
+    proc = cli("plan", root, *args, "--", "x.sbatch")
+    assert proc.returncode == 2 and needle in proc.stderr and f"'{args[0]}'" in proc.stderr, proc.stderr
+
+
+def test_a_printed_duration_reads_back_as_the_same_seconds():
+    from dispatch_slurm.contract.durations import fmt_duration, parse_duration
+    for seconds in (0, 0.05, 0.5, 1, 59, 60, 90, 3599.5, 3600, 86400, 3 * 86400, 10 ** 6, 10 ** 7 + 0.25):
+        assert parse_duration(fmt_duration(seconds)) == (seconds, False), fmt_duration(seconds)

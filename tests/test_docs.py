@@ -1,4 +1,4 @@
-"""The documentation says what exists (issues 11 and 23): every `dispatch-slurm <command>` it
+"""The documentation says what exists: every `dispatch-slurm <command>` it
 shows is a command and every command is in the commands table; the on-disk contract and the
 supervisor's rules are the code's own tables; the README's tree of a root is what real
 commands make; every source it names exists; the site builds with `mkdocs build --strict`;

@@ -1,4 +1,4 @@
-"""The doctor (issue 24): its rules, the probe records, and local rehearsals of stand-ins
+"""The doctor: its rules, the probe records, and local rehearsals of stand-ins
 that fail the way the real things fail -- a trainer that never installs the handler, a
 launcher that swallows SIGTERM, a launcher killed by SIGUSR1, a save slower than the
 window -- next to one that is wired right."""
@@ -341,8 +341,8 @@ def test_the_verdicts_in_docs_signals_are_what_the_doctor_prints(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--save-seconds", "inf"], "--save-seconds': inf is not a finite number"),
-    (["--kill-wait", "nan"], "--kill-wait': nan is not a finite number"),
+    (["--save-seconds", "inf"], "--save-seconds': 'inf' is not a duration"),
+    (["--kill-wait", "nan"], "--kill-wait': 'nan' is not a duration"),
     (["--grace-time", "-inf"], "--grace-time'"),
     (["--script", "binary"], "binary: not UTF-8 text (byte 0)"),
 ])
@@ -357,7 +357,7 @@ def test_what_the_cli_fuzz_test_found_is_refused_in_one_line(tmp_path, args, nee
 
 
 def test_a_save_too_long_under_bare_torchrun_names_torchruns_kill_not_the_signal_lead():
-    """Issue 36: --save-seconds 45 under bare torchrun, a job that signals at 150 s: the 30 s
+    """--save-seconds 45 under bare torchrun, a job that signals at 150 s: the 30 s
     that binds is torchrun's kill of its workers after SIGTERM, so the fix is `dispatch-slurm
     launch`, never `--signal=TERM@57` (the job already signals at 150)."""
     tr = d.Stack(where="step", launcher="torchrun")
@@ -379,7 +379,7 @@ def test_a_save_too_long_under_bare_torchrun_names_torchruns_kill_not_the_signal
 
 
 def test_doctor_on_a_job_waits_for_completing_and_the_ranks_exit_records(tmp_path, monkeypatch):
-    """Issue 36: `doctor --job` read the records as soon as the job "ended", while it was
+    """`doctor --job` once read the records as soon as the job "ended", while it was
     still COMPLETING and its rank was saving in KillWait: "published no" and no-safe-point
     for a rank whose record then shows its save published. It waits until the job left
     COMPLETING and every rank's exit record is there (Slurm stood in for: its answers

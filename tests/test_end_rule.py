@@ -2,7 +2,7 @@
 that execution only, and the job's --signal as sbatch reads it (contract/signals.py).
 
 Every row of the rules table is reached here from the facts that make it, with the cases
-issue 36 found wrong: an own SIGTERM handler whose sentinel went to ``slurm-%j.out`` (the
+reviews found wrong: an own SIGTERM handler whose sentinel went to ``slurm-%j.out`` (the
 Epilog got the path unexpanded, so the end was taken as done at step 95 of 400), a finished
 run whose appended log held an older execution's sentinel (taken as signalled for ever, then
 failed), and the README's job script with a trainer that does not trap SIGTERM (FAILED at
@@ -75,7 +75,7 @@ def test_the_table_is_the_rows_and_stop_is_a_persons_word():
                                         "unsure")} == {"continue"}
 
 
-# -- issue 36's cases ------------------------------------------------------------------------
+# -- the cases found wrong ----------------------------------------------------------------
 
 def test_an_own_handler_that_saved_at_the_signal_and_exited_0_is_continued_not_done():
     """Point 1: COMPLETED, no event (its sentinel went to slurm-%j.out, which no one reads),

@@ -162,7 +162,7 @@ def test_submit_allocates_and_passes_inputs(root, tmp_path):
 
 
 def test_the_execution_view_reads_the_job_environment_and_arguments_override_it():
-    """Execution.current(): what a process inside the job reads (contract/env.py, issue 21)."""
+    """Execution.current(): what a process inside the job reads (contract/env.py)."""
     environ = {"DISPATCH_CHECKPOINT": "/ckpt/run1", "DISPATCH_EPOCH": "2000001", "DISPATCH_ATTEMPT": "c.7.2000001",
                "DISPATCH_EXEC_DIR": "/ckpt/run1/exec/c.7.2000001", "DISPATCH_GRACE_S": "90", "SLURM_JOB_ID": "7",
                "DISPATCH_PREEMPT_LINGER": "1", "DISPATCH_LOCAL": "0"}
@@ -213,7 +213,7 @@ def test_one_grace_parser_for_the_job_option_and_the_handler():
 
 
 def test_env_local_refuses_an_empty_dispatch_checkpoint(tmp_path):
-    """Issue 36: DISPATCH_CHECKPOINT="" is a mistake (a variable left empty), never a request
+    """DISPATCH_CHECKPOINT="" is a mistake (a variable left empty), never a request
     for ./dispatch-local: refused, naming the variable, nothing created."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
     res = subprocess.run([sys.executable, "-m", "dispatch_slurm", "env", "--local"], cwd=tmp_path,
@@ -241,7 +241,7 @@ def test_env_local_refuses_a_named_root_that_does_not_exist_as_the_readme_says(t
 
 @pytest.mark.parametrize("link", ["exec", "attempt"])
 def test_env_refuses_an_exec_folder_linked_to_node_local_storage_and_says_so(root, tmp_path, link):
-    """Issue 36 point 6: `env` run again in a step (or a user's `ln -s` before it) finds the exec
+    """`env` run again in a step (or a user's `ln -s` before it) finds the exec
     folder, or exec/, linked to node-local storage: refused, naming the link, its target and why."""
     allocate(root)
     e = slurm_env(root)

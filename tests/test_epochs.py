@@ -1,4 +1,4 @@
-"""Issue 20 #4: one epoch per job. Two jobs of one root with a hand-set DISPATCH_SUBMISSION
+"""One epoch per job. Two jobs of one root with a hand-set DISPATCH_SUBMISSION
 both got epoch 1000000; the second resumed from the first's save and the first's later
 publication became the latest. Every way in that runs without Slurm is here: `env` (the CLI,
 in subprocesses), publish, the TaskProlog and the Prolog's user child, the plugin's claim
@@ -65,7 +65,7 @@ def test_claim_vectors():
     assert names.claim_content(A) == f"{A}\n".encode()
 
 
-# ---- env: the issue's reproduction, with the real CLI --------------------------------------
+# ---- env: the collision reproduced, with the real CLI --------------------------------------
 
 def test_env_refuses_a_submission_number_never_allocated(root):
     proc = cli("env", env=job(root, 101))

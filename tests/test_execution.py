@@ -1,4 +1,4 @@
-"""The execution as a process inside its job sees it (issue 21): every integration and the
+"""The execution as a process inside its job sees it: every integration and the
 preemption handler read the DISPATCH_* variables through one view, so a missing variable
 gets one message, whoever asks. Before, each integration said it its own way (four wordings
 for a missing $DISPATCH_CHECKPOINT), some without the fix."""

@@ -6,11 +6,13 @@ on real Slurm."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 
 import pytest
-from test_supervisor_rules import Clock, FakeSlurm, defn, facts
+from test_supervisor_rules import Clock, FakeSlurm, defn, facts, slurm_number
 
 from dispatch_slurm import supervisor as sv
 from dispatch_slurm.errors import DispatchError
@@ -238,7 +240,7 @@ def test_a_time_limit_makes_the_poll_fast_before_it_ends(tmp_path):
 
     def start():
         fake.start(100, t=int(clock.t))
-        fake.jobs[100]["end_time"] = {"set": True, "number": int(t0 + 1800)}
+        fake.jobs[100]["end_time"] = slurm_number(int(t0 + 1800))
     f.sleep = Until(clock, t0 + 1800, at=[(t0 + 5, start)])
     with pytest.raises(Until.Stop):
         f.run()
@@ -419,3 +421,144 @@ def test_run_once_on_a_full_filesystem_exits_2_for_the_next_scrontab_run(small_f
     f.add(sup)
     res = f.run(once=True)
     assert res[str(root)].code == 2 and "No space left on device" in res[str(root)].message
+
+
+# ---- nothing one root waits for holds up another ----------------------------------------------
+
+class Live:
+    """The fleet's sleep in real time: before each sleep, ``react`` makes the stand-in's jobs
+    change as the supervisors' state calls for; the run stops (Until.Stop) once ``done()``
+    holds, or at ``deadline`` (real seconds), whichever first: a bounded run."""
+
+    def __init__(self, react, done, deadline):
+        self.react, self.done, self.deadline = react, done, time.time() + deadline
+
+    def __call__(self, s):
+        self.react()
+        if self.done() or time.time() > self.deadline:
+            raise Until.Stop
+        time.sleep(s)  # the fleet's own pace between polls, as in `run`
+
+
+def sleeping_children() -> list[int]:
+    """This process's children running `sleep` (the cessation command of these tests), from /proc."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        if ppid == str(os.getpid()) and cmd.startswith(b"sleep\0"):
+            found.append(int(pid))
+    return found
+
+
+def live_member(root, fake, poll, **kw):
+    sup = sv.Supervisor(str(root), Slurm(fake), poll=poll, say=lambda m: None)
+    sup.open("test")
+    sup.start(defn(**kw))
+    return sup
+
+
+def test_a_slow_cessation_command_holds_up_no_other_root(tmp_path):
+    """Root a's job fails under a shared checkpoint: its hold asks a cessation command that
+    takes 60 s. Root b's job starts and ends meanwhile: b's start is recorded within a poll
+    or two, its end within the paced read's (--max-poll), and b finishes, while a's command
+    still runs; when the fleet
+    stops, the command is killed with its supervisor."""
+    poll = 0.2
+    fake = FakeSlurm()
+    a, b = roots(tmp_path, 2)
+    sa = live_member(a, fake, poll, shared=True, resubmit=1, cessation_cmd="sleep 60", cessation_interval=60.0)
+    sb = live_member(b, fake, poll)
+    f = fl.Fleet(Slurm(fake), poll=poll, clock=time.time, sleep=time.sleep, say=lambda m: None, name_roots=True)
+    f.add(sa)
+    f.add(sb)
+    marks: dict[str, float] = {}
+
+    def react():
+        ja, jb = sa.state.job, sb.state.job
+        if ja is not None and fake.jobs[ja]["job_state"] == ["PENDING"] and not sa.state.ended:
+            fake.start(ja)
+        if sa.state.started and not sa.state.ended and fake.jobs[ja]["job_state"] == ["RUNNING"]:
+            fake.end(ja, "NODE_FAIL")
+        if sa.state.hold is not None and "b started" not in marks:  # a's hold asks its command: now b's job
+            fake.start(jb, t=int(time.time()))
+            marks["b started"] = time.time()
+        if sb.state.started and "b ended" not in marks:
+            fake.end(jb, "COMPLETED")
+            marks["b ended"] = time.time()
+    f.sleep = Live(react, lambda: str(b) in f.results, deadline=45)
+    with pytest.raises(Until.Stop):
+        f.run()
+    assert f.results[str(b)].code == 0, (f.results, marks)
+    assert sleeping_children(), "a's command still runs"
+    started, ended = facts(b, "started")[0]["t"], facts(b, "ended")[0]["t"]
+    assert started - marks["b started"] <= 2 * poll + 0.5, (started - marks["b started"], marks)
+    assert ended - marks["b ended"] <= f.max_poll + poll + 0.5, (ended - marks["b ended"], marks)  # as any end
+    assert facts(a, "cessation") == [], "no answer yet: a's command was never waited for"
+    for sup in list(m.sup for m in f.members.values()):
+        sup.close()
+    assert sleeping_children() == [], "killed with its supervisor, and reaped"
+
+
+def test_a_claim_in_doubt_holds_up_no_other_root(tmp_path, monkeypatch):
+    """Root b's last claimant ran on another host: whether it is gone is told only once its
+    heartbeat stood still for three of its polls (here 0.5 s: 6.5 s with the margin). Root
+    a submits and follows its job meanwhile; b joins once that time has passed, not before."""
+    poll = 0.2
+    fake = FakeSlurm()
+    a, b = roots(tmp_path, 2)
+    (b / "supervisor").mkdir()
+    (b / "supervisor" / "000001").write_text(json.dumps({"host": "elsewhere", "pid": 1, "poll": 0.5, "purpose": "run"}))
+    monkeypatch.chdir(os.path.dirname(defn()["cwd"] + "/"))  # where job.sh is: a new root's definition is made here
+    t0 = time.time()
+    f = fl.Fleet(Slurm(fake), poll=poll, clock=time.time, sleep=time.sleep, say=lambda m: None, name_roots=True)
+    f.add(live_member(a, fake, poll))
+    sb = sv.open_root(str(b), {"via": "spank"}, ["job.sh"], poll, Slurm(fake))
+    f.add(sb)
+    marks: dict[str, float] = {}
+
+    def react():
+        ja = f.members[str(a)].sup.state.job
+        if ja is not None and "a started" not in marks:
+            fake.start(ja, t=int(time.time()))
+            marks["a started"], marks["b joining"] = time.time(), not (b / "record.jsonl").exists()
+    f.sleep = Live(react, lambda: sb.state.job is not None, deadline=30)
+    with pytest.raises(Until.Stop):
+        f.run()
+    submitted_a, started_a = facts(a, "submitted")[0]["t"], facts(a, "started")[0]["t"]
+    assert submitted_a - t0 <= 2 * poll + 0.5 and started_a - marks["a started"] <= 2 * poll + 0.5, marks
+    assert marks["b joining"], "a stepped while b's claim was in doubt"
+    joined = facts(b, "supervisor")[0]["t"]
+    assert joined - t0 >= 3 * 0.5 + 5 - 0.5, joined - t0  # b waited out the heartbeat window...
+    assert sb.claim.seq == 2 and sb.state.job is not None  # ...then took the root over
+    for m in f.members.values():
+        m.sup.close()
+
+
+def test_run_once_again_and_again_carries_a_job_to_its_end(tmp_path, monkeypatch):
+    """As scrontab calls it: each `run --once` joins the root (claim, record), reads Slurm
+    once for it and does what that calls for, then exits 0; the job's start and end are
+    recorded by the runs that come after them."""
+    fake, clock = FakeSlurm(), Clock()
+    (r,) = roots(tmp_path, 1)
+    monkeypatch.chdir(defn()["cwd"])
+
+    def once(*args):
+        sup = sv.open_root(str(r), {"via": "spank"}, list(args), POLL, Slurm(fake), once=True)
+        sup.clock, sup.sleep, sup.say = clock, clock.sleep, lambda m: None
+        try:
+            return fl.follow(sup, once=True)
+        finally:
+            sup.close()
+    assert once("job.sh").code == 0 and len(fake.sbatch) == 1
+    fake.start(100)
+    assert once().code == 0 and facts(r, "started")
+    fake.end(100, "COMPLETED")
+    assert once().code == 0 and facts(r, "finished")[0]["outcome"] == "done"
+    assert [f["type"] for f in sv.Record(str(r)).read() if f["type"] not in ("supervisor", "job")] == [
+        "intent", "submitted", "started", "ended", "rule", "finished"]

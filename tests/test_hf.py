@@ -150,7 +150,7 @@ def test_overlapping_old_run_never_becomes_the_resume_point(root, monkeypatch):
 
 
 def test_the_older_executions_rotation_cannot_take_the_save_being_resumed(root, monkeypatch):
-    """Issue 37, the campaign's seeds 1006 and 1122 (resume-failed): a requeued execution chose
+    """The campaign's seeds 1006 and 1122 (resume-failed): a requeued execution chose
     the old execution's published checkpoint-200; the old one, cut off but still running,
     saved on and its save_total_limit rotation removed checkpoint-200 before the new trainer
     loaded it: "Can't find a valid checkpoint", the execution failed. The resume point is now
@@ -202,7 +202,7 @@ def test_output_dir_outside_the_exec_folder_is_refused(root, monkeypatch):
 
 @pytest.mark.parametrize("how", ["exec folder linked to node-local storage", "DISPATCH_EPOCH changed"])
 def test_an_exec_folder_no_save_of_which_could_be_published_fails_at_train_begin(root, monkeypatch, tmp_path, how):
-    """Issue 36 point 6: before, the callback compared real paths, accepted both at start, trained
+    """Before, the callback compared real paths, accepted both at start, trained
     to the first save and failed there (BadPath: a component is a symlink; an epoch refused)."""
     exec_dir = execution(monkeypatch, root, "c.12.1000000", E_OLD)
     if how.startswith("exec folder"):
@@ -347,7 +347,7 @@ def test_missing_dispatch_env_fails_at_train_begin_and_local_mode_runs(monkeypat
 
 
 def test_the_module_docstrings_import_runs():
-    """Issue 20: the usage the module's docstring shows imports (it once named a module path that does not exist)."""
+    """The usage the module's docstring shows imports (it once named a module path that does not exist)."""
     lines = [x.strip() for x in hf.__doc__.splitlines() if x.strip().startswith(("from dispatch_slurm", "import "))]
     assert lines
     for line in lines:
@@ -355,7 +355,7 @@ def test_the_module_docstrings_import_runs():
 
 
 def test_outside_slurm_local_runs_the_readme_snippet_and_env_local_publishes(monkeypatch, tmp_path):
-    """Issue 20: with DISPATCH_LOCAL=1 and no dispatch variables the README's calls work
+    """With DISPATCH_LOCAL=1 and no dispatch variables the README's calls work
     (output_dir() a folder of the working directory, nothing to resume from); with the
     variables `env --local` prints, the callback publishes and the next run resumes."""
     for k in ("DISPATCH_CHECKPOINT", "DISPATCH_EXEC_DIR", "DISPATCH_EPOCH", "DISPATCH_ATTEMPT", "DISPATCH_LOCAL",

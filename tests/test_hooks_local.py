@@ -74,7 +74,7 @@ def test_as_job_user_really_drops_privileges(tmp_path):
     assert not (folder / "x").exists()
 
 
-# ---- issue 11: nothing a user controls makes a hook fail, hang or exhaust the node ---------
+# ---- nothing a user controls makes a hook fail, hang or exhaust the node ------------------
 
 NOBODY = {"SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "nobody"}
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
@@ -165,7 +165,7 @@ def test_the_task_prolog_reads_the_admins_site_conf_not_the_jobs(root, tmp_path)
     assert "export DISPATCH_GRACE_S=45" in out.getvalue().splitlines()
 
 
-# ---- issue 28: the Epilog's evidence names the execution's nodes; a rejoined node's Epilog --
+# ---- the Epilog's evidence names the execution's nodes; a rejoined node's Epilog ----------
 
 def test_hostlists_expand_as_slurm_does_and_bad_ones_are_refused():
     assert hostlist.expand_hostlist("c[1-3,07-08],gpu[1-2]x,login") == \

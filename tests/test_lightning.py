@@ -136,7 +136,7 @@ def test_a_signal_during_validation_saves_there(root, tmp_path, sanity):
 
 @pytest.mark.parametrize("stale", [False, True], ids=["probe-records", "a-checkpoint-file"])
 def test_the_exec_folders_own_files_raise_no_not_empty_warning(root, tmp_path, stale):
-    """Issue 36: the exec folder is this execution's own, and it holds the handler's probe
+    """The exec folder is this execution's own, and it holds the handler's probe
     records (dispatch-probe/, written by whichever rank installed its handler first) or
     the logger's files: Lightning's "Checkpoint directory ... exists and is not empty"
     must not fire for those on every run. A checkpoint file already there (which the
@@ -161,7 +161,7 @@ REQUEUE_TRAINER = TRAINER.replace("plugins=dl.plugins()", "plugins=[SLURMEnviron
 
 
 def test_lightnings_own_requeue_is_said_and_its_hpc_ckpt_named_by_the_next_resume(root, tmp_path):
-    """Issue 36 point 10, without Slurm: Lightning's SLURMEnvironment(auto_requeue=True) under
+    """Without Slurm: Lightning's SLURMEnvironment(auto_requeue=True) under
     DispatchCheckpoint, SIGUSR1 through Lightning's own handler (hpc_ckpt_1.ckpt in the exec
     folder, `scontrol requeue`: a stand-in that records it). Before: nothing warned at start,
     and the next execution, in a new empty folder, started from step 0 without a word."""

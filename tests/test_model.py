@@ -1,4 +1,4 @@
-"""Issue 27: the protocol as a model checked by SPIN (tests/model/protocol.pml).
+"""The protocol as a model checked by SPIN (tests/model/protocol.pml).
 
 Every interleaving of two executions (their submissions, envs, resumes, trainers and
 watches), a gc run, an adoption and a crash at any step is explored exhaustively, in three

@@ -1,4 +1,4 @@
-"""Issue 28 #7: a client that calls sbatch itself (submitit) on a site without the plugin.
+"""A client that calls sbatch itself (submitit) on a site without the plugin.
 It exports only DISPATCH_CHECKPOINT: no submission number exists. The job's first
 process allocates N (O_EXCL under sub/, the allocator `submit` uses) and records it under
 jobs/<cluster>.<job id>; every requeue (same job id, R+1) finds the same N, so each
@@ -45,7 +45,7 @@ def env_json(root, job_id, restarts=0, **extra) -> dict:
 
 
 def test_a_plain_sbatch_job_gets_one_n_across_its_requeues(root):
-    """The issue's case: only DISPATCH_CHECKPOINT exported; R=0, then two requeues."""
+    """Only DISPATCH_CHECKPOINT exported; R=0, then two requeues."""
     got = [env_json(root, 101, r) for r in (0, 1, 2)]
     assert [g["DISPATCH_SUBMISSION"] for g in got] == ["1", "1", "1"]
     assert [g["DISPATCH_EPOCH"] for g in got] == ["1000000", "1000001", "1000002"], "a new epoch per execution"
@@ -230,7 +230,7 @@ def test_job_stdio_survives_no_scontrol_and_a_failing_one(monkeypatch):
 
 
 def test_a_refusing_task_prolog_writes_its_reason_to_the_jobs_stderr(root, tmp_path, monkeypatch):
-    """The issue's symptom: a hand-set N refused; Slurm shows the `print` line in the
+    """A hand-set N refused; Slurm shows the `print` line in the
     task's stdout only. The reason must also be in the separate stderr file."""
     err, out = tmp_path / "1.err", tmp_path / "1.out"
     err.write_text("")

@@ -1,4 +1,4 @@
-"""Issue 22: the admin install. `make install` (DESTDIR, PREFIX) lays out exactly the files
+"""The admin install. `make install` (DESTDIR, PREFIX) lays out exactly the files
 the packages ship, at their modes; `make uninstall` removes every one of them, and refuses
 (removing nothing) while plugstack.conf or a plugstack.conf.d/ file still loads the plugin;
 the hook wrappers take the interpreter, site file and log from /etc/default/dispatch-slurm;
@@ -75,7 +75,8 @@ def test_install_lays_out_the_packages_files_and_uninstall_removes_them(tree, tm
     install(tree, dest)
     got = files(dest)
     modules = {f"{PYDIR[1:]}/{p.relative_to(tree)}": 0o644 for p in (tree / "dispatch_slurm").rglob("*.py")}
-    assert got == {**LAYOUT, **modules}
+    typed = {f"{PYDIR[1:]}/dispatch_slurm/py.typed": 0o644}  # a user's mypy reads the package's annotations
+    assert got == {**LAYOUT, **modules, **typed}
     assert len(modules) > 40, modules
     drop_in = (dest / "usr/local/share/dispatch-slurm/plugstack.conf").read_text()
     active = [line for line in drop_in.splitlines() if line and not line.startswith("#")]
@@ -211,7 +212,7 @@ def test_every_version_says_the_same():
 
 
 def test_make_deb_builds_with_debians_python3_whatever_python3_is_first_on_path(tree, tmp_path):
-    """Issue 36: a venv's or conda's python3 first on PATH failed `make deb` (pybuild and
+    """A venv's or conda's python3 first on PATH once failed `make deb` (pybuild and
     dh_python3 run the PATH's python3). The build runs with Debian's /usr/bin/python3 first
     (dpkg-buildpackage stood in for: it records the python3 it would run)."""
     bin_ = tmp_path / "bin"
@@ -241,7 +242,7 @@ def _text(path: str) -> str:
 
 
 def test_the_admin_docs_name_both_reasons_a_removal_is_refused():
-    """Issue 36: admin/unplug refuses a removal while a plugstack file loads the plugin AND,
+    """admin/unplug refuses a removal while a plugstack file loads the plugin AND,
     on a slurmd node, while slurm.conf still runs the hooks; every page that tells the
     admin about removal names both."""
     unplug = (REPO / "admin" / "unplug").read_text()
@@ -252,7 +253,7 @@ def test_the_admin_docs_name_both_reasons_a_removal_is_refused():
 
 
 def test_the_plugstack_include_is_read_as_debian_ships_it():
-    """Issue 36: Debian's plugstack.conf says `include /etc/slurm/plugstack.conf.d/*.conf`,
+    """Debian's plugstack.conf says `include /etc/slurm/plugstack.conf.d/*.conf`,
     so a file there not named *.conf is ignored: the docs say *.conf, and every link they
     tell the admin to make is named *.conf."""
     links = []

@@ -1,11 +1,11 @@
-"""Issue 12: the shell snippets of README.md and docs/*.md run as written, under `bash -euo pipefail`, and
+"""The shell snippets of README.md and docs/*.md run as written, under `bash -euo pipefail`, and
 stop or resume correctly when a failure is injected (env fails, latest errors, nothing
-published yet, a vanished save). Issue 20: every snippet that starts a trainer in the
+published yet, a vanished save). Every snippet that starts a trainer in the
 background ends with the trainer's exit status, so a crash fails the job. External programs
 are small stand-ins on PATH: `python`/`torchrun` (a trainer that records its arguments,
 writes one Hugging Face-style save or a DCP-style one on S3, and exits 0 or, asked to, 1),
 `srun`/`sbatch`/`scontrol` (tests/stubs/slurm-cli); dispatch-slurm itself is the real one.
-Issue 23: each block is found by the marker above it (`<!-- snippet: NAME -->`), and one that
+Each block is found by the marker above it (`<!-- snippet: NAME -->`), and one that
 another test runs names it (`<!-- snippet: NAME; run by PATH::TEST -->`); a block with
 neither fails `test_every_shell_block_is_run_here_or_names_the_test_that_runs_it`."""
 
@@ -243,7 +243,7 @@ def test_the_job_script_starts_fresh_and_publishes(job):
 
 
 def test_the_job_script_fails_when_the_trainer_crashes(job):
-    """Issue 20: the trainer exits 1 (after a save): the script exits 1, so the job ends
+    """The trainer exits 1 (after a save): the script exits 1, so the job ends
     FAILED, not COMPLETED; the save it made is still published by the watch's final scan."""
     tmp, root, env = job
     res = bash(block("job-script"), {**env, "WAIT_WATCH": "1", "TRAINER_EXIT": "1"}, tmp)

@@ -86,7 +86,7 @@ def test_report_of_an_unusable_root_is_one_line(tmp_path):
     assert bad.returncode == 2 and "does not exist" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
-# ---- issue 28: a plugin job nobody supervised, read from the hooks' evidence -----------------
+# ---- a plugin job nobody supervised, read from the hooks' evidence --------------------------
 
 NOBODY = {"SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "nobody"}
 OPT = "SPANK__SLURM_SPANK_OPTION_dispatch_env_dispatch_"
@@ -133,7 +133,7 @@ def _at(root, saves: dict, t0: float) -> None:
 @pytest.fixture
 def plugin_story(tmp_path, monkeypatch):
     """A plugin job (sbatch --dispatch-checkpoint, no `run`), through the real Prolog and
-    Epilog on nodes n1 and n2, as the issue saw it: R=0 starts at T0, publishes 60 and 70,
+    Epilog on nodes n1 and n2, as a real run showed it: R=0 starts at T0, publishes 60 and 70,
     and publishes 80 a second after R=1 started (T0+100): R=1 resumed from 70 and saves 90
     at T0+130. R=1 last writes at T0+171; R=2 starts at T0+200, first saves at T0+230."""
     import shutil
@@ -219,7 +219,7 @@ def test_gc_collects_a_plugin_job_from_the_root_alone(plugin_story):
     assert sorted(os.listdir(root / "exec" / "linux.79.1000001")) == ["checkpoint-100"]
 
 
-# ---- issue 36: the report says only what happened --------------------------------------------
+# ---- the report says only what happened -----------------------------------------------------
 
 @pytest.fixture(autouse=True)
 def no_slurm_here(monkeypatch):
@@ -274,7 +274,7 @@ def test_an_execution_that_wrote_nothing_is_not_said_to_have_kept_writing(root, 
 
 
 def test_steps_computed_after_the_last_save_are_never_counted_as_0(root, monkeypatch):
-    """The issue's run: R=0 saved and published 300, computed on to 319 and was killed at its
+    """R=0 saved and published 300, computed on to 319 and was killed at its
     time limit (no handler); R=1 resumed from 300. Nothing under the root tells what R=0
     computed after 300: "unknown", never "steps lost: 0". With the handler's own
     checkpoint_complete (it saved at its stop and exited), 0 is known."""
@@ -310,7 +310,7 @@ def test_an_older_epilogs_sentinel_is_no_grace_save_of_the_execution(root, monke
 
 
 def test_a_resume_is_dated_by_what_the_execution_resumed_from(root, monkeypatch):
-    """Issue 36 point 11: R=0 published 700, R=1 started at +100, R=0 published 800 at +103.4
+    """R=0 published 700, R=1 started at +100, R=0 published 800 at +103.4
     (3.4 s after that start) and saved on to 1812 (its handler saved at the stop); R=1
     restored checkpoint-800, as its own resume event says: resumed from 800, 1012 lost (not
     "resumed from step 700; steps lost: 1112")."""

@@ -1,7 +1,7 @@
 """The save an execution resumes from is its own hard-linked copy (store/resume.py): an
 older execution still running, whose trainer rotates its saves, cannot remove it between
 the choice and the load. On a real filesystem, through the CLI a job script runs; the real
-Hugging Face case is tests/test_hf.py's; the campaign found it (issue 37, seeds 1006, 1122)."""
+Hugging Face case is tests/test_hf.py's; the campaign found it (seeds 1006, 1122)."""
 
 import os
 import shutil

@@ -452,7 +452,7 @@ def _kill_gc_at_random(attempts, sums, keep, fresh, spawn):
 # ---- ls, the CLI, the supervisor ----------------------------------------------------------------------
 
 def test_a_persons_retirement_moves_gcs_latest_and_is_no_cessation_evidence(root, three):
-    """Issue 20: `retire --latest` on LIVE's step 90. gc then keeps step 80 as the latest,
+    """`retire --latest` on LIVE's step 90. gc then keeps step 80 as the latest,
     keeps 90 while LIVE runs (a person's marker says nothing about cessation) and removes
     it once LIVE has ceased; `ls` and `report` agree with `latest`."""
     from dispatch_slurm.retention.policy import ceased_by_retirement
@@ -621,7 +621,7 @@ def test_the_report_shows_kept_and_retired_saves_with_sizes(root, three):
 
 
 def test_ceased_takes_the_executions_nodes_from_the_root_when_nothing_else_names_them(root):
-    """Issue 28: a plugin job nobody supervised, purged by slurmctld: `ceased` (and so a
+    """A plugin job nobody supervised, purged by slurmctld: `ceased` (and so a
     hold's cessation command, and gc) had "which nodes ran execution R=0 is unknown".
     The Epilog's entries name the execution's nodes: ceased once all of them recorded."""
     from test_supervisor_rules import FakeSlurm
@@ -652,7 +652,7 @@ def test_a_big_jobs_node_list_is_read_back_whole(root):
     assert ev["nodes"] == nodes and len(ev["missing"]) == 4998 and ev["ceased"] is False
 
 
-# ---- issue 36 point 11: gc on a local root, gc --dry-run alone -------------------------------
+# ---- gc on a local root, gc --dry-run alone ----------------------------------------------
 
 def _slurm_that_must_not_be_asked(tmp_path) -> str:
     """A PATH whose scontrol/sacct record every call and fail (Slurm is not there)."""

@@ -222,9 +222,9 @@ def test_ceased_resolution_asks_slurm_with_the_record_and_keeps_what_it_cannot_s
 
     from dispatch_slurm.slurm.client import Slurm
     fake = FakeSlurm()
-    fake.jobs[7] = {"job_id": 7, "job_state": ["CANCELLED"], "restart_cnt": 0, "nodes": "c1,c2", "comment": "",
-                    "start_time": {"set": True, "number": 2000}, "state_reason": "None", "user_name": "alice",
-                    "name": "job", "exit_code": {"status": ["EXITED"]}, "cluster": CLUSTER}
+    fake.submitted(7)
+    fake.start(7, ("c1", "c2"), t=2000)
+    fake.end(7, "CANCELLED")
     mine = f"{CLUSTER}.7.1000000"
     _epilog(r, mine, "c1")
     got = cessation_of.ceased(r.url, [mine, f"{CLUSTER}.8.1000000", "other.7.1000000"], Slurm(fake))

@@ -53,7 +53,7 @@ def latest_resume(env):
 # ---- a trainer that is not Hugging Face's -------------------------------------------------------
 
 def test_a_torch_save_trainer_without_a_marker_fails_the_job_and_names_its_saves(job):
-    """Issue 36 point 4: torch.save into checkpoint-<step>/ with no marker, the README's watch
+    """torch.save into checkpoint-<step>/ with no marker, the README's watch
     line. Before: watch exit 0, trainer exit 0, nothing published, `latest --resume` printed ""
     and the next execution restarted from step 0 without a word."""
     root, ex, env = job
@@ -106,7 +106,7 @@ def _line(proc, want: str, deadline: float) -> list[str]:
 
 
 def test_a_save_whose_marker_comes_before_its_weights_is_not_published_torn(job):
-    """Issue 36 point 5: a trainer writes COMPLETE, then model.pt, and is killed halfway
+    """A trainer writes COMPLETE, then model.pt, and is killed halfway
     through model.pt. Before: watch published step 20 torn, and the resume failed in torch.load
     ("PytorchStreamReader failed finding central directory", or EINVAL, by where the cut fell),
     as it would at every resubmission."""

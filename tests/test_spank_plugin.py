@@ -1,4 +1,4 @@
-"""The SPANK plugin's shape (issue 21), pyxis's: one file per SPANK context, each with its own
+"""The SPANK plugin's shape, pyxis's: one file per SPANK context, each with its own
 exit that clears its own state and frees exactly what its own init loaded (driven in every
 context, under valgrind where it is installed, and read from the sources); no include circle
 among spank_env/'s units; one cleanup path per function; the default build neither fails on
@@ -240,7 +240,7 @@ def test_no_distribution_build_asks_for_werror_or_undefines_fortify():
 
 def test_the_grace_cap_is_one_number_in_c_and_python():
     """The plugin refuses --dispatch-grace above DSP_GRACE_CAP, the CLI above GRACE_CAP, the
-    site config caps at both: one number (issue 21), its help text made from the macro."""
+    site config caps at both: one number, its help text made from the macro."""
     from dispatch_slurm.contract.siteconf import GRACE_CAP
     m = re.search(r"#define DSP_GRACE_CAP_N (\d+)", (SRC / "siteconf.h").read_text())
     assert m and int(m.group(1)) == GRACE_CAP

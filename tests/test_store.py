@@ -73,7 +73,7 @@ def test_publish_again_confirms_durability_and_changes_nothing(root):
 
 
 def test_only_a_save_of_the_publishing_execution_is_published(root, monkeypatch):
-    """Issue 12, #4: an old execution's save at the replacement's epoch, and protocol
+    """An old execution's save at the replacement's epoch, and protocol
     entries, are refused whoever calls; --adopt says so explicitly and is recorded."""
     old = save(root, f"exec/{A1}/checkpoint-900")
     save(root, f"exec/{A2}/checkpoint-5")
@@ -329,7 +329,7 @@ def test_syscall_order_from_a_real_trace(root, first):
 @needs_strace
 @pytest.mark.parametrize("which", [1, 2])
 def test_fsync_eio_means_no_success_and_a_retry_completes_durability(root, which):
-    """Issue 12, #5: the kernel returns EIO from fsync(pub) or fsync(root): publish
+    """The kernel returns EIO from fsync(pub) or fsync(root): publish
     raises. The entry may already be listed (it is in the page cache), so a retry must
     not merely say "already published": it fsyncs pub/ and the root again, and only then
     returns (existed)."""
@@ -397,7 +397,7 @@ def test_enospc_means_no_success(full_fs):
 def test_an_unreadable_events_file_is_no_evidence_either_way(root):
     """The Epilog's entries say an execution ceased whatever its events say: an events file
     the store refuses to read (a symlink, which the protocol never follows) is left out,
-    not an error for `dispatch-slurm ceased` (the review of issue 21 found it raised)."""
+    not an error for `dispatch-slurm ceased` (it once raised)."""
     from dispatch_slurm.store import ceased
     (root / "events").mkdir()
     (root / "events" / "c.1.1000000.h.1.jsonl").symlink_to("/nonexistent")

@@ -154,7 +154,7 @@ def test_only_a_save_of_the_publishing_execution_is_published(r, monkeypatch):
 
 
 def test_one_epoch_per_execution(r, monkeypatch):
-    """Issue 20 #4 on both stores: the first execution at an epoch claims it (env, or its
+    """On both stores: the first execution at an epoch claims it (env, or its
     first publication on a root from before claims); another job's env and publications at
     that epoch are refused naming it, before anything is written."""
     from dispatch_slurm.contract import env as envmod
@@ -220,12 +220,12 @@ def test_bad_entry_is_an_error_naming_it_never_skipped(r):
         store.latest(r.url)
     proc = cli("latest", r.url, "--resume")
     assert proc.returncode == 2 and "bad entry" in proc.stderr and proc.stdout == ""
-    # the message names the fix: move that entry out of pub/ (issue 20)
+    # the message names the fix: move that entry out of pub/
     mv = "aws s3 mv" if r.url.startswith("s3://") else "mv"
     assert f"{mv} {r.url}/pub/{bad}" in proc.stderr and "then run the command again" in proc.stderr
 
 
-# ---- issue 20: a vanished latest save, and a person's retirement -----------------------------------
+# ---- a vanished latest save, and a person's retirement --------------------------------------------
 
 def test_a_vanished_latest_save_is_an_error_naming_it_and_the_fix_never_a_path(r):
     publish(r, f"exec/{A1}/checkpoint-10", 10, E1)

@@ -321,7 +321,7 @@ def test_the_submitit_extra_names_submitit():
 
 
 def test_the_docs_job_result_line_says_submitit_blocks(bed):
-    """Issue 36: submitit's job.result() waits (Job.wait: a second's poll) until the result
+    """submitit's job.result() waits (Job.wait: a second's poll) until the result
     file exists or Slurm says the job is over; StaleResult can come only then. The docs'
     comment says so, instead of suggesting StaleResult at once while the job runs."""
     line = next(ln for ln in snippet("submitit-submit").splitlines() if "job.result()" in ln)

@@ -1,16 +1,21 @@
 """The supervisor's rules, record, restart and holds, and the cessation evidence rule,
-without a cluster: a stand-in runner answers the Slurm commands as Slurm 24.11 prints
-them (CLI JSON), so dispatch_slurm.slurm parses what it would on a login node. The
-cluster tests (tests/cluster/test_supervisor.py) show the same on real Slurm."""
+without a cluster: a stand-in runner answers the Slurm commands with the objects Slurm
+24.11 printed on docker-slurm (tests/cluster/data/slurm-24.11.json, CLI JSON and sacct),
+so dispatch_slurm.slurm parses what it would on a login node. The cluster tests
+(tests/cluster/test_supervisor.py) show the same on real Slurm."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
+import signal as signal_module
 import subprocess
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from support import cli
@@ -22,7 +27,8 @@ from dispatch_slurm.store import events
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.store import ceased
 from dispatch_slurm.supervisor import holds, rules
-from dispatch_slurm.supervisor.loop import ask_command
+from dispatch_slurm.supervisor.question import Question
+from testbed import wait
 from dispatch_slurm.supervisor.state import State
 from dispatch_slurm.supervisor.record import execution
 from dispatch_slurm.errors import DispatchError
@@ -31,11 +37,46 @@ from dispatch_slurm.slurm.client import CommandResult, Slurm
 CLUSTER = "testc"
 
 
-class FakeSlurm:
-    """slurmctld's side of the CLI, as Slurm 24.11 answers: enough for the supervisor."""
+#: what Slurm 24.11 printed on a docker-slurm cluster (trimmed to the keys dispatch_slurm.slurm
+#: reads): the stand-in's job, node and sacct objects are copies of these, changed where its jobs differ
+RECORDED = json.loads((Path(__file__).parent / "cluster" / "data" / "slurm-24.11.json").read_text())
 
-    def __init__(self):
-        self.jobs: dict[int, dict] = {}
+
+def slurm_number(n: int) -> dict:
+    """A number as 24.11 prints one ({infinite, number, set}), shaped as the recorded ones."""
+    return {**RECORDED["jobs"]["failed"]["exit_code"]["return_code"], "number": n}
+
+
+def exit_code(code: int | None = 0, signal: int | None = None) -> dict:
+    """The exit_code object 24.11 prints for a job that exited ``code``, was killed by
+    ``signal``, or never ran (``code`` None): the recorded completed, failed and
+    killed-by-signal jobs' objects, with the number changed."""
+    if signal:
+        e = copy.deepcopy(RECORDED["jobs"]["killed-by-signal"]["exit_code"])
+        e["signal"].update(id=slurm_number(signal), name=signal_module.Signals(signal).name.removeprefix("SIG"))
+        return e
+    e = copy.deepcopy(RECORDED["jobs"]["completed" if not code else "failed"]["exit_code"])
+    if code is None:
+        e.update(status=["PENDING"], return_code={**e["return_code"], "set": False})
+    else:
+        e["return_code"]["number"] = code
+    return e
+
+
+class FakeSlurm:
+    """slurmctld and slurmdbd's side of the CLI, as Slurm 24.11 answers: enough for the
+    supervisor. Its objects are the recorded ones (RECORDED) with the test's jobs' values;
+    the times, comment and cluster (trimmed from the recording) in 24.11's number shape.
+    ``accounting``: sacct answers from the records of every job this slurmctld ever had
+    (forgotten or not); off, sacct says accounting is disabled, as on a site without
+    slurmdbd."""
+
+    def __init__(self, accounting: bool = False):
+        self.jobs: dict[int, dict] = {}  # what slurmctld holds (a test pops one to purge it)
+        self.accounted: dict[int, dict] = {}  # what slurmdbd recorded: the same objects, kept when purged
+        self.accounting = accounting
+        self.cancelled_by: dict[int, int] = {}  # job -> the uid whose cancel ended it (sacct's "CANCELLED by")
+        self.submit_lines: dict[int, str] = {}
         self.node_state = {n: {"state": ["IDLE"], "boot_time": 1000} for n in ("c1", "c2", "c3")}
         self.next_id = 100
         self.sbatch: list[tuple[list[str], dict]] = []
@@ -44,7 +85,6 @@ class FakeSlurm:
         self.refuse_once: str | None = None  # the next real sbatch fails, --test-only passes
         self.down = False  # slurmctld unreachable
         self.plugin = True  # sbatch --help lists the SPANK plugin's options
-        self.cancellers: dict[int, int] = {}  # job -> uid, as sacct says; absent: no accounting
         self.cwds: list[str | None] = []  # where each sbatch ran (None: the caller's own folder)
 
     def __call__(self, argv, *, env=None, input=None, cwd=None):
@@ -65,73 +105,107 @@ class FakeSlurm:
             plugins = "\nOptions provided by plugins:\n      --dispatch-checkpoint=DIR  root\n" if self.plugin else ""
             return ok("Usage: sbatch [OPTIONS(0)...] [ : [OPTIONS(N)...]] script(0) [args(0)...]\n" + plugins)
         if argv[0] == "sacct":
-            jid = int(argv[argv.index("-j") + 1]) if "-j" in argv else None
-            if jid not in self.cancellers:
-                return CommandResult(1, "", "sacct: error: Slurm accounting storage is disabled")
-            return ok(f"CANCELLED by {self.cancellers[jid]}\n")
+            return self._sacct(argv)
         if argv[0] == "sbatch":
-            if self.sbatch_error:
-                return CommandResult(1, "", self.sbatch_error)
-            if "--test-only" in argv:
-                # the plugin (in sbatch) would refuse an N not yet allocated under sub/
-                assert not [a for a in argv if a.startswith("--dispatch-submission")], argv
-                self.calls[-1] = ["sbatch --test-only"]
-                return CommandResult(0, "", "sbatch: Job 0 to start at 2026-12-01T10:00:00\n")
-            if self.refuse_once:
-                err, self.refuse_once = self.refuse_once, None
-                return CommandResult(1, "", err)
-            self.sbatch.append((argv, dict(env or {})))
-            comment = next(a.split("=", 1)[1] for a in argv if a.startswith("--comment="))
-            jid = self.next_id
-            self.next_id += 1
-            self.jobs[jid] = {"job_id": jid, "job_state": ["PENDING"], "restart_cnt": 0, "nodes": "",
-                              "comment": comment, "start_time": {"set": True, "number": 0},
-                              "time_limit": {"set": True, "infinite": False, "number": 60},
-                              "state_reason": "None", "user_name": "alice", "name": "job",
-                              "exit_code": {"status": ["PENDING"]}, "cluster": CLUSTER}
-            return ok(f"{jid}\n")
+            return self._sbatch(argv, env)
         if argv[:3] == ["scontrol", "show", "job"]:
             if len(argv) == 4:
                 return ok(json.dumps({"jobs": list(self.jobs.values())}))
+            # a job slurmctld does not hold: no job and no error with --json (on the cluster:
+            # tests/cluster/test_accounting.py, job(999999) is unknown to both, not an error)
             jid = int(argv[3])
-            if jid not in self.jobs:
-                return CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified")
-            return ok(json.dumps({"jobs": [self.jobs[jid]]}))
+            return ok(json.dumps({"jobs": [self.jobs[jid]] if jid in self.jobs else []}))
         if argv[:3] == ["scontrol", "show", "nodes"]:
-            return ok(json.dumps({"nodes": [{"name": n, **s} for n, s in self.node_state.items()]}))
+            return ok(json.dumps({"nodes": [{**RECORDED["nodes"][f"idle-{n}"], "state": s["state"],
+                                             "boot_time": slurm_number(s["boot_time"])}
+                                            for n, s in self.node_state.items()]}))
         if argv[0] == "scancel":
-            self.end(int(argv[-1]), "CANCELLED")
+            self.end(int(argv[-1]), "CANCELLED", by=os.geteuid())
             return ok()
-        if argv[0] == "sacct":  # the accounting database: it holds no job slurmctld forgot here
-            return ok(json.dumps({"jobs": [], "meta": {"plugin": {"data_parser": "data_parser/v0.0.42"}}}))
         if argv[:2] in (["scontrol", "hold"], ["scontrol", "release"]):
             j, hold = self.jobs[int(argv[2])], argv[1] == "hold"
-            j.update(held_in_slurm=hold, state_reason="JobHeldUser" if hold else "None", priority=0 if hold else 1)
+            j.update(hold=hold, state_reason="JobHeldUser" if hold else "None", priority=slurm_number(0 if hold else 1))
             if not hold:
                 j.pop("state_description", None)
             return ok()
         raise AssertionError(f"the stand-in does not know {argv}")
 
-    # -- what happens to jobs --
-    def start(self, jid, nodes=("c1",), t=2000):
-        self.jobs[jid].update(job_state=["RUNNING"], nodes=",".join(nodes), start_time={"set": True, "number": t})
+    def _sbatch(self, argv, env):
+        if self.sbatch_error:
+            return CommandResult(1, "", self.sbatch_error)
+        if "--test-only" in argv:
+            # the plugin (in sbatch) would refuse an N not yet allocated under sub/
+            assert not [a for a in argv if a.startswith("--dispatch-submission")], argv
+            self.calls[-1] = ["sbatch --test-only"]
+            return CommandResult(0, "", "sbatch: Job 0 to start at 2026-12-01T10:00:00\n")
+        if self.refuse_once:
+            err, self.refuse_once = self.refuse_once, None
+            return CommandResult(1, "", err)
+        self.sbatch.append((argv, dict(env or {})))
+        jid = self.next_id
+        self.next_id += 1
+        self.submitted(jid, next(a.split("=", 1)[1] for a in argv if a.startswith("--comment=")), " ".join(argv))
+        return CommandResult(0, f"{jid}\n", "")
 
-    def end(self, jid, state, completing=False, code=0, after=100, signal=None):
+    def _sacct(self, argv):
+        """sacct as 24.11 prints it: the State column alone (`cancelled_by`'s query), or every
+        execution's record in JSON (the jobs of -j, else every job: the query by submit time)."""
+        if not self.accounting:
+            return CommandResult(1, "", "sacct: error: Slurm accounting storage is disabled")
+        ids = [int(i) for i in argv[argv.index("-j") + 1].split(",")] if "-j" in argv else sorted(self.accounted)
+        found = [self.accounted[i] for i in ids if i in self.accounted]
+        if argv[-2:] == ["-o", "State"]:
+            return CommandResult(0, "".join(f"{self._state_column(j)}\n" for j in found), "")
+        return CommandResult(0, json.dumps({"jobs": [self._record(j) for j in found],
+                                            "meta": RECORDED["sacct"]["json"]["meta"]}), "")
+
+    def _state_column(self, j):
+        state = j["job_state"][0]
+        by = self.cancelled_by.get(j["job_id"])
+        return f"{state} by {by}" if state == "CANCELLED" and by is not None else state
+
+    def _record(self, j):
+        """Job ``j``'s accounting record (its last execution), shaped as the recorded ones;
+        the job comment is not kept (docker-slurm sets no AccountingStoreFlags), the
+        submit line names it."""
+        rec = copy.deepcopy(RECORDED["sacct"]["json"]["jobs"][0])
+        rec.update(job_id=j["job_id"], nodes=j["nodes"], restart_cnt=j["restart_cnt"], name=j["name"],
+                   user=j["user_name"], cluster=j["cluster"], exit_code=copy.deepcopy(j["exit_code"]),
+                   submit_line=self.submit_lines.get(j["job_id"], ""),
+                   state={"current": list(j["job_state"]), "reason": j["state_reason"]},
+                   time={"start": j["start_time"]["number"], "end": j.get("end_time", slurm_number(0))["number"]})
+        return rec
+
+    # -- what happens to jobs --
+    def submitted(self, jid, comment="", argv="job.sh"):
+        """Job ``jid`` queued, as a pending job shows (the recorded requeued-pending one, never run)."""
+        j = copy.deepcopy(RECORDED["jobs"]["requeued-pending"])
+        j.update(job_id=jid, restart_cnt=0, state_reason="None", user_name="alice", name="job", comment=comment,
+                 cluster=CLUSTER, exit_code=exit_code(None), start_time=slurm_number(0), time_limit=slurm_number(60))
+        self.jobs[jid] = self.accounted[jid] = j
+        self.submit_lines[jid] = f"sbatch --parsable {argv}"
+        return j
+
+    def start(self, jid, nodes=("c1",), t=2000):
+        self.jobs[jid].update(job_state=["RUNNING"], nodes=",".join(nodes), batch_host=nodes[0],
+                              start_time=slurm_number(t))
+
+    def end(self, jid, state, completing=False, code=0, after=100, signal=None, by=None):
         """End job ``jid`` ``after`` seconds after it started (its time limit is an hour), with
-        exit ``code`` or killed by ``signal``."""
+        exit ``code`` or killed by ``signal``; ``by``: the uid whose cancel it was."""
         j = self.jobs[jid]
         j["job_state"] = [state] + (["COMPLETING"] if completing else [])
-        j["exit_code"] = ({"status": ["SIGNALED"], "return_code": {"set": False, "number": 0},
-                           "signal": {"id": {"set": True, "number": signal}}} if signal else
-                          {"status": ["EXITED"], "return_code": {"set": True, "number": code}})
-        j["end_time"] = {"set": True, "number": j["start_time"]["number"] + after}
+        j["exit_code"] = exit_code(code, signal)
+        j["end_time"] = slurm_number(j["start_time"]["number"] + after)
+        if by is not None:
+            self.cancelled_by[jid] = by
 
     def launch_fail(self, jid):
         """What Slurm 22.05 showed in the fault campaign (seed 1122): the batch launch failed on
         a node ("Duplicate jobid", the node drained), and Slurm requeued the job and held it."""
         j = self.jobs[jid]
         j.update(job_state=["PENDING"], restart_cnt=j["restart_cnt"] + 1, nodes="", state_reason="JobHeldUser",
-                 state_description="launch failed requeued held", priority=0)
+                 state_description="launch failed requeued held", priority=slurm_number(0))
 
     def requeue(self, jid):
         j = self.jobs[jid]
@@ -252,14 +326,13 @@ def test_done_on_success(root):
 
 
 def test_resubmit_until_the_budget_is_spent(root):
-    fake = FakeSlurm()
+    fake = FakeSlurm(accounting=True)
     sup = new(root, fake, start_defn=defn(resubmit=2))
-    fake.cancellers[100] = 999  # someone else's cancel (sacct: CANCELLED by 999): an admin, not the user
     for jid, state in ((100, "CANCELLED"), (101, "NODE_FAIL")):
         drive(sup, lambda: sup.state.job == jid)
         fake.start(jid)
         drive(sup, lambda: sup.state.started)
-        fake.end(jid, state)
+        fake.end(jid, state, by=999)  # 100: someone else's cancel (sacct: CANCELLED by 999), an admin's
     drive(sup, lambda: sup.state.job == 102)
     fake.start(102)
     drive(sup, lambda: sup.state.started)
@@ -275,18 +348,16 @@ def test_resubmit_until_the_budget_is_spent(root):
     assert sorted(p.name for p in (root / "sub").iterdir()) == ["000001", "000002", "000003"]
 
 
-# ---- issue 12: stop, a user's own cancel, --once, no N spent on a refused sbatch -----------
+# ---- stop, a user's own cancel, --once, no N spent on a refused sbatch --------------------
 
 @pytest.mark.parametrize("sacct", [True, False], ids=["sacct-names-the-user", "no-accounting"])
 def test_a_users_own_cancel_is_a_stop_not_a_failure_to_retry(root, sacct):
-    fake = FakeSlurm()
+    fake = FakeSlurm(accounting=sacct)
     sup = new(root, fake, start_defn=defn(resubmit=3))
     drive(sup, lambda: sup.state.job)
     fake.start(100)
     drive(sup, lambda: sup.state.started)
-    if sacct:
-        fake.cancellers[100] = os.geteuid()
-    fake.end(100, "CANCELLED")
+    fake.end(100, "CANCELLED", by=os.geteuid())
     with pytest.raises(sv.Finished) as e:
         drive(sup, lambda: False)
     assert e.value.code == 0 and "nothing is resubmitted" in e.value.message
@@ -450,7 +521,7 @@ def test_a_job_that_ran_between_two_polls_is_still_recorded_as_started(root):
     assert started["late"] and started["nodes"] == ["c2"]
 
 
-# ---- issue 20: continuations across time limits ------------------------------------------------
+# ---- continuations across time limits ---------------------------------------------------------
 
 def _execution(sup, fake, jid, state, *, signalled=False, step=None, code=0):
     """Run job ``jid`` to its end as a trainer would: optionally publish a save at ``step``
@@ -627,6 +698,23 @@ def test_slurm_unreachable_is_waited_out_not_taken_for_an_end(root):
     assert e.value.code == 1 and "not resubmitting blindly" in e.value.message and len(fake.sbatch) == 1
 
 
+def test_a_job_slurmctld_forgot_is_read_from_the_accounting_database(root):
+    """On a site with slurmdbd a job purged from slurmctld's memory (MinJobAge) is still
+    known: its end comes from sacct's record (--json=v0.0.42), and the rule applies to it."""
+    fake = FakeSlurm(accounting=True)
+    sup = new(root, fake, start_defn=defn(resubmit=1))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100, ["c2", "c3"])
+    drive(sup, lambda: sup.state.started)
+    fake.end(100, "FAILED", code=3)
+    fake.jobs.pop(100)
+    drive(sup, lambda: sup.state.job == 101, steps=50)
+    ended, = facts(root, "ended")
+    assert (ended["state"], ended["exit_code"], ended["via"], ended["nodes"]) == ("FAILED", 3, "sacct", ["c2", "c3"])
+    assert [(f["rule"], f["cause"]) for f in facts(root, "rule")] == [("resubmit", "failure")]
+    assert any(c[0] == "sacct" and "--json=v0.0.42" in c for c in fake.calls)
+
+
 def test_a_second_live_supervisor_is_refused_and_a_dead_one_is_taken_over(root):
     fake = FakeSlurm()
     new(root, fake, start_defn=defn())
@@ -645,6 +733,28 @@ def test_a_second_live_supervisor_is_refused_and_a_dead_one_is_taken_over(root):
         p.wait()
     again = new(root, fake)
     assert again.claim.seq == 2
+
+
+def test_a_claim_on_another_host_is_in_doubt_until_its_heartbeat_moves_or_stands_still(root):
+    """Each look returns at once: a claimant on another host is alive once its heartbeat
+    moved, gone once it stood still for three of its polls (+5 s), in doubt until then."""
+    from dispatch_slurm.supervisor.claim import LOOK
+    (root / "supervisor").mkdir()
+    entry = root / "supervisor" / "000001"
+    entry.write_text(json.dumps({"host": "elsewhere", "pid": 1, "poll": 10.0, "purpose": "run"}))
+    os.utime(entry, (1000, 1000))
+    clock = Clock()
+    claim = sv.Claim(str(root), 1.0, "test", clock=clock)
+    assert claim.attempt() == LOOK
+    clock.sleep(34)
+    assert claim.attempt() == LOOK and claim.seq is None
+    os.utime(entry, (1010, 1010))  # its heartbeat: the claimant lives
+    with pytest.raises(DispatchError, match="already running"):
+        claim.attempt()
+    other = sv.Claim(str(root), 1.0, "test", clock=clock)
+    assert other.attempt() == LOOK
+    clock.sleep(35)
+    assert other.attempt() is None and other.seq == 2 and (root / "supervisor" / "000002").exists()
 
 
 def test_a_writer_that_lost_its_claim_stops_without_writing(root):
@@ -692,6 +802,30 @@ def test_shared_checkpoint_holds_until_the_cessation_signal_says_ceased(root):
     assert len(fake.sbatch) == 2 and "--dispatch-submission=2" in fake.sbatch[1][0]
 
 
+def test_a_step_never_waits_for_the_cessation_command(root):
+    """The site's command runs as a child: the step that asks it returns at once, the next
+    ones find it running and return too, and closing the supervisor kills it."""
+    fake, clock = FakeSlurm(), Clock()
+    sup = sv.Supervisor(str(root), Slurm(fake), poll=1.0, clock=clock, sleep=clock.sleep, say=lambda m: None)
+    sup.open("test")
+    sup.start(defn(shared=True, resubmit=1, cessation_cmd="sleep 60", cessation_interval=60.0, hold_for=3600.0))
+    drive(sup, lambda: sup.state.job)
+    fake.start(100)
+    drive(sup, lambda: sup.state.started)
+    fake.end(100, "NODE_FAIL")
+    drive(sup, lambda: sup.state.hold)
+    try:
+        for _ in range(3):
+            t0 = time.monotonic()
+            wait = sup.step()
+            assert time.monotonic() - t0 < 5 and wait == sup.poll, (time.monotonic() - t0, wait)
+        assert sup.asking is not None and sup.asking.proc.poll() is None and not facts(root, "cessation")
+    finally:
+        proc = sup.asking and sup.asking.proc
+        sup.close()
+    assert proc is not None and proc.poll() is not None and sup.asking is None
+
+
 def test_a_person_releases_the_hold(root):
     fake, clock = FakeSlurm(), Clock()
     sup = shared_job_ended(root, fake, clock, [])
@@ -737,27 +871,49 @@ def test_shared_job_requeued_by_slurm_anyway_is_held_in_slurm(root):
     drive(sup, lambda: sup.state.started)
     fake.requeue(100)
     drive(sup, lambda: sup.state.hold)
-    assert fake.jobs[100]["held_in_slurm"] is True
+    assert fake.jobs[100]["hold"] is True
     drive(sup, lambda: not sup.state.hold and not sup.state.pending_apply)
-    assert fake.jobs[100]["held_in_slurm"] is False and len(fake.sbatch) == 1
+    assert fake.jobs[100]["hold"] is False and len(fake.sbatch) == 1
     assert [f["rule"] for f in facts(root, "rule")] == ["requeue", "requeue"]
+
+
+def asked(h, root, now=0.0):
+    """The cessation command's answer for hold ``h``, collected as a supervisor's steps do
+    (polled, with a bounded deadline)."""
+    q = Question.start(h, str(root), CLUSTER, now)
+    return wait.until(lambda: q.answer(now), timeout=30, what="the cessation command's answer", every=0.02)
 
 
 def test_the_cessation_command_is_run_with_the_execution_filled_in(root, tmp_path):
     out = tmp_path / "argv"
-    script = f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:])); sys.exit(int(sys.argv[1]))"
-    h = {"job": 100, "r": 2, "g": 0, "n": 3, "epoch": 3_000_002, "attempt": "testc.100.3000002",
+    script = (f"import json, sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:])); "
+              "print(json.dumps(dict(by='test'))); sys.exit(int(sys.argv[1]))")
+    h = {"hold": 1, "job": 100, "r": 2, "g": 0, "n": 3, "epoch": 3_000_002, "attempt": "testc.100.3000002",
          "nodes": ["c1", "c2"], "start_time": 2000, "interval": 5.0}
     for code, answer in ((0, "ceased"), (1, "not_ceased"), (7, "unknown")):
         h["cessation_cmd"] = f"{sys.executable} -c {script!r} {code} {{job}} {{restart}} {{nodes}} {{root}} {{attempt}}"
-        got = ask_command(h, str(root), CLUSTER)
-        assert got["answer"] == answer and got["exit"] == code
+        got = asked(h, root)
+        assert got["answer"] == answer and got["exit"] == code and got["evidence"] == {"by": "test"}, got
     assert out.read_text() == f"7 100 2 c1,c2 {root} testc.100.3000002"
     h["cessation_cmd"] = "/nonexistent/ceased {job}"
-    assert ask_command(h, str(root), CLUSTER)["answer"] == "unknown"
+    assert asked(h, root)["answer"] == "unknown"
 
 
-# ---- the hold's rules and the loop's other decisions, as pure functions (issue 21) ---------------
+def test_a_cessation_command_past_its_time_is_killed_and_cannot_tell(root):
+    """Collected, never waited for: while it runs there is no answer; past its time (at least
+    30 s, or the interval) it is killed, and the answer is "unknown"."""
+    h = {"hold": 1, "job": 100, "r": 0, "interval": 60.0, "cessation_cmd": "sleep 600"}
+    q = Question.start(h, str(root), CLUSTER, 1000.0)
+    try:
+        assert q.answer(1000.0) is None and q.answer(1059.9) is None and q.proc.poll() is None
+        got = q.answer(1060.0)
+        assert got == {"answer": "unknown", "exit": None, "error": "no answer within 60 s"}
+        assert q.proc.poll() is not None, "killed and reaped"
+    finally:
+        q.close()
+
+
+# ---- the hold's rules and the loop's other decisions, as pure functions ------------------------
 
 def held(**kw):
     """The state while hold #1 stands (instead of a resubmission; until 13,600; asked every 60 s)."""
@@ -962,8 +1118,9 @@ def test_supersede_cancels_generation_g_and_supervises_g_plus_1(root):
 # ---- the cessation evidence rule ---------------------------------------------------------------
 
 def ended_job(fake, root, state="NODE_FAIL", nodes=("c1", "c2")):
-    fake.jobs[100] = {"job_id": 100, "job_state": [state], "restart_cnt": 0, "nodes": ",".join(nodes),
-                      "start_time": {"set": True, "number": 2000}, "cluster": CLUSTER, "comment": ""}
+    fake.submitted(100)
+    fake.start(100, nodes, t=2000)
+    fake.end(100, state)
     return {"root": str(root), "generation": 0, "submission": 1}
 
 
@@ -1055,14 +1212,15 @@ def test_plan_shows_the_hold_stages_with_the_jobs_values(root):
             "30s", "--json", "--", "train.sbatch", check=True).stdout
     stages = json.loads(p)["hold"]["stages"]
     assert [s["stage"] for s in stages] == [s for s, _, _ in holds.STAGES] == \
-        ["person", "ask", "ceased", "expired", "wait"], "a person's release is looked at first"
-    assert "every 30s" in stages[1]["when"] and "12h" in stages[3]["when"] and "exits 3" in stages[3]["then"]
+        ["person", "asking", "ask", "ceased", "expired", "wait"], "a person's release is looked at first"
+    assert "may run for 30s, at least 30s" in stages[1]["when"] and "every 30s" in stages[2]["when"]
+    assert "12h" in stages[4]["when"] and "exits 3" in stages[4]["then"]
     text = cli("plan", root, "--via", "spank", "--shared-checkpoint", "--", "train.sbatch", check=True).stdout
     assert all(s["then"] in text for s in stages) and "every 1m" in text
 
 
 def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
-    """Issue 12, #8: `--via spank` where sbatch has no --dispatch-* options is a warning in
+    """`--via spank` where sbatch has no --dispatch-* options is a warning in
     the plan (and refused by run); `auto` takes the environment there."""
     fake = tmp_path / "bin" / "sbatch"
     fake.parent.mkdir()
@@ -1079,7 +1237,7 @@ def test_plan_warns_when_the_plugin_via_needs_is_absent(root, tmp_path):
 
 
 def test_run_sets_sbatch_signal_from_the_grace_and_warns_when_saves_do_not_fit(root):
-    """Issue 13: `run --signal` (as `submit --signal`): SIG the grace before the time limit."""
+    """`run --signal` (as `submit --signal`): SIG the grace before the time limit."""
     p = cli("plan", root, "--via", "spank", "--signal", "B:USR2@90", "--", "t.sbatch", check=True).stdout
     assert "--signal=B:USR2@90" in p and "--dispatch-grace=90" in p and "WARNING" not in p
     (root / "events").mkdir()

@@ -1,4 +1,4 @@
-"""A third store is one module and one line in the chooser (issue 21).
+"""A third store is one module and one line in the chooser.
 
 ``MemStore`` below is a whole store: the interface's primitives (dispatch_slurm/store/base.py)
 over a dict in this process, conditional creates and all. Registering it is one line,

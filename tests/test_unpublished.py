@@ -48,7 +48,7 @@ def _warned(text: str, root, old) -> None:
 
 
 def test_latest_resume_says_what_was_left_and_records_it(left):
-    """Issue 36 point 10: before, `latest --resume` printed "" (exit 0) and said nothing."""
+    """Before, `latest --resume` printed "" (exit 0) and said nothing."""
     root, old, new, env = left
     proc = subprocess.run([sys.executable, "-m", "dispatch_slurm", "latest", "--resume"], env=env,
                           capture_output=True, text=True, timeout=60)
@@ -162,7 +162,7 @@ def test_every_integrations_resume_call_says_it(left, monkeypatch, capsys, resum
 
 
 def test_an_integrations_resume_refuses_an_exec_folder_linked_to_node_local_storage(left, monkeypatch, tmp_path):
-    """Issue 36 point 6, for the integrations without a start hook of their own (DCP,
+    """For the integrations without a start hook of their own (DCP,
     accelerate): their resume call is the start."""
     root, old, new, env = left
     for k, v in env.items():

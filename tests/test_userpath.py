@@ -1,4 +1,4 @@
-"""Issue 20, the user's path: what a person copies and types works, and what goes wrong says
+"""The user's path: what a person copies and types works, and what goes wrong says
 so. No text recommends `$(dispatch-slurm latest ...)` inside an argument; `watch --until-pid`
 of no process, `publish --step` against the name, relative roots, a read-only root, an empty
 root's report, sizes and plurals, `env --local`. The real CLI, a real filesystem."""

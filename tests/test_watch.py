@@ -275,7 +275,7 @@ def test_layout_and_vanished_saves(root, ex, monkeypatch):
     assert steps(root) == [1]
 
 
-# ---- issue 12: bad arguments refused at start; a rotation race is not an error ----------------
+# ---- bad arguments refused at start; a rotation race is not an error -------------------------
 
 @pytest.mark.parametrize("args, message", [
     (["--until-pid", "0"], "--until-pid"), (["--until-pid", "-1"], "--until-pid"),
@@ -307,7 +307,7 @@ WORKLOAD = os.path.join(os.path.dirname(__file__), "testbed", "workload.py")
 
 @pytest.mark.parametrize("run", range(20))
 def test_watch_survives_the_trainers_rotation(root, ex, tmp_path, run):
-    """Issue 12, #6: a trainer saving 300-file saves with save_total_limit=1 deletes each
+    """A trainer saving 300-file saves with save_total_limit=1 deletes each
     save right after the next one, while watch fsyncs it. Watch never fails on that, and
     every save that survived rotation is published (the last one above all)."""
     env = {**env_for(root, ex), "SLURM_JOB_ID": "1", "DISPATCH_EPOCH": str(E1)}
@@ -324,7 +324,7 @@ def test_watch_survives_the_trainers_rotation(root, ex, tmp_path, run):
     assert store.latest(root).step == max(survivors) == 80
 
 
-# ---- issue 36: unfinished saves named while the watch runs; Ctrl-C; the exec folder checked at start ----
+# ---- unfinished saves named while the watch runs; Ctrl-C; the exec folder checked at start ----
 
 def test_a_save_left_incomplete_is_named_while_the_watch_runs(root, ex, running):
     """Named once it has been incomplete for --incomplete-after seconds, not before (a save
@@ -365,7 +365,7 @@ touch "{after}"
 
 
 def test_ctrl_c_stops_the_job_script_instead_of_running_on(root, ex, tmp_path):
-    """Issue 36 point 7, under job control: the script starts with SIGINT at its default (as in
+    """Under job control: the script starts with SIGINT at its default (as in
     a terminal), Ctrl-C reaches the whole process group. bash makes the `&` trainer ignore it;
     the watch must die by SIGINT, so bash stops there. Before: watch exited 130 and bash went
     on to `wait $T` (the trainer trained on, unpublished) and the next line."""
@@ -412,7 +412,7 @@ def test_the_watch_itself_dies_by_sigint(root, ex):
 
 @pytest.mark.parametrize("how", ["node-local link", "exec/ linked", "another epoch", "outside"])
 def test_an_exec_folder_whose_saves_could_not_be_published_is_refused_at_start(root, ex, tmp_path, how):
-    """Issue 36 point 6: before, a symlinked exec folder was refused as "not inside the checkpoint
+    """Before, a symlinked exec folder was refused as "not inside the checkpoint
     root", which is not what is wrong."""
     local = tmp_path / "node-local"
     local.mkdir()

@@ -109,7 +109,8 @@ def dispatch(endpoint_url, profile):
     """Make overlapping executions of a Slurm job harmless: each execution writes its
     own folder, and saves become visible only by append-only publication.
 
-    A root is a path or s3://bucket/prefix (pip install 'dispatch-slurm[s3]')."""
+    A root is a path or s3://bucket/prefix (pip install 'dispatch-slurm[s3]'). A
+    DURATION is seconds, or a number with a unit: 90, 90s, 1.5m, 2h, 1d."""
     # set in the environment, so that boto3 and every command this one runs see them
     if endpoint_url:
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoint_url

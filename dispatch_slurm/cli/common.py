@@ -14,7 +14,6 @@ absolute; a relative $DISPATCH_CHECKPOINT is refused, as `env` refuses it inside
 
 Every option's grammar is in options.py."""
 
-import math
 import os
 import signal
 import sys
@@ -91,14 +90,6 @@ class RootCommand(click.Command):
 def root_option(help_: str = "checkpoint root"):
     return click.option("--root", metavar="ROOT", envvar="DISPATCH_CHECKPOINT", show_envvar=True, help=help_,
                         callback=_root_option)
-
-
-def finite(ctx, param, value):
-    """A number option must be a finite number: nan passes click's range checks, and inf
-    passes a range without a maximum."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number", ctx=ctx, param=param)
-    return value
 
 
 def _root(ctx, param, value):

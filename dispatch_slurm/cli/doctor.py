@@ -34,14 +34,13 @@ def _signal(ctx, param, value):
 @click.option("--wrapped/--not-wrapped", default=None, help="the launcher runs under `dispatch-slurm launch`")
 @click.option("--processes", type=click.IntRange(1), help="accelerate launch's --num_processes")
 @options.grace_option("the grace the handler counts on", fractions=True, envvar="DISPATCH_GRACE_S", show_envvar=True)
-@click.option("--save-seconds", type=click.FloatRange(0), callback=common.finite, help="a save's measured duration (else: "
-              "measured by the rehearsal)")
+@options.duration_option("--save-seconds", help_="a save's measured duration (else: measured by the rehearsal)")
 @click.option("--partition", help="the partition whose GraceTime and PreemptMode count  "
               "[default: $SLURM_JOB_PARTITION, else the default partition]")
 @click.option("--slurm/--no-slurm", "use_slurm", default=None, help="read scontrol show config/partition  "
               "[default: when scontrol is on PATH]")
-@click.option("--kill-wait", type=click.FloatRange(0), callback=common.finite, help="KillWait, over Slurm's (30 s without Slurm)")
-@click.option("--grace-time", type=click.FloatRange(0), callback=common.finite, help="the partition's GraceTime, over Slurm's")
+@options.duration_option("--kill-wait", help_="KillWait, over Slurm's (30 s without Slurm)")
+@options.duration_option("--grace-time", help_="the partition's GraceTime, over Slurm's")
 @click.option("--preempt-mode", help="PreemptMode, over Slurm's (OFF without Slurm), e.g. REQUEUE")
 @click.option("--send-user-signal/--no-send-user-signal", default=None,
               help="PreemptParameters=send_user_signal, over Slurm's")
@@ -51,8 +50,8 @@ def _signal(ctx, param, value):
               "tracking does  [default: its first process only, as cgroup tracking does]")
 @click.option("--ranks", type=click.IntRange(1), default=1, show_default=True,
               help="the ranks whose handlers must report")
-@click.option("--ready-timeout", type=click.FloatRange(0.1, 3600), default=120, show_default=True,
-              help="seconds to wait for every rank's handler before signalling anyway")
+@options.duration_option("--ready-timeout", minimum=0.1, maximum=3600, default=120, show_default=True,
+                         help_="how long to wait for every rank's handler before signalling anyway")
 @click.option("--job", "job_id", type=click.IntRange(1), help="rehearse on this running job: scancel sends "
               "the signal as Slurm will (the job ends)")
 @click.option("--probe-dir", type=click.Path(file_okay=False), help="where the handlers record (--job: "

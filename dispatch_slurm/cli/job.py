@@ -113,10 +113,10 @@ def submit(root, generation, grace, shared_checkpoint, sig, as_json, sbatch_args
               "save (in its grace window) is published. Exit 1 when saves were left unpublished above the last "
               "one published")
 @options.watch_poll_options
-@click.option("--timeout", type=click.FloatRange(min=0.01, max=86400), default=300.0, show_default=True,
-              callback=common.finite, help="a scan (listing, fsync, publication) taking longer is an error")
-@click.option("--incomplete-after", type=click.FloatRange(min=0, max=86400), default=300.0, show_default=True,
-              callback=common.finite, help="seconds a save may stay incomplete before it is named on stderr")
+@options.duration_option("--timeout", minimum=0.01, maximum=86400, default=300.0, show_default=True,
+                         help_="a scan (listing, fsync, publication) taking longer is an error")
+@options.duration_option("--incomplete-after", maximum=86400, default=300.0, show_default=True,
+                         help_="how long a save may stay incomplete before it is named on stderr")
 @click.option("--no-sync", is_flag=True, help="do not fsync a save's files before publishing it")
 def watch(exec_dir, root, epoch_, marker, pattern, once, until_pid, poll_s, no_inotify, interval, timeout,
           incomplete_after, no_sync):

@@ -1,8 +1,10 @@
 """One grammar per option name, whichever command takes it, as a Slurm user reads it.
 
 ``--signal`` is sbatch's ``--signal`` ([{R|B}:]SIG[@T]) wherever it names the job's signal;
-``--grace`` is whole seconds, as the job option ``--dispatch-grace`` takes them; ``--poll
-SECONDS`` is the time between two looks, at the job or at the exec folder; the root is
+every duration (``--poll``, ``--grace``, ``--hold-for``, ``--timeout``...) is one grammar,
+contract/durations.py's (90, 90s, 1.5m, 2h), ``--grace`` in whole seconds as the job option
+``--dispatch-grace`` takes them; ``--poll`` is the time between two looks, at the job or at
+the exec folder; the root is
 ``--root ROOT`` in every command about one (common.py). A spelling an earlier release took
 still works, for scripts, and says the new one in one line on stderr (``deprecated``);
 docs/user-guide.md has the table."""
@@ -12,8 +14,9 @@ import math
 import click
 from click.core import ParameterSource
 
+from ..contract.durations import EXAMPLES, fmt_duration, parse_duration
 from ..contract.siteconf import GRACE_CAP
-from .common import finite
+from ..errors import DispatchError
 
 SIGNAL_METAVAR = "[{R|B}:]SIG[@T]"
 SIGNAL_HELP = ("the job's --signal, as sbatch takes it: SIG T seconds before the time limit (T: 60 if left out); "
@@ -25,43 +28,71 @@ def deprecated(old: str, new: str) -> None:
     click.echo(f"dispatch-slurm: {old} is deprecated: {new}", err=True)
 
 
-class Grace(click.ParamType):
-    """``--grace SECONDS``: whole seconds 0..GRACE_CAP, as sbatch's --dispatch-grace and
-    DISPATCH_GRACE take them (Slurm counts its times in whole seconds). ``fractions``: a
-    fraction is read too, said deprecated when given on the command line (an environment
-    variable may hold one: $DISPATCH_GRACE_S, the handler's own grace)."""
+class Duration(click.ParamType):
+    """Every duration option: contract/durations.py's grammar (90, 90s, 1.5m, 2h, 1d), in
+    seconds, ``minimum`` to ``maximum`` (``above``: more than ``minimum``). ``whole``: whole
+    seconds, as Slurm counts its times (``--grace``), a fraction refused, or with
+    ``fractions`` read and said deprecated when typed (an environment variable may hold one:
+    $DISPATCH_GRACE_S, the handler's own grace). A spelling outside the grammar that an
+    earlier release read (1e3) is read, and said deprecated when typed."""
 
-    name = "seconds"
+    name = "duration"
 
-    def __init__(self, fractions: bool = False) -> None:
-        self.fractions = fractions
+    def __init__(self, minimum: float = 0.0, maximum: float = math.inf, *, above: bool = False,
+                 whole: bool = False, fractions: bool = False) -> None:
+        self.minimum, self.maximum, self.above = minimum, maximum, above
+        self.whole, self.fractions = whole, fractions
 
     def convert(self, value, param, ctx):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
+            return value  # a default
         text = str(value).strip()
-        if text.isdigit() and int(text) <= GRACE_CAP:
-            return int(text)
         try:
-            seconds = float(text)
-        except ValueError:
-            seconds = math.nan
-        if not (self.fractions and 0 <= seconds <= GRACE_CAP):  # nan too
-            self.fail(f"{value!r} is not whole seconds 0..{GRACE_CAP}", param, ctx)
-        if ctx is not None and param is not None and \
-                ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
-            deprecated(f"--grace {text} (a fraction of a second)", f"give whole seconds: --grace {math.ceil(seconds)}")
-        return seconds
+            seconds, legacy = parse_duration(text)
+        except DispatchError as e:
+            self.fail(str(e), param, ctx)
+        low_ok = seconds > self.minimum if self.above else seconds >= self.minimum
+        if not (low_ok and seconds <= self.maximum):
+            self.fail(f"{text!r} is not {self.bounds()}", param, ctx)
+        typed = ctx is not None and param is not None and \
+            ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+        option = param.opts[0] if param is not None and param.opts else "the duration"
+        if self.whole and not seconds.is_integer():
+            if not self.fractions:
+                self.fail(f"{text!r} is not whole seconds ({self.bounds()})", param, ctx)
+            if typed:
+                deprecated(f"{option} {text} (a fraction of a second)",
+                           f"give whole seconds: {option} {math.ceil(seconds)}")
+            return seconds
+        if legacy and typed:
+            deprecated(f"{option} {text}", f"write {option} {fmt_duration(seconds)}")
+        return int(seconds) if self.whole else seconds
+
+    def bounds(self) -> str:
+        """The range, in the grammar's words."""
+        low = f"more than {fmt_duration(self.minimum)}" if self.above else f"at least {fmt_duration(self.minimum)}"
+        return low + ("" if math.isinf(self.maximum) else f" and at most {fmt_duration(self.maximum)}")
+
+
+DURATION_HELP = f"a duration: seconds, or with a unit, e.g. {EXAMPLES}"
+
+
+def duration_option(*names: str, help_: str, minimum: float = 0.0, maximum: float = math.inf,
+                    above: bool = False, **kw):
+    """A duration option: DURATION in --help, the grammar named once in its text."""
+    return click.option(*names, type=Duration(minimum, maximum, above=above), metavar="DURATION",
+                        help=help_, **kw)
 
 
 def grace_option(help_: str = "seconds the save gets after the signal", fractions: bool = False, **kw):
-    return click.option("--grace", type=Grace(fractions), help=f"{help_} (whole seconds, 0..{GRACE_CAP})", **kw)
+    return click.option("--grace", type=Duration(0, GRACE_CAP, whole=True, fractions=fractions), metavar="DURATION",
+                        help=f"{help_} (whole seconds, at most {fmt_duration(GRACE_CAP)}: 90, 2m)", **kw)
 
 
 def poll_option(what: str, default: float, minimum: float):
-    """``--poll SECONDS``: the time between two looks at ``what``, in every command that polls."""
-    return click.option("--poll", type=click.FloatRange(min=minimum, max=3600), default=default, show_default=True,
-                        metavar="SECONDS", callback=finite, help=f"seconds between two looks at {what}")
+    """``--poll DURATION``: the time between two looks at ``what``, in every command that polls."""
+    return duration_option("--poll", minimum=minimum, maximum=3600, default=default, show_default=True,
+                           help_=f"the time between two looks at {what}")
 
 
 WATCH_POLL = 0.5  # watch's --poll: a folder is cheap to look at
@@ -77,21 +108,20 @@ class _Bare:
 BARE = _Bare()
 
 
-class _PollSeconds(click.FloatRange):
+class _PollDuration(Duration):
     def convert(self, value, param, ctx):
         return value if value is BARE else super().convert(value, param, ctx)
 
 
 def watch_poll_options(f):
-    """watch's ``--poll SECONDS`` (the grammar of every --poll) and ``--no-inotify``; the old
+    """watch's ``--poll DURATION`` (the grammar of every --poll) and ``--no-inotify``; the old
     spellings, ``--poll`` alone (then a flag: poll instead of inotify) and ``--interval
     SECONDS``, still read (watch_polling says them deprecated)."""
-    f = click.option("--interval", type=click.FloatRange(min=0.01, max=3600), hidden=True, callback=finite)(f)
-    f = click.option("--no-inotify", is_flag=True, help="poll every --poll seconds instead of waiting on "
-                     "inotify")(f)
-    return click.option("--poll", "poll_s", type=_PollSeconds(min=0.01, max=3600), is_flag=False, flag_value=BARE,
-                        default=WATCH_POLL, show_default=True, metavar="SECONDS", callback=finite,
-                        help="seconds between two looks at the exec folder where it is polled: an S3 root, "
+    f = click.option("--interval", type=Duration(0.01, 3600), hidden=True)(f)
+    f = click.option("--no-inotify", is_flag=True, help="poll every --poll instead of waiting on inotify")(f)
+    return click.option("--poll", "poll_s", type=_PollDuration(0.01, 3600), is_flag=False, flag_value=BARE,
+                        default=WATCH_POLL, show_default=True, metavar="DURATION",
+                        help="the time between two looks at the exec folder where it is polled: an S3 root, "
                              "no inotify, --no-inotify (and at the trainer, without a pidfd)")(f)
 
 

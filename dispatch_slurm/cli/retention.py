@@ -14,7 +14,7 @@ from ..contract.names import STEP_PATTERN
 from ..report.render import plural, size
 from ..retention import GONE, KEEP, REMOVE, Policy
 from ..supervisor.record import Record
-from . import common
+from . import common, options
 
 
 def _say_pins(root: str, pin: tuple, unpin: tuple) -> None:
@@ -53,8 +53,8 @@ def _summary(verdicts, dry_run: bool) -> str:
               help="keep the K newest saves that still exist (the latest is always kept)")
 @click.option("--keep-every", type=click.IntRange(1), metavar="N",
               help="also keep the first save of every window of N steps")
-@click.option("--min-age", type=click.FloatRange(0), default=60.0, show_default=True, metavar="SECONDS",
-              help="an exec folder modified more recently is still being written: kept")
+@options.duration_option("--min-age", default=60.0, show_default=True,
+                         help_="an exec folder modified more recently is still being written: kept")
 @click.option("--pin", multiple=True, type=click.Path(), metavar="SAVE",
               help="pin SAVE (or a folder of saves) first: gc never removes it")
 @click.option("--unpin", multiple=True, type=click.Path(), metavar="SAVE", help="drop the pin of SAVE first")

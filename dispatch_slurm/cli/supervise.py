@@ -7,6 +7,7 @@ import sys
 import click
 
 from .. import supervisor
+from ..contract.durations import fmt_duration
 from . import common, options
 
 
@@ -21,9 +22,10 @@ def _supervisor_options(fn):
                      f"{supervisor.STALLS} times in a row is stopped  [default: {supervisor.DEFAULTS['continuations']}]"),
         click.option("--shared-checkpoint/--no-shared-checkpoint", "shared", default=None,
                      help="the job cannot isolate its writes: every recovery becomes a hold for a person"),
-        click.option("--hold-for", help="how long a hold waits for an answer (90, 30m, 24h)  [default: 24h]"),
-        click.option("--cessation-interval", help="how often the cessation signal is asked during a hold  "
-                     "[default: 60s]"),
+        options.duration_option("--hold-for", above=True, help_="how long a hold waits for an answer  "
+                                f"[default: {fmt_duration(supervisor.DEFAULTS['hold_for'])}]"),
+        options.duration_option("--cessation-interval", above=True, help_="how often the cessation signal is "
+                                f"asked during a hold  [default: {fmt_duration(supervisor.DEFAULTS['cessation_interval'])}]"),
         click.option("--cessation-cmd", help="the site's cessation signal: exit 0 ceased, 1 not ceased, "
                      "else cannot tell; placeholders {job} {restart} {root} {generation} {submission} {epoch} "
                      "{attempt} {cluster} {nodes} {started}  [default: " + supervisor.DEFAULT_CESSATION_CMD + "]"),
@@ -43,13 +45,10 @@ def _supervisor_options(fn):
 
 def _options(resubmit, continuations, shared, hold_for, cessation_interval, cessation_cmd, via, grace, sig=None,
              keep_last=None) -> dict:
-    dur = supervisor.parse_duration
     sig, grace = options.signal_grace(sig, grace)
-    return {"resubmit": resubmit, "continuations": continuations, "shared": shared, "via": via, "grace": grace, "cessation_cmd": cessation_cmd,
-            "signal": sig, "keep_last": keep_last,
-            "hold_for": None if hold_for is None else dur(hold_for, "--hold-for"),
-            "cessation_interval": None if cessation_interval is None else dur(cessation_interval,
-                                                                              "--cessation-interval")}
+    return {"resubmit": resubmit, "continuations": continuations, "shared": shared, "via": via, "grace": grace,
+            "cessation_cmd": cessation_cmd, "signal": sig, "keep_last": keep_last, "hold_for": hold_for,
+            "cessation_interval": cessation_interval}
 
 
 def _supervise(fn, *args):
@@ -95,8 +94,8 @@ class _RootsThenSbatch(common.RootCommand):
 @_supervisor_options
 @click.option("--once", is_flag=True, help="do what needs doing now, then exit 0 (resumable: for scrontab "
               "or cron instead of a process that lives for days on a login node)")
-@click.option("--max-poll", type=click.FloatRange(min=0.1, max=3600), metavar="SECONDS",
-              help="the longest wait between two reads of Slurm while every followed job runs (a job that is "
+@options.duration_option("--max-poll", minimum=0.1, maximum=3600,
+                         help_="the longest wait between two reads of Slurm while every followed job runs (a job that is "
                    "pending, starting or near its time limit is read every --poll)  [default: 6 x --poll]")
 @click.option("--roots-from", type=click.Path(), metavar="PATH", help="also supervise every root this names, "
               "looked at every poll: a folder (each folder in it is a root) or a file (one root per line); "

@@ -16,7 +16,7 @@ from ..contract import layout
 from ..contract.env import Execution
 from ..contract.names import Publication
 from ..errors import StoreError
-from . import events, execdir, unpublished
+from . import events, unpublished
 from .base import SaveMoved
 from .roots import at
 
@@ -91,6 +91,7 @@ def resume_point(root: str | None = None) -> tuple[str, int] | None:
     root = Execution.current(root=root).need("root")
     ex = Execution.current()  # this execution's own, when the root is its root
     if ex.exec_dir and ex.epoch is not None and root == ex.root:
+        from . import execdir  # here: `latest` never needs it (nor the publish path it imports)
         execdir.check(ex.exec_dir, root, ex.epoch, ex.attempt, local=at(root).local)
     pub, path = resume_from(root)
     resumed(root, pub, "resume_point", path)

@@ -44,7 +44,7 @@ from .fleet import Fleet, follow, outcome
 from .loop import EXIT_DONE, EXIT_ERROR, EXIT_FAILED, EXIT_HELD, Finished, Supervisor, job_signal_of, lead_refusal
 from .record import Record
 from .render import render_plan
-from .rules import (DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, parse_duration, plan,
+from .rules import (DEFAULT_CESSATION_CMD, DEFAULTS, STALLS, check_resume, make_defn, plan,
                     resolve_via, sbatch_argv, submission_tag)
 from .state import State
 
@@ -106,31 +106,41 @@ def new_defn(options: dict, args: list[str], slurm: Slurm) -> dict:
 
 def open_root(root: str, options: dict, args: list[str], poll: float, slurm: Slurm, once: bool = False,
               template: Optional[str] = None, say: Optional[Callable[[str], None]] = None) -> Supervisor:
-    """A supervisor of ROOT, its claim taken and its record replayed (a new root: the job's
-    definition recorded, with ``template``, an array task's ``%a`` root), ready to step;
-    ``say``: where its lines go (one of many roots: each line names it)."""
+    """A supervisor of ROOT for a fleet: a new root's arguments checked now, before anything
+    is written; its first steps (``joining``) take the root's claim, however long a claim
+    in doubt takes to tell (supervisor/claim.py: a waiting state, the other roots step
+    meanwhile), replay its record and, for a new root, record the job's definition (with
+    ``template``, an array task's ``%a`` root). ``say``: where its lines go (one of many
+    roots: each line names it)."""
     root = normalize(root)
     if not os.path.exists(os.path.join(root, RECORD)):  # a new root's bad arguments: refused before its claim writes anything
         refused = signal_refusal({"g": 0, **make_defn(options, args)}, root)
         if refused:
             raise DispatchError(refused)
     sup = Supervisor(root, slurm, poll=poll, say=say)
-    try:
-        st = sup.open("run --once" if once else "run")
-        if st.facts:
-            check_resume(options, args, st.defn)
-            defn = None
-        else:
-            defn = new_defn(options, args, sup.slurm)
-            if template:
-                defn["array_root"] = template
-        if (warning := signal_warning(sup.store, defn or st.defn)):
-            sup.say(f"warning: {warning}")
-        sup.start(defn)
-    except BaseException:
-        sup.close()
-        raise
+    sup.joining = lambda: _joining(sup, options, args, once, template)
     return sup
+
+
+def _joining(sup: Supervisor, options: dict, args: list[str], once: bool, template: Optional[str]) -> float:
+    """One joining step of ``sup`` (open_root): the seconds until the next look at its
+    claim, or 0 once it joined (the next step is its first as a supervisor)."""
+    wait = sup.claim_root("run --once" if once else "run")
+    if wait is not None:
+        return wait
+    st = sup.state
+    if st.facts:
+        check_resume(options, args, st.defn)
+        defn = None
+    else:
+        defn = new_defn(options, args, sup.slurm)
+        if template:
+            defn["array_root"] = template
+    if (warning := signal_warning(sup.store, defn or st.defn)):
+        sup.say(f"warning: {warning}")
+    sup.start(defn)
+    sup.joining = None
+    return 0
 
 
 def run(roots: str | list[str], options: dict, args: list[str], poll: float, slurm: Optional[Slurm] = None,
@@ -194,7 +204,7 @@ def stop(root: str, message: Optional[str] = None, poll: float = DEFAULT_POLL,
         pass  # asked already: wait for it like the first time
     claim = Claim(where, poll, "stop")
     claims, exited = claim.entries()
-    if claims and claim.holder_alive(claims[-1], exited, wait=False):
+    if claims and claim.holder(claims[-1], exited) != "gone":  # one look: possibly alive is alive
         return Finished(EXIT_DONE, f"asked the running supervisor of {root} to stop (it cancels the job "
                                    "and finishes at its next poll)")
     return run(root, {}, [], poll, slurm)
@@ -246,7 +256,7 @@ def release(root: str, message: Optional[str] = None) -> dict:
                             "the supervisor applies it at its next poll") from None
     claim = Claim(where, DEFAULT_POLL, "release")
     claims, exited = claim.entries()
-    running = bool(claims) and claim.holder_alive(claims[-1], exited, wait=False)
+    running = bool(claims) and claim.holder(claims[-1], exited) != "gone"  # one look: possibly alive is alive
     return {"hold": h["hold"], "job": h["job"], "r": h["r"], "replaces": h["replaces"], "entry": path,
             "supervisor_running": running}
 
@@ -257,5 +267,5 @@ def load_state(root: str) -> State:
 
 __all__ = ["Record", "Claim", "State", "Supervisor", "Finished", "plan", "render_plan", "run", "supersede",
            "release", "stop", "open_root", "Fleet", "follow", "NoHold", "signal_warning", "submission_signal", "signal_refusal",
-           "lead_refusal", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "parse_duration", "DEFAULTS", "STALLS",
+           "lead_refusal", "load_state", "new_defn", "plugin_options", "resolve_via", "normalize", "make_defn", "check_resume", "DEFAULTS", "STALLS",
            "DEFAULT_CESSATION_CMD", "DEFAULT_POLL", "EXIT_DONE", "EXIT_FAILED", "EXIT_ERROR", "EXIT_HELD"]

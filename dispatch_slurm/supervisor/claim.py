@@ -6,8 +6,10 @@ The writer touches its entry (mtime) every poll as a heartbeat and checks before
 append that no higher entry exists; when one appears it stops writing, creates
 ``<NNNNNN>.exited`` and exits. A new supervisor takes over only from a claimant that
 exited, whose pid is gone (same host), or whose heartbeat stood still for three of its
-polls (another host; compared on the file server's clock only). No lock: locks are
-unreliable on the parallel filesystems a root lives on."""
+polls (another host; compared on the file server's clock only). Telling a heartbeat stood
+still takes that long: it is a waiting state, looked at again at every poll, never a wait
+inside one (one process supervises many roots). No lock: locks are unreliable on the
+parallel filesystems a root lives on."""
 
 from __future__ import annotations
 
@@ -36,16 +38,25 @@ def _pid_is_supervisor(pid: int) -> bool:
     return b"dispatch" in cmd
 
 
+#: how often a claim in doubt (another host's claimant, its heartbeat not yet read) is looked at again
+LOOK = 1.0
+
+
 class Claim:
     """One supervisor's claim on ``root`` (see the module doc), through the root's store the
-    supervisor keeps (or, given a name, one of its own)."""
+    supervisor keeps (or, given a name, one of its own). Nothing here waits: a claimant on
+    another host is "unknown" until its heartbeat is seen to move (alive) or to stand still
+    for three of its polls (gone), each look one call of ``holder`` (``attempt`` for the
+    claim itself) at the caller's pace."""
 
-    def __init__(self, root: store.Root, poll: float, purpose: str, *, sleep=time.sleep, clock=time.monotonic):
+    def __init__(self, root: store.Root, poll: float, purpose: str, *, clock=time.monotonic):
         self.store = store.at(root)
         self.root = self.store.root
         self.poll, self.purpose = poll, purpose
         self.seq: Optional[int] = None
-        self._sleep, self._clock = sleep, clock
+        self._clock = clock
+        self._prev: Optional[int] = None  # the claimant a takeover waits for
+        self._watch: Optional[tuple[int, Optional[float], float]] = None  # (claim, heartbeat seen, deadline)
 
     def entries(self) -> tuple[list[int], set[int]]:
         """(claims in order, the claims that said they exited)."""
@@ -64,48 +75,62 @@ class Claim:
     def _mtime(self, seq: int) -> Optional[float]:
         return self.store.mtime(CLAIMS, f"{seq:06d}")
 
-    def holder_alive(self, seq: int, exited: set[int], wait: bool = True) -> bool:
-        """Is claimant ``seq`` still (possibly) writing?"""
+    def holder(self, seq: int, exited: set[int]) -> str:
+        """What one look says of claimant ``seq``: "gone" (it said it exited; its pid on this
+        host is no supervisor; its heartbeat stood still for three of its polls since the
+        first look), "alive" (a supervisor's pid on this host; a heartbeat that moved since
+        the last look) or "unknown" (another host's, neither yet: look again)."""
         if seq in exited:
-            return False
+            return "gone"
         info = self._info(seq)
         if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return _pid_is_supervisor(info["pid"])
-        if not wait:
-            return True
-        window = 3 * float(info.get("poll") or DEFAULT_POLL) + 5
-        before, t0 = self._mtime(seq), self._clock()
-        while self._clock() - t0 < window:
-            self._sleep(min(1.0, window))
-            if seq in self.entries()[1] or self._mtime(seq) != before:
-                return seq not in self.entries()[1]
-        return False
+            return "alive" if _pid_is_supervisor(info["pid"]) else "gone"
+        beat, now = self._mtime(seq), self._clock()
+        watched = self._watch
+        if watched is None or watched[0] != seq or beat != watched[1]:
+            self._watch = (seq, beat, now + 3 * float(info.get("poll") or DEFAULT_POLL) + 5)
+            return "unknown" if watched is None or watched[0] != seq else "alive"
+        return "gone" if now >= watched[2] else "unknown"
 
-    def acquire(self, takeover: bool = False) -> int:
-        """Become the writer. ``takeover`` (supersede): claim first, then wait until the
-        previous writer has noticed and stopped; otherwise refuse while it is alive."""
-        claims, exited = self.entries()
-        prev = claims[-1] if claims else None
-        if prev is not None and not takeover and self.holder_alive(prev, exited):
-            info = self._info(prev)
-            raise DispatchError(
-                f"a supervisor is already running for {self.root} "
-                f"(claim {prev:06d}: host {info.get('host', '?')}, pid {info.get('pid', '?')}, "
-                f"{info.get('purpose', '?')}); stop it first (`dispatch-slurm stop {self.root}`), "
-                "or use `dispatch-slurm supersede`")
-        seq = (prev or 0) + 1
+    def attempt(self, takeover: bool = False) -> Optional[float]:
+        """One look at becoming the writer: None once this is the writer, else the seconds
+        until the next look. ``takeover`` (supersede): claim first, then look until the
+        previous writer has noticed and stopped; otherwise refused while it is alive."""
+        if self.seq is None:
+            claims, exited = self.entries()
+            prev = claims[-1] if claims else None
+            if prev is not None and not takeover:
+                holder = self.holder(prev, exited)
+                if holder == "alive":
+                    raise self._running(prev)
+                if holder == "unknown":
+                    return LOOK
+            self._create((prev or 0) + 1)
+            self._prev = prev if takeover else None
+        if self._prev is None:
+            return None
+        # the previous writer sees our higher claim at its next poll and exits; on another
+        # host, a heartbeat that stands still for three polls also ends the wait
+        if self.holder(self._prev, self.entries()[1]) != "gone":
+            return LOOK
+        self._prev = None
+        return None
+
+    def _running(self, prev: int) -> DispatchError:
+        info = self._info(prev)
+        return DispatchError(
+            f"a supervisor is already running for {self.root} "
+            f"(claim {prev:06d}: host {info.get('host', '?')}, pid {info.get('pid', '?')}, "
+            f"{info.get('purpose', '?')}); stop it first (`dispatch-slurm stop {self.root}`), "
+            "or use `dispatch-slurm supersede`")
+
+    def _create(self, seq: int) -> None:
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "poll": self.poll,
                            "purpose": self.purpose, "t": time.time()}).encode()
         if not self.store.create(CLAIMS, f"{seq:06d}", body, mode=0o644):
             raise DispatchError(f"another supervisor is claiming {self.root} right now "
                                 f"(claim {seq:06d} exists); try again")
         self.seq = seq
-        if takeover and prev is not None:
-            # the previous writer sees our higher claim at its next poll and exits; on
-            # another host, a heartbeat that stands still for three polls also ends the wait
-            while self.holder_alive(prev, self.entries()[1], wait=True):
-                self._sleep(0.5)
-        return seq
 
     def mine(self) -> bool:
         claims, _ = self.entries()

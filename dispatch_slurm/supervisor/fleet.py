@@ -14,7 +14,10 @@ caught the signal) makes the next poll read Slurm at once.
 
 A single ``run ROOT`` is a fleet of one (``follow``): this is the one loop. Each root's
 supervisor is a state machine (loop.py) the fleet steps until it has to wait; the step
-keeps the root's claim itself."""
+keeps the root's claim itself. No step waits inside: a root joining the fleet whose claim
+is in doubt (another host's claimant, supervisor/claim.py) and a hold's cessation command
+(supervisor/question.py) are states a later poll looks at again, so one slow root never
+holds up another's poll."""
 
 from __future__ import annotations
 
@@ -165,7 +168,7 @@ class Fleet:
             self._read(due, now)
             for r in due:
                 wait = self._step(r, self._unseen(r))
-                if wait is not None and once and wait > 0:
+                if wait is not None and once and wait > 0 and self.members[r].sup.joining is None:
                     sup = self.members.pop(r).sup
                     sup.close()
                     self.results[r] = Finished(EXIT_DONE, f"{sup.state.summary()}; nothing more to do for "
@@ -226,7 +229,11 @@ class Fleet:
             for _ in range(1000):  # a record that never asks to wait would be a bug: stop, named
                 # this poll's read, again after a step that changed something (it may say the job
                 # both started and ended); a job submitted in this poll is NOT_ASKED until the next
+                joining = sup.joining is not None
                 wait = sup.step(snap.find_job)
+                if joining and sup.joining is None:  # joined: due again at once, its job in that poll's read
+                    m.due = self.clock()
+                    return 0.0
                 if wait:
                     m.due = self.clock() + min(wait, self.poll)
                     return wait
@@ -234,7 +241,7 @@ class Fleet:
         except Finished as f:
             self.results[root] = f
         except OSError as e:
-            if e.errno in FULL and not self.once:
+            if e.errno in FULL and not self.once and sup.joining is None:
                 return self._full(m, e)
             self.fail(root, e)
         except DispatchError as e:

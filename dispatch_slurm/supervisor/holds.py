@@ -13,16 +13,19 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from .render import fmt_duration
+from ..contract.durations import fmt_duration
 
 #: while a hold stands, the first of these that applies: (stage, when, then); ``{interval}``
 #: and ``{hold_for}`` are the job's --cessation-interval and --hold-for
 STAGES = (
     ("person", "a person ran `dispatch-slurm release ROOT`",
      "the hold is lifted: the replaced rule applies now (a resubmission with budget left submits)"),
+    ("asking", "the cessation signal asked is still running (it may run for {interval}, at least {timeout})",
+     "look again at the next poll (the other roots of the process go on meanwhile); past that time it is killed "
+     "and its answer is 'unknown'"),
     ("ask", "the cessation signal is due: at the hold, then every {interval}, and once more at expiry by a "
             "supervisor that has not asked it yet (one restarted after the expiry)",
-     "ask it (`--cessation-cmd`) and record its answer"),
+     "start it (`--cessation-cmd`): its answer is recorded when it exits"),
     ("ceased", "its answer is 'ceased'", "the hold is lifted: the replaced rule applies now"),
     ("expired", "{hold_for} passed since the hold, with neither",
      "recorded; the job stays held and `run` exits 3 (`dispatch-slurm release ROOT`, then `dispatch-slurm run "
@@ -31,17 +34,27 @@ STAGES = (
 )
 
 
+#: the least time the cessation command is given before it is killed (more when --cessation-interval is longer)
+ASK_TIMEOUT = 30.0
+
+
 def stages(interval: str, hold_for: str) -> list[dict]:
     """STAGES as rows, ``interval`` and ``hold_for`` filled in (the job's, or the options')."""
-    return [{"stage": s, "when": when.format(interval=interval, hold_for=hold_for), "then": then}
+    return [{"stage": s, "when": when.format(interval=interval, hold_for=hold_for,
+                                             timeout=fmt_duration(ASK_TIMEOUT)), "then": then}
             for s, when, then in STAGES]
+
+
+def ask_timeout(h: dict) -> float:
+    """How long the cessation command of hold ``h`` may run before it is killed, unanswered."""
+    return max(ASK_TIMEOUT, h["interval"])
 
 
 class Look(NamedTuple):
     """What one look at the standing hold leads to: its ``stage`` (a row of STAGES), the
     facts to record in order ((type, fields)), the finish (outcome, message) or None, and
-    the seconds until the next look. Stage ``ask``: ask the cessation signal, then look
-    again with its answer."""
+    the seconds until the next look. Stage ``ask``: start the cessation signal; ``asking``:
+    it runs, look again with its answer once it exited."""
     stage: str
     facts: tuple[tuple[str, dict], ...] = ()
     finish: Optional[tuple[str, str]] = None
@@ -52,13 +65,17 @@ class Look(NamedTuple):
         return self.stage == "ask"
 
 
-def stage(st, now: float, request: Optional[dict], answer: Optional[dict], asked_this_run: bool) -> str:
+def stage(st, now: float, request: Optional[dict], answer: Optional[dict], asked_this_run: bool,
+          asking: bool = False) -> str:
     """The row of STAGES that applies to the standing hold ``st.hold``: ``request`` a
-    person's release entry (or None), ``answer`` the cessation signal's, just asked (or
-    None), ``asked_this_run`` whether this process asked it before."""
+    person's release entry (or None), ``answer`` the cessation signal's, just collected (or
+    None), ``asked_this_run`` whether this process asked it before, ``asking`` whether the
+    question it asked is still running (no answer yet)."""
     h = st.hold
     if request is not None:
         return "person"
+    if asking and answer is None:
+        return "asking"
     if answer is None and due(st, h, now, asked_this_run):
         return "ask"
     if answer is not None and answer["answer"] == "ceased":
@@ -67,10 +84,10 @@ def stage(st, now: float, request: Optional[dict], answer: Optional[dict], asked
 
 
 def look(st, now: float, poll: float, root: str, request: Optional[dict] = None, answer: Optional[dict] = None,
-         asked_this_run: bool = False) -> Look:
+         asked_this_run: bool = False, asking: bool = False) -> Look:
     """One look at the standing hold (see ``stage``); an answer is always recorded."""
     h = st.hold
-    s = stage(st, now, request, answer, asked_this_run)
+    s = stage(st, now, request, answer, asked_this_run, asking)
     heard = () if answer is None else (("cessation", {"hold": h["hold"], "job": h["job"], "r": h["r"], **answer}),)
     if s == "person" and request is not None:
         return Look(s, (*heard, ("release", released_by_person(h, request))))
@@ -81,6 +98,8 @@ def look(st, now: float, poll: float, root: str, request: Optional[dict] = None,
         return Look(s, (*heard, ("hold_expired", fact)), finish)
     if s == "ask":
         return Look(s)
+    if s == "asking":
+        return Look(s, wait=poll)
     return Look(s, heard, wait=next_look(h, now if answer is not None else st.last_answer_t, now, poll))
 
 

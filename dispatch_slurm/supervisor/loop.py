@@ -8,15 +8,11 @@ every root's supervisor, one root or many. Every decision is a fact in the recor
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from .. import store
 from ..contract import epoch as epochmod
@@ -28,6 +24,7 @@ from ..slurm.client import JobInfo, Slurm, SlurmError
 from ..store import events
 from . import ends, holds, requests, rules
 from .claim import DEFAULT_POLL, Claim
+from .question import Asker, Question
 from .record import Record
 from .render import describe
 from .rules import sbatch_argv, stopped_message, submission_tag
@@ -58,8 +55,10 @@ class Supervisor:
     """One root's supervisor. It opens the root's store once and keeps it: its record, its
     claim, the requests people make and its gc work through that store, each step in one
     session of it. ``step()`` does at most one thing (records facts and acts on Slurm) and
-    returns how long to wait before the next. ``slurm``, ``clock``, ``sleep`` and ``ask``
-    are injectable for tests."""
+    returns how long to wait before the next; no step waits for anything itself (a claim in
+    doubt, the cessation command: each is a state a later step looks at again). ``slurm``,
+    ``clock``, ``sleep`` and ``ask`` (a hold -> the cessation signal's answer, at once: a
+    stand-in for the site's command) are injectable for tests."""
 
     def __init__(self, root: store.Root, slurm: Optional[Slurm] = None, *, poll: float = DEFAULT_POLL,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
@@ -69,10 +68,13 @@ class Supervisor:
         self.slurm = slurm or Slurm()
         self.poll = poll
         self.clock, self.sleep, self.say = clock, sleep, say or _say
-        self.ask = ask or (lambda h: ask_command(h, self.root, self.state.cluster))
+        self.ask: Asker = (lambda h: Question.answered(h, ask(h))) if ask else \
+            (lambda h: Question.start(h, self.root, self.state.cluster, self.clock()))
         self.record = Record(self.store, clock)
         self.state = State()
         self.claim: Optional[Claim] = None
+        self.joining: Optional[Callable[[], float]] = None  # set by supervisor.open_root: the steps that join a fleet
+        self.asking: Optional[Question] = None  # the cessation signal asked, not answered yet
         self.asked_this_run = False
         self._slurm_warned = False
         self._announce: Optional[dict] = None
@@ -88,13 +90,25 @@ class Supervisor:
 
     # -- record ---------------------------------------------------------------------------
 
-    def open(self, purpose: str, takeover: bool = False) -> State:
-        """Claim the root and replay its record."""
+    def claim_root(self, purpose: str, takeover: bool = False) -> Optional[float]:
+        """One look at claiming the root (Claim.attempt): None once it is this supervisor's
+        and its record replayed, else the seconds until the next look (a claimant on another
+        host whose heartbeat is not yet seen to move or to stand still)."""
         with self.store:
-            self.claim = Claim(self.store, self.poll, purpose)
-            self.claim.acquire(takeover=takeover)
+            if self.claim is None:
+                self.claim = Claim(self.store, self.poll, purpose, clock=self.clock)
+            wait = self.claim.attempt(takeover)
+            if wait is not None:
+                return wait
             facts = self.record.open_for_append()
         self.state = State.replay(facts)
+        return None
+
+    def open(self, purpose: str, takeover: bool = False) -> State:
+        """Claim the root and replay its record, waiting for the claim here (one root's
+        command; a fleet joins a root by its steps instead: supervisor.open_root)."""
+        while (wait := self.claim_root(purpose, takeover)) is not None:
+            self.sleep(wait)
         return self.state
 
     def reopen(self) -> None:
@@ -137,6 +151,9 @@ class Supervisor:
         raise Finished(EXIT_ERROR, "another supervisor took over this root; stopping without writing")
 
     def close(self) -> None:
+        if self.asking is not None:
+            self.asking.close()
+            self.asking = None
         if self.claim is not None:
             self.claim.exit()
 
@@ -168,7 +185,10 @@ class Supervisor:
     def step(self, lookup: Optional[Lookup] = None) -> float:
         """The claim's upkeep, then the next thing the state calls for (``action``), in one
         session of the root; the seconds to wait before the next step. ``lookup``: how the
-        job is read (default: Slurm itself)."""
+        job is read (default: Slurm itself). A root still joining its fleet takes its
+        joining steps first (``joining``)."""
+        if self.joining is not None:
+            return self.joining()
         with self.store:
             self._upkeep()
             return self._next(lookup or self.slurm.find_job)
@@ -222,21 +242,41 @@ class Supervisor:
 
     def _look_at_hold(self) -> float:
         """One look at the standing hold (holds.look): the inputs are a person's release
-        entry, the clock and, when the rules ask for it, the cessation signal's answer;
-        the seconds until the next look."""
+        entry, the clock and the cessation signal's question: started when the rules ask
+        for it, its answer collected by a later look once it exited (a look never waits
+        for it); the seconds until the next look."""
         h = self.state.hold
         assert h is not None  # next_action's "hold"
         req = requests.read(self.store, f"release.{h['hold']}")
-        look = holds.look(self.state, self.clock(), self.poll, self.root, req, asked_this_run=self.asked_this_run)
+        answer = self._answer(h)
+        look = holds.look(self.state, self.clock(), self.poll, self.root, req, answer, self.asked_this_run,
+                          asking=self.asking is not None)
         if look.ask:
-            answer = self.ask(h)
-            self.asked_this_run = True
-            look = holds.look(self.state, self.clock(), self.poll, self.root, req, answer, asked_this_run=True)
+            self.asking, self.asked_this_run = self.ask(h), True
+            answer = self._answer(h)  # a stand-in's, at once; the site's command: at a later look
+            look = holds.look(self.state, self.clock(), self.poll, self.root, req, answer, True,
+                              asking=self.asking is not None)
+        if look.stage not in ("ask", "asking") and self.asking is not None:  # a person's release came first
+            self.asking.close()
+            self.asking = None
         for type_, fields in look.facts:
             self._record(h, type_, fields)
         if look.finish:
             self.finish(*look.finish)
         return look.wait
+
+    def _answer(self, h: dict) -> Optional[dict]:
+        """The question's answer once it has one (the question is done then), else None."""
+        q = self.asking
+        if q is None or q.hold != h["hold"]:
+            if q is not None:
+                q.close()
+            self.asking = None
+            return None
+        answer = q.answer(self.clock())
+        if answer is not None:
+            self.asking = None
+        return answer
 
     def _stop(self, req: dict) -> None:
         """A person asked to stop: record it, cancel the job if it may still run, then
@@ -497,32 +537,3 @@ def lead_refusal(defn: dict, argv: list[str], env: dict[str, str]) -> Optional[s
     text, name = batch_script(defn, argv)
     environ = {**os.environ, **env}
     return lead_problem(job_signal(argv, environ, text, name).signal, job_time_limit(argv, environ, text))
-
-
-def ask_command(h: dict, root: str, cluster: Optional[str]) -> dict:
-    """Run the site's cessation command for the held execution: exit 0 ceased, 1 not
-    ceased, anything else (or no answer in time) cannot tell."""
-    values = {"job": h["job"], "restart": h["r"], "root": root, "generation": h.get("g"),
-              "submission": h.get("n"), "epoch": h.get("epoch"), "attempt": h.get("attempt"),
-              "cluster": cluster, "nodes": ",".join(h.get("nodes") or []),
-              "started": h.get("start_time")}
-    values = {k: "" if v is None else str(v) for k, v in values.items()}
-    argv = [part.format(**values) for part in shlex.split(h["cessation_cmd"])]
-    if argv[0] == "dispatch-slurm" and shutil.which("dispatch-slurm") is None:
-        argv[:1] = [sys.executable, "-m", "dispatch_slurm"]  # e.g. run from a venv not on PATH
-    timeout = max(30.0, h["interval"])
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError as e:
-        return {"answer": "unknown", "exit": None, "error": f"{argv[0]}: not found ({e})"}
-    except subprocess.TimeoutExpired:
-        return {"answer": "unknown", "exit": None, "error": f"no answer within {timeout:g} s"}
-    answer = {0: "ceased", 1: "not_ceased"}.get(p.returncode, "unknown")
-    out: dict[str, Any] = {"answer": answer, "exit": p.returncode}
-    try:
-        out["evidence"] = json.loads(p.stdout)
-    except ValueError:
-        out["output"] = p.stdout.strip()[-1000:]
-    if p.stderr.strip():
-        out["stderr"] = p.stderr.strip()[-500:]
-    return out

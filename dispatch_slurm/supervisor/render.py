@@ -7,11 +7,6 @@ import shlex
 import time
 
 
-def fmt_duration(s: float) -> str:
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n and s % n == 0 and not (unit == "d" and s < 3 * 86400):
-            return f"{int(s // n)}{unit}"
-    return f"{s:g}s"
 
 
 def _rule(f: dict) -> str:

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple, Optional
 from ..contract import epoch, names
 from ..contract.signals import JobSignal, signal_option
 from ..errors import DispatchError
+from ..contract.durations import fmt_duration
 from . import ends, holds
 from .ends import Own, signal_rule
-from .render import fmt_duration
 from .state import State
 
 DEFAULT_CESSATION_CMD = "dispatch-slurm ceased {job} --restart {restart} --root {root} --json"
@@ -29,17 +29,6 @@ SUBMIT_TRIES = 3  # consecutive sbatch failures before a resubmission is given u
 STALLS = 3  # consecutive continuations that published no higher step before a chain is stopped
 PLACEHOLDERS = ("job", "restart", "root", "generation", "submission", "epoch", "attempt", "cluster",
                 "nodes", "started")
-
-
-def parse_duration(text: str, what: str) -> float:
-    """'90' (seconds), '30s', '15m', '24h', '2d' -> seconds; anything else is refused."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", str(text))
-    if not m:
-        raise DispatchError(f"{what} {text!r} is not a duration (e.g. 90, 30s, 15m, 24h, 2d)")
-    value = float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
-    if value <= 0:
-        raise DispatchError(f"{what} must be more than 0 seconds, got {text!r}")
-    return value
 
 
 def make_defn(options: dict, args: list[str], base: Optional[dict] = None) -> dict:

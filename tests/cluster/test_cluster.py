@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from testbed.cluster import CONTROLLER, DBD, Cluster
+from testbed.cluster import CONTROLLER, DBD, Cluster, slurm_release
 
 pytestmark = pytest.mark.cluster
 
@@ -66,13 +66,13 @@ def test_boot_all_nodes_idle(slurm_cluster: Cluster):
     assert sorted(n.name for n in nodes) == ["c1", "c2", "c3"]
     assert {n.name: n.state for n in nodes} == {name: {"IDLE"} for name in ("c1", "c2", "c3")}
     # The Slurm release is the suite's, and the timing profile is the one asked for.
-    assert c.slurm.version == tuple(int(x) for x in c.slurm_release.split("."))
+    assert c.slurm.version == slurm_release(c.slurm_release)
     config = c.exec(CONTROLLER, ["scontrol", "show", "config"]).stdout
     expected = {"fast": "SlurmdTimeout           = 15 sec", "site": "SlurmdTimeout           = 300 sec"}
     assert expected[c.profile] in config
     assert "PreemptType             = preempt/partition_prio" in config
     # 25.11+: jobs may ask for an expedited requeue (the expedite trial, README)
-    assert ("enable_expedited_requeue" in config) == (c.slurm.version >= (25, 11)), config[-1500:]
+    assert ("enable_expedited_requeue" in config) == (c.slurm.version >= slurm_release("25.11")), config[-1500:]
     # Same users, same uids everywhere; one munge key: a credential made on one node is
     # accepted on every other.
     for host in [CONTROLLER, *c.node_names]:
@@ -297,7 +297,7 @@ srun --quiet bash -c 'trap "echo checkpointed >> {cdir}/log; exit 0" TERM; while
     c.wait_job(jid, "RUNNING", timeout=deadlines(c)["start"])
     c.wait_until(lambda: log_lines(hdir), timeout=30, what="the job's first log line")
     pre = c.preempt(jid)
-    if c.slurm.version >= (24, 5):
+    if c.slurm.version >= slurm_release("24.05"):
         job = c.wait_job(jid, lambda j: j.restart_count == 1 and j.state == "PENDING", timeout=deadlines(c)["end"])
         assert job.partition == "normal"
     else:

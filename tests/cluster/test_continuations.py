@@ -1,4 +1,4 @@
-"""Issue 20 on the real cluster: a run longer than one time limit goes on to its end.
+"""On the real cluster: a run longer than one time limit goes on to its end.
 
 The README's own job script (its Quickstart block, run as written) with a stand-in
 trainer (tests/testbed/longtrain.py) under `dispatch-slurm run`, three chains at once on

@@ -1,4 +1,4 @@
-"""Issue 24 on the real cluster: each misconfiguration of the signal path reproduced in a
+"""On the real cluster: each misconfiguration of the signal path reproduced in a
 job (the save lost), the doctor naming it, the fixed job's save landing; a signal during
 a plain loop's warm-up and evaluation published from there; the doctor's report for a
 correct 2-node job. No torch (the stand-ins are plain Python, as the sid image has):
@@ -136,7 +136,7 @@ def test_b_signal_with_the_trainer_in_a_step_loses_the_save_and_is_named(slurm_c
 
 
 def test_the_doctor_waits_while_the_job_is_completing(slurm_cluster: Cluster, workdir):
-    """Issue 36: --signal=B:USR1 ends the batch shell, so the job "ends" at once and stays
+    """--signal=B:USR1 ends the batch shell, so the job "ends" at once and stays
     COMPLETING while Slurm kills its step: SIGTERM, which this rank handles, then KillWait
     (5 s) in which it saves (2 s) and publishes. The doctor judges only once the job left
     COMPLETING and the rank's exit record is there: its row says published, exit 0, and no

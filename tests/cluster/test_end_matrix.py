@@ -1,4 +1,4 @@
-"""Every end of a run decided right (issue 36, points 1-3), on the real cluster.
+"""Every end of a run decided right, on the real cluster.
 
 The README's job script, run as written (its own `#SBATCH --signal=TERM@90`, overridden on the
 command line by `--time=1 --signal=TERM@5` so that a time limit comes within a minute: Slurm

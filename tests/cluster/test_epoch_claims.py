@@ -1,6 +1,6 @@
-"""Issue 20 #4 on the real cluster: two jobs of one root never run or publish at one epoch.
+"""On the real cluster: two jobs of one root never run or publish at one epoch.
 
-The issue's collision: two plain sbatch jobs with DISPATCH_SUBMISSION=1 set by hand both got
+The collision: two plain sbatch jobs with DISPATCH_SUBMISSION=1 set by hand both got
 epoch 1000000, the second resumed from the first's step 500, the first published 600 later
 and `latest` named it: the other lineage. Here the second job is refused before it writes
 anything, its stderr naming the first job and the fix, and `latest` stays the first job's,

@@ -1,4 +1,4 @@
-"""Issue 28 points 4-6 on the real cluster: a plugin job nobody supervises (sbatch
+"""On the real cluster: a plugin job nobody supervises (sbatch
 --dispatch-checkpoint, no `run`), read from its root alone. The Prolog records each
 execution's nodes and start, the Epilog every node's cessation naming the execution's
 nodes, so `report` shows every execution's end and `gc` collects what the policy allows;
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from dispatch_slurm.store import events
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
 
 pytestmark = pytest.mark.cluster
 WORKLOAD = "/src/dispatch-slurm/tests/testbed/workload.py"
@@ -67,7 +67,7 @@ def test_report_and_gc_of_a_plugin_job_nobody_supervised(slurm_cluster: Cluster,
     r = json.loads(c.exec(CONTROLLER, ["dispatch-slurm", "report", root, "--json"], user="alice").stdout)
     ex = r["executions"]
     assert [e["attempt"] for e in ex] == [a0, a1]
-    # no supervisor record: how each ended is Slurm's word, asked by the report (issue 36), and
+    # no supervisor record: how each ended is Slurm's word, asked by the report, and
     # the root shows both ceased
     assert [(e["ended"]["state"].split("+")[0], e["ended"]["source"]) for e in ex] == \
         [("REQUEUED", "slurm"), ("CANCELLED", "slurm")], [e["ended"] for e in ex]
@@ -78,7 +78,7 @@ def test_report_and_gc_of_a_plugin_job_nobody_supervised(slurm_cluster: Cluster,
               and ev.get("source") == "prolog"]
     assert {(ev["attempt"], ev["node"]) for ev in prolog} == {(a, n) for a, ns in ((a0, nodes0), (a1, nodes1))
                                                                     for n in ns}
-    if c.slurm_release >= "24.11":  # Slurm gives the Prolog the start time (SLURM_JOB_START_TIME) from 24.11
+    if slurm_at_least(c, "24.11"):  # Slurm gives the Prolog the start time (SLURM_JOB_START_TIME) from 24.11
         assert all(isinstance(ev.get("start_time"), int) for ev in prolog), prolog
     (i,) = r["interruptions"]
     (res,) = [x for x in resumes(hdir) if x["lineage"] == a1]  # the trainer's word on R=1's resume

@@ -1,4 +1,4 @@
-"""Issue 26 on the real cluster: one supervisor process for many roots and for a job
+"""On the real cluster: one supervisor process for many roots and for a job
 array, one Slurm read per poll for all of them, and a corrupt root that stops alone.
 
 The supervisors run as a user would run them, on the login node (the controller

@@ -1,4 +1,4 @@
-"""Issue 4 on the real cluster (Slurm 22.05, 24.11 and 26.05): the SPANK plugin, the Prolog,
+"""On the real cluster (Slurm 22.05, 24.11 and 26.05): the SPANK plugin, the Prolog,
 TaskProlog and Epilog give every task the same DISPATCH_* values as
 `dispatch-slurm env` and the shared contract; bad input is refused without draining
 a node or touching anything outside the user's own tree."""
@@ -16,7 +16,7 @@ import pytest
 from dispatch_slurm.contract import env as envmod
 from dispatch_slurm.slurm.hooks.job import SPANK_OPT
 from dispatch_slurm.store import events
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
 
 pytestmark = pytest.mark.cluster
 
@@ -155,7 +155,7 @@ def test_epilog_twice_changes_nothing_and_names_the_run(slurm_cluster: Cluster, 
     assert ceased["evidence"] == evidence
     if getattr(c, "cgroup", None) == "v2":
         assert evidence["by"] == "cgroup v2" and evidence["state"] in ("gone", "empty"), evidence
-        assert (sluid[0] if sluid and c.slurm_release >= "26.05" else f"job_{job}") in evidence["cgroup"], evidence
+        assert (sluid[0] if sluid and slurm_at_least(c, "26.05") else f"job_{job}") in evidence["cgroup"], evidence
     else:
         assert evidence == {"by": "process scan"}
     before = snapshot(hdir / "root")
@@ -321,7 +321,7 @@ def test_bad_input_matrix(slurm_cluster: Cluster, workdir):
     assert reasons == "", f"a node was drained: {reasons}"
 
 
-# ---- issue 11: no user input makes a hook exit non-zero, hang, or read a node dry ------------
+# ---- no user input makes a hook exit non-zero, hang, or read a node dry ---------------------
 
 SENTINEL = "dispatch-checkpoint-complete"
 
@@ -425,7 +425,7 @@ def test_the_task_prolog_ignores_a_site_conf_named_by_the_job(slurm_cluster: Clu
     assert "DISPATCH_GRACE_S=45" in (hdir / "task").read_text().splitlines()
 
 
-# what dispatch_env(8) says each refusal exits with, per kind and command (issue 36)
+# what dispatch_env(8) says each refusal exits with, per kind and command
 REFUSALS = {  # kind -> (options, exit status of sbatch / salloc / srun)
     "a bad value (read when the option is)": (["--dispatch-checkpoint=ROOT", "--dispatch-generation=abc"], 255),
     "a root that cannot be used (checked once every option is read)": (["--dispatch-checkpoint=WD/missing"], 1),

@@ -1,4 +1,4 @@
-"""Lightning's own requeue under the plugin, on the real cluster (issue 36, point 10).
+"""Lightning's own requeue under the plugin, on the real cluster.
 
 The user's run: a Lightning trainer that keeps Lightning's default inside Slurm,
 ``SLURMEnvironment(auto_requeue=True)``, with ``default_root_dir=dl.output_dir()``

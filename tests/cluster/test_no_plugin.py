@@ -1,4 +1,4 @@
-"""Issue 28 #7 on the cluster: a site without the SPANK plugin (the plugstack drop-in removed
+"""On the cluster: a site without the SPANK plugin (the plugstack drop-in removed
 on every host: sbatch no longer knows --dispatch-checkpoint), the TaskProlog configured, and
 a client that calls sbatch itself, as submitit does: it exports only DISPATCH_CHECKPOINT.
 

@@ -1,4 +1,4 @@
-"""Issue 22 on the cluster: the image installed dispatch-slurm from its Debian package
+"""On the cluster: the image installed dispatch-slurm from its Debian package
 (docker-slurm/Dockerfile), and here an admin's steps are run on it. The admin guide's lines
 (docs/admin.md), copied as written (the Debian recipe's symlink, the hand-written plugstack line, the
 slurm.conf lines), load: a `--dispatch-checkpoint` job is accepted and gets its

@@ -1,4 +1,4 @@
-"""Issue 6 on the real cluster: a job preempted in REQUEUE mode saves within its
+"""On the real cluster: a job preempted in REQUEUE mode saves within its
 GraceTime, prints the sentinel, its save is published, the events show preempt_signal
 then checkpoint_complete (the process's own, never the Epilog's), and the requeued execution
 resumes from that save."""

@@ -1,4 +1,4 @@
-"""Issue 12: `dispatch-slurm report` of a real docker-slurm run: a supervised job that is
+"""`dispatch-slurm report` of a real docker-slurm run: a supervised job that is
 preempted (REQUEUE partition), requeued by `scontrol requeue`, then cancelled by its
 user. The report names the three executions and how each ended, the publications (the
 grace saves of the preemption handler among them), what each replacement resumed from,

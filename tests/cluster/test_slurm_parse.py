@@ -19,7 +19,7 @@ import pytest
 
 from dispatch_slurm.slurm import command, dialects
 from dispatch_slurm.slurm.client import CommandResult, Slurm, SlurmError
-from testbed.cluster import base_state
+from testbed.cluster import SUITES, base_state, slurm_at_least, slurm_release
 
 DATA = Path(__file__).parent / "data"
 
@@ -349,3 +349,17 @@ def test_partitions_from_scontrol_text(release):
     assert {k: (p["PreemptMode"], p["GraceTime"], p["PriorityTier"]) for k, p in parts.items()} == {
         "normal": ("REQUEUE", "5", "1"), "scavenger": ("CANCEL", "5", "1"), "high": ("OFF", "0", "10")}
     assert parts["normal"]["Nodes"] == "c[1-3]" and parts["normal"]["TRES"] == "cpu=6,mem=3000M,node=3,billing=6"
+
+
+def test_slurm_releases_compare_as_versions_not_as_text():
+    """As text "9.05" sorts after "24.11" and "100.02" before it: the cluster tests' release
+    checks compare numbers."""
+    assert slurm_release("9.05") < slurm_release("24.11") < slurm_release("100.02")
+    assert slurm_release("24.11") < slurm_release("24.11.5") < slurm_release("25.05")
+    assert [slurm_release(r) for r in SUITES.values()] == [(22, 5), (24, 11), (26, 5)]
+
+    class Bed:
+        slurm_release = "9.05"
+    assert not slurm_at_least(Bed, "24.11") and slurm_at_least(Bed, "9.5") and slurm_at_least(Bed, "9.05")
+    with pytest.raises(ValueError, match="'24.x' is not a Slurm release"):
+        slurm_release("24.x")

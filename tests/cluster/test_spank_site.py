@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
 from support import REPO
 
 pytestmark = pytest.mark.cluster
@@ -42,7 +42,7 @@ def test_plugin_is_hardened_and_versioned(cluster: Cluster):
     assert makefile_version() in c.exec("c1", ["strings", PLUGIN]).stdout.split()
     symbols = c.exec("c1", ["nm", "-D", "--defined-only", PLUGIN]).stdout
     # Slurm >= 25.05 reads it (fail the job, not the node); older ones must not be handed it
-    assert ("slurm_spank_init_failure_mode" in symbols) == (tuple(map(int, c.slurm_release.split("."))) >= (25, 5))
+    assert ("slurm_spank_init_failure_mode" in symbols) == (slurm_at_least(c, "25.05"))
     # _FORTIFY_SOURCE in effect at the package build's own level (never lowered): fortified calls
     assert re.search(r"\b__\w+_chk\b", c.exec("c1", ["nm", "-D", "--undefined-only", PLUGIN]).stdout)
     # `sbatch --help` lists every option, its help (on the option's line or the next) saying whose

@@ -1,4 +1,4 @@
-"""Issue 28 on docker-slurm (Slurm 24.11) with the plugin: a submitit job (the integration's
+"""On docker-slurm (Slurm 24.11) with the plugin: a submitit job (the integration's
 ``Checkpointable``, submitted by submitit as its user does, the root given with
 ``slurm_additional_parameters={"dispatch-checkpoint": ROOT}``) through two time limits
 (submitit's USR2, its checkpoint and ``scontrol requeue``), a preemption (SIGTERM: the

@@ -1,4 +1,4 @@
-"""Issue 7 on the real cluster (Slurm 22.05 and 24.11): the supervisor's rules, holds and
+"""On the real cluster (Slurm 22.05 and 24.11): the supervisor's rules, holds and
 restart, and the cessation signal.
 
 The supervisor runs where a user would run it, on a login node: inside the controller
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from testbed.cluster import CONTROLLER, Cluster
+from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
 from dispatch_slurm.supervisor.record import Record
 
 pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
@@ -108,7 +108,7 @@ def dispatch_jobs(c: Cluster, root: str) -> dict[str, list[int]]:
     and, as it forgets ended jobs after MinJobAge, those sacct recorded (its submit line
     names the tag, 24.11 on)."""
     found = {j.job_id: j.comment for j in c.slurm.jobs() if j.comment.startswith(f"dispatch-slurm:{root}:")}
-    if c.slurm_release != "22.05":
+    if slurm_at_least(c, "24.11"):
         lines = c.exec(CONTROLLER, ["sacct", "--allusers", "-X", "-n", "--parsable2", "-S", "2000-01-01",
                                     "-o", "JobID,SubmitLine"]).stdout.splitlines()
         for job, _, line in (row.partition("|") for row in lines):
@@ -300,7 +300,7 @@ def test_resubmit_survives_failure_node_failure_and_supervisor_kills(sup: Sup):
 
 
 def test_a_users_scancel_and_stop_end_supervision_and_once_drives_it_from_cron(sup: Sup):
-    """Issue 12, #8: the user's own `scancel` is a stop, not a failure to retry; `dispatch-slurm
+    """The user's own `scancel` is a stop, not a failure to retry; `dispatch-slurm
     stop` cancels and stops; `run --once`, called again and again as scrontab would, carries a
     job to its end with the same facts as a long-lived supervisor."""
     c, cdir, hdir = sup.c, sup.cdir, sup.hdir

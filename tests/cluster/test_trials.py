@@ -1,11 +1,11 @@
-"""Issue 5 in CI: one short overlap trial of each scenario (fast profile) with both
+"""In CI: one short overlap trial of each scenario (fast profile) with both
 modes side by side. Dispatch mode: no wrong resume, no mixed folder, no lost save.
 Naive mode: the failure shows (the test can see it). Trials run on one cluster only
 (one_release: the newest release, with cgroup tracking): they measure Slurm's timings,
 which tests/cluster/test_cluster.py already checks on every release, and a trial costs
 minutes.
 
-Retention rides on the same overlaps (issue 14): throughout each trial, `dispatch-slurm
+Retention rides on the same overlaps: throughout each trial, `dispatch-slurm
 gc --keep-last 1 --min-age 0` runs in a loop on the dispatch root as a user would run it
 on a login node (the controller, as alice), with `latest` checked after every pass. gc
 asks Slurm which executions have ceased (the Epilog's ceased/ records for the nodes Slurm

@@ -1,4 +1,4 @@
-/* dispatch-slurm's protocol as a Promela model for SPIN (issue 27).
+/* dispatch-slurm's protocol as a Promela model for SPIN.
 
    What is modelled: NE executions of one job, each a submission (its N allocated under
    sub/, O_EXCL), its env (the N checked, the epoch claimed under epochs/), its resume

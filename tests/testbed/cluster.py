@@ -47,6 +47,8 @@ __all__ = [
     "base_state",
     "build_image",
     "remove_orphans",
+    "slurm_at_least",
+    "slurm_release",
     "source_root",
 ]
 
@@ -59,6 +61,20 @@ TRACKINGS = ("linuxproc", "cgroup")
 DBD = "db"
 LABEL = "dispatch-slurm.cluster"
 OWNER_LABEL = "dispatch-slurm.owner"
+
+
+def slurm_release(text: str) -> tuple[int, ...]:
+    """A Slurm release ("22.05", "24.11.5") as numbers: releases compare as versions, never
+    as text ("9.05" would sort after "24.11")."""
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a Slurm release (e.g. 24.11)") from None
+
+
+def slurm_at_least(bed, release: str) -> bool:
+    """Whether the test bed ``bed`` (a docker or VM cluster) runs Slurm ``release`` or later."""
+    return slurm_release(bed.slurm_release) >= slurm_release(release)
 
 
 def source_root() -> Path:
