@@ -186,3 +186,15 @@ def held_copy(root, attempt: str, save) -> str:
     rel = os.path.relpath(save, root)
     pub = max((p for p in store.publications(str(root)) if p.path == rel), key=lambda p: p.name)
     return os.path.join(str(root), "exec", attempt, "dispatch-resume", pub.name, os.path.basename(rel))
+
+
+def fill(path):
+    """Take every free block of the filesystem holding ``path`` (the campaign's ENOSPC fault;
+    on the ``small_fs`` fixture's tmpfs)."""
+    with open(path, "wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass  # full is what was wanted

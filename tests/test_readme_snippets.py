@@ -383,6 +383,11 @@ def test_the_local_user_path_without_slurm(tmp_path, crash):
         second.stdout
     latest = store.latest(str(root))
     assert latest.path == "exec/local.2.2000000/checkpoint-40" and latest.epoch == 2_000_000
+    shutil.copy(REPO / ".gitignore", tmp_path / ".gitignore")  # the checkout's: the root it made is not its work
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    status = subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "dispatch-local" not in status, status
 
 
 def test_the_local_trial_is_the_first_thing_to_try(job):

@@ -85,7 +85,7 @@ class Verdict:
                 "why": self.why, "waiting": self.waiting, "size": s.size, "exists": s.exists, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
                 "latest": latest is not None and latest.path == s.path, "step": s.step,
-                "unfinished": s.unfinished}
+                "unfinished": s.unfinished, "copy": s.copy}
 
 
 def pinned(path: str, pins: Iterable[str]) -> bool:

@@ -20,15 +20,17 @@ create and the write) or its writer died there: it is read again until ``SETTLE_
 refused naming the file. On S3 the claim is one conditional PUT (If-None-Match: *) with
 its body, so it is never seen half-written; a 412 is answered by a GET."""
 
+import shlex
 import time
 from collections.abc import Mapping
 
 from ..contract import env as envmod
 from ..contract import layout, names
 from ..contract.epoch import R_MAX, decompose
+from ..contract.names import Publication
 from ..contract.siteconf import Site
 from ..errors import BadName, BadPath, DispatchError, EnvError, StoreError
-from . import jobs
+from . import inventory, jobs
 from .base import Store
 from .roots import at
 
@@ -103,6 +105,11 @@ def _settled(st: Store, epoch: int, missing_root_ok: bool = False) -> str | None
         pause = min(pause * 2, 0.2)
 
 
+def claimant(st: Store, epoch: int) -> str | None:
+    """The attempt that claimed ``epoch``, None when nobody has."""
+    return _settled(st, epoch)
+
+
 def _take(st: Store, epoch: int, mine: str) -> str:
     """Who claimed ``epoch``, a missing claim created for ``mine`` first (the create decides
     between racers)."""
@@ -168,7 +175,12 @@ def prepare(st: Store, values: Mapping[str, str], mode: int, pattern: str, label
         return values["DISPATCH_EXEC_DIR"]
     path = here.make_exec_dir(attempt, mode, create_root=array)
     if owner is None:
-        claim(here, attempt, pattern)
+        try:
+            claim(here, attempt, pattern)
+        except (OSError, StoreError):  # a full filesystem: no execution entered, no folder left of one
+            if _settled(here, epoch) is None:
+                here.drop_empty([attempt])
+            raise
     return path
 
 
@@ -221,6 +233,37 @@ def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
     if publisher is not None and before is not None and st.identity(layout.EPOCHS, name) == before:
         _own_claims[(root, epoch, publisher)] = before  # read from this very file
     return owner
+
+
+def vouch(st: Store, pub: Publication | None) -> Publication | None:
+    """``pub`` (the latest publication), or BadName naming its entry when ``publish`` could
+    not have made it: its epoch unclaimed (every publication claims its epoch first), or,
+    for an execution's own save, claimed by another execution or at another step than the
+    save's name says. Such an entry (forged, or made by hand) is never the latest and never
+    skipped: nothing reads the root until it is moved out of ``pub/``. An adopted save (its
+    writer of another epoch) may carry another step."""
+    if pub is None:
+        return None
+    claim = st.where(layout.EPOCHS, names.claim_name(pub.epoch))
+    owner, writer = _settled(st, pub.epoch), inventory.attempt_of(pub.path)
+    own = writer is not None and names.attempt_epoch(writer) == pub.epoch
+    named = names.named_step(pub.path) if own else None
+    if owner is None:
+        why = (f"no execution claimed its epoch {pub.epoch} ({claim} does not exist), and every publication "
+               "claims its epoch first")
+    elif own and owner != writer:
+        why = f"its save was written by {writer}, but epoch {pub.epoch} is claimed by {owner} ({claim})"
+    elif named is not None and named != pub.step:
+        why = f"it says step {pub.step}, but its save's name ({pub.path.rsplit('/', 1)[-1]}) says step {named}"
+    else:
+        return pub
+    entry = st.where(layout.PUB, pub.name)
+    raise BadName(pub.name, f"{why}: dispatch-slurm never made this entry, and it would be the latest. Move it "
+                  f"out of {layout.PUB}/ ({st.mv} {shlex.quote(entry)} <a folder outside {layout.PUB}/>), then run "
+                  "the command again" + (f" (a root from before epoch claims: publish its save again, which claims "
+                                         f"the epoch for its writer: dispatch-slurm publish --root {st.root} --epoch "
+                                         f"{pub.epoch} --step {pub.step} {st.root}/{pub.path})" if owner is None and own else ""),
+                  st.where(layout.PUB))
 
 
 def newest_of_job(root: str, attempt: str) -> str:

@@ -86,14 +86,39 @@ def latest(st: "Store") -> Publication | None:
     top = max(entries)
     content = st.read(layout.RETIRED, top)
     if content is None:
-        return names.parse(top, where)
+        return vouched(st, names.parse(top, where))
     name, by_gc = live_latest(sorted(entries), set(st.listing(layout.RETIRED)), lambda n: n == top and bool(content))
     if by_gc:
         raise StoreError(f"{root}/{layout.RETIRED}/{top}: the latest publication is retired by gc (its save is "
                          "gone or going); gc never retires the latest, so this marker was made by hand or by a "
                          "bug (please report it); to resume from the previous publication on purpose: "
                          f"dispatch-slurm retire {root} --latest -m REASON")
-    return None if name is None else names.parse(name, where)
+    return None if name is None else vouched(st, names.parse(name, where))
+
+
+def vouched(st: "Store", pub: Publication | None) -> Publication | None:
+    """``pub``, the latest, once its epoch's claim vouches for it (store/epochs.py); a
+    well-formed entry that ``publish`` never made is an error naming it, never skipped."""
+    from . import epochs  # it reads claims through the store, which imports this module
+    return epochs.vouch(st, pub)
+
+
+def one_save_per_step(st: "Store", name: str, save) -> None:
+    """Refuse a second save at an (epoch, step) already published under another name
+    (``checkpoint-0010`` after ``checkpoint-10``, padded or not): ``latest`` would pick
+    one of the two by the name's order, and a resume at that step could load either."""
+    head = name[:42]  # "<epoch, 20 digits>-<step, 20 digits>-"
+    others = [e for e in st.listing(layout.PUB) if e.startswith(head) and e != name]
+    if not others:
+        return
+    first = min(others)
+    try:
+        path = names.parse(first).path
+    except BadName:
+        path = "an entry that does not parse"
+    raise BadPath(f"refusing to publish {save} as step {int(name[21:41])} at epoch {int(name[:20])}: {path} is "
+                  f"already published at that epoch and step ({st.where(layout.PUB, first)}); one step has one "
+                  "save: publish the save under its own step, or resume from the first")
 
 
 @contextmanager

@@ -18,8 +18,9 @@ def folder(fd: int) -> inventory.Folder:
     return inventory.Folder(first, last, newest if newest is not None else os.fstat(fd).st_mtime, entries)
 
 
-def measure(save: Save, root_fd: int) -> None:
-    """The save's size and whether it exists, or why it cannot be touched (a symlink in the way)."""
+def measure(save: Save, root_fd: int, seen: set[tuple[int, int]] | None = None) -> None:
+    """The save's size and whether it exists, or why it cannot be touched (a symlink in the way);
+    ``seen``: hard-linked files already counted (usage)."""
     try:
         parent = walk(save.path, root_fd)
     except FileNotFoundError:
@@ -30,7 +31,7 @@ def measure(save: Save, root_fd: int) -> None:
             return
         raise
     try:
-        save.size = usage(save.path.rsplit("/", 1)[-1], parent[-1])
+        save.size = usage(save.path.rsplit("/", 1)[-1], parent[-1], seen)
         save.exists = True
     except FileNotFoundError:
         pass
