@@ -163,6 +163,8 @@ def same(a, b, where="") -> list[str]:
         return [d for k in a for d in same(a[k], b[k], f"{where}.{k}")]
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in same(x, y, f"{where}[{i}]")]
+    if type(a) is type(b) and hasattr(a, "__dict__") and a != b:  # an object without __eq__: its fields
+        return same(vars(a), vars(b), where)
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 

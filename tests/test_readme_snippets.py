@@ -255,6 +255,8 @@ def test_the_job_script_resumes_from_the_latest_publication_whatever_its_bytes(j
     tmp, root, env = job
     earlier = os.fsencode(root) + b"/exec/c.6.1000000/checkpoint-5\xff"  # a non-UTF-8 save name
     os.makedirs(earlier)
+    with open(earlier + b"/model.bin", "wb") as f:  # a save holds a file
+        f.write(b"w")
     store.publish(os.fsdecode(earlier), 5, root=str(root), epoch=1_000_000)
     res = bash(block("job-script"), {**env, "WAIT_WATCH": "1"}, tmp)
     assert res.returncode == 0, res.stderr
@@ -273,8 +275,9 @@ def test_the_job_script_stops_before_training_on_an_error(job, fault):
     else:
         save = root / "exec" / "c.6.1000000" / "checkpoint-5"
         save.mkdir(parents=True)
+        (save / "model.bin").write_bytes(b"w")
         store.publish(str(save), root=str(root), epoch=1_000_000)
-        save.rmdir()
+        shutil.rmtree(save)
     res = bash(block("job-script"), env, tmp)
     assert res.returncode == 2, "the job went on after an error"
     assert trainer_args(tmp) is None, "the trainer ran: it would have started from step 0"
@@ -291,6 +294,7 @@ def test_publishing_by_hand(job):
     missing = bash(block("publish-by-hand"), env, tmp)
     assert missing.returncode == 2 and missing.stderr.count(b"\n") == 1 and b"does not exist" in missing.stderr
     (root / "exec" / "c.7.2000000" / "checkpoint-500").mkdir(parents=True)
+    (root / "exec" / "c.7.2000000" / "checkpoint-500" / "model.bin").write_bytes(b"w")
     ok = bash(block("publish-by-hand"), env, tmp)
     assert ok.returncode == 0 and store.latest(str(root)).step == 500
 
@@ -437,6 +441,7 @@ def test_troubleshooting_a_stray_entry_in_pub(job):
     tmp, root, env = job
     save = root / "exec" / "c.6.1000000" / "checkpoint-5"
     save.mkdir(parents=True)
+    (save / "model.bin").write_bytes(b"w")
     store.publish(str(save), root=str(root), epoch=1_000_000)
     (root / "pub" / "README.txt").write_text("notes")
     me = _scratch(tmp, root)
@@ -453,8 +458,9 @@ def test_troubleshooting_a_vanished_latest_save(job):
     for step in (5, 6):
         save = root / "exec" / "c.6.1000000" / f"checkpoint-{step}"
         save.mkdir(parents=True)
+        (save / "model.bin").write_bytes(b"w")
         store.publish(str(save), root=str(root), epoch=1_000_000)
-    (root / "exec" / "c.6.1000000" / "checkpoint-6").rmdir()
+    shutil.rmtree(root / "exec" / "c.6.1000000" / "checkpoint-6")
     me = _scratch(tmp, root)
     res = bash(block("vanished-latest-save").replace("/scratch/me", me), env, tmp)
     assert res.returncode == 0, res.stderr
@@ -467,6 +473,7 @@ def test_troubleshooting_moving_a_root(job):
     tmp, root, env = job
     save = root / "exec" / "c.6.1000000" / "checkpoint-5"
     save.mkdir(parents=True)
+    (save / "model.bin").write_bytes(b"w")
     store.publish(str(save), root=str(root), epoch=1_000_000)
     me = _scratch(tmp, root)
     res = bash(block("moving-a-root").replace("/scratch/me", me), env, tmp)

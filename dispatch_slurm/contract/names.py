@@ -166,6 +166,9 @@ def claim_name(epoch: int) -> str:
     return _digits("epoch", epoch, EPOCH_MAX)
 
 
+CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
+
+
 def claim_content(attempt: str) -> bytes:
     """A claim's bytes: the attempt token and a newline. The newline says the write is
     complete: a reader that finds none (or an empty file) caught its writer between the

@@ -20,22 +20,19 @@ create and the write) or its writer died there: it is read again until ``SETTLE_
 refused naming the file. On S3 the claim is one conditional PUT (If-None-Match: *) with
 its body, so it is never seen half-written; a 412 is answered by a GET."""
 
-import shlex
 import time
 from collections.abc import Mapping
 
 from ..contract import env as envmod
 from ..contract import layout, names
 from ..contract.epoch import R_MAX, decompose
-from ..contract.names import Publication
 from ..contract.siteconf import Site
 from ..errors import BadName, BadPath, DispatchError, EnvError, StoreError
-from . import inventory, jobs
+from . import jobs
 from .base import Store
 from .roots import at
 
 SETTLE_S = 5.0  # how long an incomplete claim is read again before it is refused
-CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
 #: (root, epoch, attempt) -> the identity of the claim file this process read naming the
 #: attempt that publishes. A claim is written once, so while that very file is there (not
 #: removed and made again by another job: a root wiped while its old job runs) each of a
@@ -87,10 +84,10 @@ def _settled(st: Store, epoch: int, missing_root_ok: bool = False) -> str | None
     name, where = names.claim_name(epoch), st.where(layout.EPOCHS)
     deadline, pause = time.monotonic() + SETTLE_S, 0.01
     while True:
-        data = None if missing_root_ok and st.root_missing() else st.read(layout.EPOCHS, name, CLAIM_MAX + 1)
+        data = None if missing_root_ok and st.root_missing() else st.read(layout.EPOCHS, name, names.CLAIM_MAX + 1)
         if data is None:
             return None
-        if len(data) > CLAIM_MAX:
+        if len(data) > names.CLAIM_MAX:
             raise BadName(name, f"{len(data)}+ bytes: not a claim", where)
         owner = names.parse_claim(data, epoch, where)
         if owner is not None:
@@ -233,37 +230,6 @@ def for_publication(st: Store, epoch: int, publisher: str | None, save) -> str:
     if publisher is not None and before is not None and st.identity(layout.EPOCHS, name) == before:
         _own_claims[(root, epoch, publisher)] = before  # read from this very file
     return owner
-
-
-def vouch(st: Store, pub: Publication | None) -> Publication | None:
-    """``pub`` (the latest publication), or BadName naming its entry when ``publish`` could
-    not have made it: its epoch unclaimed (every publication claims its epoch first), or,
-    for an execution's own save, claimed by another execution or at another step than the
-    save's name says. Such an entry (forged, or made by hand) is never the latest and never
-    skipped: nothing reads the root until it is moved out of ``pub/``. An adopted save (its
-    writer of another epoch) may carry another step."""
-    if pub is None:
-        return None
-    claim = st.where(layout.EPOCHS, names.claim_name(pub.epoch))
-    owner, writer = _settled(st, pub.epoch), inventory.attempt_of(pub.path)
-    own = writer is not None and names.attempt_epoch(writer) == pub.epoch
-    named = names.named_step(pub.path) if own else None
-    if owner is None:
-        why = (f"no execution claimed its epoch {pub.epoch} ({claim} does not exist), and every publication "
-               "claims its epoch first")
-    elif own and owner != writer:
-        why = f"its save was written by {writer}, but epoch {pub.epoch} is claimed by {owner} ({claim})"
-    elif named is not None and named != pub.step:
-        why = f"it says step {pub.step}, but its save's name ({pub.path.rsplit('/', 1)[-1]}) says step {named}"
-    else:
-        return pub
-    entry = st.where(layout.PUB, pub.name)
-    raise BadName(pub.name, f"{why}: dispatch-slurm never made this entry, and it would be the latest. Move it "
-                  f"out of {layout.PUB}/ ({st.mv} {shlex.quote(entry)} <a folder outside {layout.PUB}/>), then run "
-                  "the command again" + (f" (a root from before epoch claims: publish its save again, which claims "
-                                         f"the epoch for its writer: dispatch-slurm publish --root {st.root} --epoch "
-                                         f"{pub.epoch} --step {pub.step} {st.root}/{pub.path})" if owner is None and own else ""),
-                  st.where(layout.PUB))
 
 
 def newest_of_job(root: str, attempt: str) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 from ..contract import layout, names
 from ..contract.names import Publication
 from ..errors import BadName, BadPath, DispatchError, StoreError
+from . import inventory
 
 if TYPE_CHECKING:  # the store calls these rules with itself
     from .base import Store
@@ -97,10 +98,35 @@ def latest(st: "Store") -> Publication | None:
 
 
 def vouched(st: "Store", pub: Publication | None) -> Publication | None:
-    """``pub``, the latest, once its epoch's claim vouches for it (store/epochs.py); a
-    well-formed entry that ``publish`` never made is an error naming it, never skipped."""
-    from . import epochs  # it reads claims through the store, which imports this module
-    return epochs.vouch(st, pub)
+    """``pub`` (the latest publication), or BadName naming its entry when ``publish`` could
+    not have made it: its epoch unclaimed (every publication claims its epoch first,
+    store/epochs.py), or, for an execution's own save, claimed by another execution or at
+    another step than the save's name says. Such an entry (forged, or made by hand) is never
+    the latest and never skipped: nothing reads the root until it is moved out of ``pub/``.
+    An adopted save (its writer of another epoch) may carry another step."""
+    if pub is None:
+        return None
+    claim = st.where(layout.EPOCHS, names.claim_name(pub.epoch))
+    data = st.read(layout.EPOCHS, names.claim_name(pub.epoch), names.CLAIM_MAX)
+    owner = None if data is None else names.parse_claim(data, pub.epoch, st.where(layout.EPOCHS))
+    writer = inventory.attempt_of(pub.path)
+    own = writer is not None and names.attempt_epoch(writer) == pub.epoch
+    named = names.named_step(pub.path) if own else None
+    if data is None:
+        why = (f"no execution claimed its epoch {pub.epoch} ({claim} does not exist), and every publication "
+               "claims its epoch first")
+    elif own and owner is not None and owner != writer:  # None: a claim still being written
+        why = f"its save was written by {writer}, but epoch {pub.epoch} is claimed by {owner} ({claim})"
+    elif named is not None and named != pub.step:
+        why = f"it says step {pub.step}, but its save's name ({pub.path.rsplit('/', 1)[-1]}) says step {named}"
+    else:
+        return pub
+    hint = (f" (a root from before epoch claims: publish its save again, which claims the epoch for its writer: "
+            f"dispatch-slurm publish --root {st.root} --epoch {pub.epoch} --step {pub.step} {st.root}/{pub.path})"
+            if data is None and own else "")
+    raise BadName(pub.name, f"{why}: dispatch-slurm never made this entry, and it would be the latest. Move it "
+                  f"out of {layout.PUB}/ ({st.mv} {_quoted(st.where(layout.PUB, pub.name))} <a folder outside "
+                  f"{layout.PUB}/>), then run the command again{hint}", st.where(layout.PUB))
 
 
 def one_save_per_step(st: "Store", name: str, save) -> None:
@@ -117,8 +143,8 @@ def one_save_per_step(st: "Store", name: str, save) -> None:
     except BadName:
         path = "an entry that does not parse"
     raise BadPath(f"refusing to publish {save} as step {int(name[21:41])} at epoch {int(name[:20])}: {path} is "
-                  f"already published at that epoch and step ({st.where(layout.PUB, first)}); one step has one "
-                  "save: publish the save under its own step, or resume from the first")
+                  f"already published at that epoch and step ({st.where(layout.PUB, first)}); one (epoch, step) has "
+                  "one save, or `latest` could name either: save each step once, under one name")
 
 
 @contextmanager

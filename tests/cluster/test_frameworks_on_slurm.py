@@ -18,7 +18,7 @@ import pytest
 from dispatch_slurm import store
 from dispatch_slurm.store import events
 from testbed.cluster import Cluster
-from support import HOST_SITE
+from support import HOST_SITE, doc_snippet
 
 pytestmark = [pytest.mark.cluster, pytest.mark.only_on("bookworm")]  # the host's torch runs there
 
@@ -30,17 +30,14 @@ def test_torchtitan_job_partitioned_keeps_both_lineages_apart(slurm_cluster: Clu
     if HOST_SITE not in c.volumes.values():
         pytest.skip(f"no torch usable in the {c.suite} cluster (only bookworm's Python 3.11 can use the host's)")
     pytest.importorskip("torchtitan")
-    import test_torchtitan
     d = DEADLINE[c.profile]
     cdir, hdir = workdir
-    (hdir / "train.py").write_text(test_torchtitan.trainer())
-    (hdir / "out").mkdir()
-    (hdir / "out").chmod(0o1777)
+    (hdir / "train.py").write_text(doc_snippet("torchtitan.md", "torchtitan-loop"))  # the page's, as it is
     c.exec("c1", f"mkdir -m 700 {cdir}/root", user="alice")
     root = str(hdir / "root")
     batch = (f"#!/bin/bash\n#SBATCH -o {cdir}/job.out --open-mode=append --requeue -p normal -N 1 -n 1\n"
              "export MASTER_ADDR=$(hostname)\n"
-             f"srun env PYTHONPATH={HOST_SITE} OUT={cdir}/out python3 {cdir}/train.py 100000000 40 disabled\n")
+             f"srun env PYTHONPATH={HOST_SITE} python3 {cdir}/train.py 100000000\n")
     job = c.submit("alice", batch, args=[f"--dispatch-checkpoint={cdir}/root"])
 
     def publications_of(restart: int, running: bool = True):
