@@ -183,11 +183,15 @@ def test_padded_names_of_one_step_are_one_save(root):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert f"exec/{A1}/checkpoint-0010 is already published at that epoch and step" in proc.stderr
     assert [p.path for p in store.publications(root)] == [f"exec/{A1}/checkpoint-0010"]
+    claim(root, A2)  # the other order, in another execution
+    assert cli("publish", save(root, f"exec/{A2}/checkpoint-10"), env=_job(root, A2, E2)).returncode == 0
+    late = cli("publish", save(root, f"exec/{A2}/checkpoint-00000000000000000010"), env=_job(root, A2, E2))
+    assert late.returncode == 2 and f"exec/{A2}/checkpoint-10 is already published" in late.stderr, late.stderr
     megatron = save(root, f"exec/{A1}/iter_0000500")
     assert cli("publish", megatron, "--step", "500", env=_job(root)).returncode == 0
     wrong = cli("publish", save(root, f"exec/{A1}/iter_0000600"), "--step", "6", env=_job(root))
     assert wrong.returncode == 2 and "its name says step 600" in wrong.stderr
-    assert store.latest(root).path == f"exec/{A1}/iter_0000500"
+    assert store.latest(root).path == f"exec/{A2}/checkpoint-10"  # E2 outranks E1
 
 
 def test_a_step_past_a_signed_64_bit_integer_is_refused(root):

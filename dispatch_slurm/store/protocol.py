@@ -6,6 +6,7 @@ the latest the greatest name not retired (a person's retirement skipped on purpo
 an error), N allocated by create-if-absent, an adopter's pin before its look at
 retired/."""
 
+import re
 import shlex
 from collections.abc import Callable, Container
 from contextlib import contextmanager
@@ -129,22 +130,22 @@ def vouched(st: "Store", pub: Publication | None) -> Publication | None:
                   f"{layout.PUB}/>), then run the command again{hint}", st.where(layout.PUB))
 
 
-def one_save_per_step(st: "Store", name: str, save) -> None:
-    """Refuse a second save at an (epoch, step) already published under another name
-    (``checkpoint-0010`` after ``checkpoint-10``, padded or not): ``latest`` would pick
-    one of the two by the name's order, and a resume at that step could load either."""
-    head = name[:42]  # "<epoch, 20 digits>-<step, 20 digits>-"
-    others = [e for e in st.listing(layout.PUB) if e.startswith(head) and e != name]
-    if not others:
+def one_save_per_step(st: "Store", name: str, rel: str, save) -> None:
+    """Refuse another spelling of a save's step already published at its epoch
+    (``checkpoint-0010``, ``checkpoint-010`` and ``checkpoint-10`` are one step): ``latest``
+    would pick one of them by the name's order. The other spellings are looked up by name
+    (20 at most), never by listing ``pub/`` (a publication must not cost a walk of every other)."""
+    folder, _, leaf = rel.rpartition("/")
+    m = re.fullmatch(r"(.*?)([0-9]+)", leaf)
+    epoch, step = int(name[:20]), int(name[21:41])
+    if m is None or int(m[2]) != step:
         return
-    first = min(others)
-    try:
-        path = names.parse(first).path
-    except BadName:
-        path = "an entry that does not parse"
-    raise BadPath(f"refusing to publish {save} as step {int(name[21:41])} at epoch {int(name[:20])}: {path} is "
-                  f"already published at that epoch and step ({st.where(layout.PUB, first)}); one (epoch, step) has "
-                  "one save, or `latest` could name either: save each step once, under one name")
+    for width in range(len(str(step)), 21):
+        other = f"{folder}/{m[1]}{step:0{width}d}".lstrip("/")
+        if other != rel and st.has(layout.PUB, first := names.encode(epoch, step, other)):
+            raise BadPath(f"refusing to publish {save} as step {step} at epoch {epoch}: {other} is already "
+                          f"published at that epoch and step ({st.where(layout.PUB, first)}), and one step has one "
+                          "save (`latest` could name either): save each step under one name")
 
 
 @contextmanager

@@ -99,7 +99,7 @@ def _create(st: Store, save, epoch: int, step: int, attempt: str | None, adopt: 
     # one epoch per execution (epochs.py): the publishing execution is DISPATCH_ATTEMPT, else
     # the writer of its own save; an adoption without DISPATCH_ATTEMPT joins the epoch's claimant
     epochs.for_publication(st, epoch, attempt or (None if why else rel.split("/")[1]), save)
-    protocol.one_save_per_step(st, name, save)
+    protocol.one_save_per_step(st, name, rel, save)
     st.sync_save(rel, save, fsync=sync)  # every file whole (whole.py), then durable
     if not why:
         return rel, name, why, st.create_publication(name)
