@@ -28,12 +28,16 @@ def populate(root: str, n: int) -> None:
     os.mkdir(pub)
     fd = os.open(pub, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for i in range(n):  # 7 executions' worth of epochs, realistic save paths
+        for i in range(n):  # 7 executions (one per epoch), realistic save paths
             e = 1_000_000 + i % 7
-            os.close(os.open(names.encode(e, i, f"exec/linux.{1000 + i // 1000}.{e}/checkpoint-{i}"),
+            os.close(os.open(names.encode(e, i, f"exec/linux.{1000 + i % 7}.{e}/checkpoint-{i}"),
                              os.O_CREAT | os.O_WRONLY, 0o444, dir_fd=fd))
     finally:
         os.close(fd)
+    os.makedirs(os.path.join(root, "epochs"), exist_ok=True)
+    for k in range(7):  # each epoch's claim, as env made it: latest() reads the latest's
+        with open(os.path.join(root, "epochs", names.claim_name(1_000_000 + k)), "w") as f:
+            f.write(f"linux.{1000 + k}.{1_000_000 + k}\n")
 
 
 def timed(fn):

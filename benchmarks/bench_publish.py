@@ -143,9 +143,10 @@ def main():
         saves = []
         for i in range(a.n):
             p = os.path.join(r2, "exec", "linux.1.1000000", f"checkpoint-{i}")
-            os.mkdir(p)
+            for folder in (p, os.path.join(r3, "exec", "linux.1.1000000", f"checkpoint-{i}")):
+                os.mkdir(folder)
+                os.close(os.open(os.path.join(folder, "w"), os.O_CREAT | os.O_WRONLY, 0o644))  # a save holds a file
             saves.append(p)
-            os.mkdir(os.path.join(r3, "exec", "linux.1.1000000", f"checkpoint-{i}"))
         layered = hasattr(store, "at")
         os.environ["DISPATCH_CHECKPOINT"] = r2  # publish as in a job: its own root's events file kept open
         e1361b3_publish: Any = store.publish  # publish(root, save, step, epoch) there

@@ -29,8 +29,11 @@ from dispatch_slurm.store import s3  # noqa: E402
 
 def populate(srv, bucket: str, n: int) -> None:
     c = srv.client()
-    keys = ["run/pub/" + names.encode(1_000_000 + i % 7, i, f"exec/linux.{1000 + i // 1000}.{1_000_000 + i % 7}/"
+    keys = ["run/pub/" + names.encode(1_000_000 + i % 7, i, f"exec/linux.{1000 + i % 7}.{1_000_000 + i % 7}/"
                                        f"checkpoint-{i}") for i in range(n)]
+    for k in range(7):  # each epoch's claim, as env made it: latest() reads the latest's
+        c.put_object(Bucket=bucket, Key=f"run/epochs/{names.claim_name(1_000_000 + k)}",
+                     Body=f"linux.{1000 + k}.{1_000_000 + k}\n".encode())
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: c.put_object(Bucket=bucket, Key=k, Body=b""), keys))
 

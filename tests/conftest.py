@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -47,6 +48,18 @@ def root(tmp_path):
     r = tmp_path / "root"
     r.mkdir()
     return r
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real filesystem of its own (a 1 MiB tmpfs) that a test can fill (support.fill):
+    ENOSPC as write(2) gives it."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount tmpfs (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture(scope="session")

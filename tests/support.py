@@ -163,6 +163,8 @@ def same(a, b, where="") -> list[str]:
         return [d for k in a for d in same(a[k], b[k], f"{where}.{k}")]
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in same(x, y, f"{where}[{i}]")]
+    if type(a) is type(b) and hasattr(a, "__dict__") and a != b:  # an object without __eq__: its fields
+        return same(vars(a), vars(b), where)
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
@@ -186,3 +188,15 @@ def held_copy(root, attempt: str, save) -> str:
     rel = os.path.relpath(save, root)
     pub = max((p for p in store.publications(str(root)) if p.path == rel), key=lambda p: p.name)
     return os.path.join(str(root), "exec", attempt, "dispatch-resume", pub.name, os.path.basename(rel))
+
+
+def fill(path):
+    """Take every free block of the filesystem holding ``path`` (the campaign's ENOSPC fault;
+    on the ``small_fs`` fixture's tmpfs)."""
+    with open(path, "wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass  # full is what was wanted

@@ -30,7 +30,7 @@ step = da.load_state(acc)
 if step is not None and acc.is_main_process:
     print(f"resumed at step {step}", flush=True)
 step = step or 0
-install_preemption_handler(lambda left: da.save_state(acc, step, publish=False))
+install_preemption_handler(lambda left: da.save_state(acc, step, publish=False), defer=True)
 while step < int(sys.argv[1]):
     g = torch.Generator().manual_seed(step * 10 + acc.process_index)
     x = torch.randn(8, 8, generator=g)

@@ -109,6 +109,7 @@ def test_a_step_in_flight_or_saved_is_never_written_again(execution, monkeypatch
 def test_publish_refuses_a_save_this_process_is_still_writing(execution):
     path = os.path.join(os.environ["DISPATCH_EXEC_DIR"], "checkpoint-3")
     os.makedirs(path)
+    open(os.path.join(path, "model.bin"), "wb").write(b"w")  # a save holds a file
     k = once.claim(path)
     with pytest.raises(store.AlreadySaved, match="refusing to publish .*still writing it"):
         store.publish(path)
@@ -124,13 +125,14 @@ def test_a_folder_published_by_another_process_is_refused(execution):
     ``pub/`` says it is published."""
     path = os.path.join(os.environ["DISPATCH_EXEC_DIR"], "checkpoint-4")
     os.makedirs(path)
+    open(os.path.join(path, "model.bin"), "wb").write(b"w")  # a save holds a file
     subprocess.run([sys.executable, "-m", "dispatch_slurm", "publish", path], check=True, env=os.environ,
                    capture_output=True)
     with pytest.raises(store.AlreadySaved, match=r"it is published \(0+1000000-0+4-"):
         once.check(path)
     with pytest.warns(UserWarning, match="not written"):
         assert ddcp.save(state(), 4) == path
-    assert os.listdir(path) == []  # skipped: never written into
+    assert os.listdir(path) == ["model.bin"]  # skipped: never written into
 
 
 def test_overlap_staging_waits_at_the_next_optimizer_step(execution):

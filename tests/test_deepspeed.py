@@ -1,7 +1,7 @@
 """DeepSpeed engines (CPU, gloo, ZeRO-1): what two overlapping executions sharing one
 save_dir do to DeepSpeed's ``latest`` and ``global_step<N>`` tags, then the same schedule
-through the integration, and SIGTERM through the preemption protocol (one process, and one
-rank of two under torchrun).
+through the integration. The page's trainer, SIGTERM through the preemption protocol (one
+process, and one rank of two under torchrun), is tests/test_pages.py's.
 
 The schedule (an old execution that keeps saving after its replacement started): A saves
 100 and 200; B starts and resumes; B saves 300 and 400; A, still running, saves 300; C starts.
@@ -21,11 +21,9 @@ pytest.importorskip("deepspeed")
 from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
 from dispatch_slurm.integrations import deepspeed as dds  # noqa: E402
-from dispatch_slurm.store import events  # noqa: E402
-from support import REPO, doc_snippet, output, preempt_one, run_script  # noqa: E402
+from support import REPO  # noqa: E402
 from testbed.ranks import dispatch_env  # noqa: E402
 
-SENTINEL = "dispatch-checkpoint-complete"
 A, B = ("c.41.1000000", 1_000_000), ("c.41.1000001", 1_000_001)
 
 
@@ -139,69 +137,6 @@ def test_an_engine_whose_save_is_not_complete_on_return_is_refused(root, monkeyp
     with pytest.raises(DispatchError, match=why):
         dds.save_checkpoint(Engine(decoupled, node_local))
     assert not os.listdir(env["DISPATCH_EXEC_DIR"])
-
-
-PRELUDE = """
-import os, sys, time, torch, deepspeed
-from dispatch_slurm.runtime.distributed import settle
-
-steps, every = int(sys.argv[1]), int(sys.argv[2])
-if "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:  # one process: a world of one, no port
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-for ours, slurm in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS"), ("LOCAL_RANK", "SLURM_LOCALID")):
-    if ours not in os.environ and slurm in os.environ:  # srun: one task per rank
-        os.environ[ours] = os.environ[slurm]
-os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_RESTART_COUNT", "0"))))
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 1)
-config = {"train_batch_size": int(os.environ["WORLD_SIZE"]), "zero_optimization": {"stage": 1},
-          "zero_allow_untested_optimizer": True}
-engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), config=config)
-rank = torch.distributed.get_rank()
-data = iter(lambda: torch.randn(1, 8, generator=torch.Generator().manual_seed(engine.global_steps * 10 + rank)), None)
-started = []
-
-def ready():
-    started.append(1)
-    if len(started) == 3:
-        open(os.path.join(os.environ["OUT"], f"ready-{os.getpid()}"), "w").close()
-    time.sleep(0.01)
-"""
-
-
-def trainer() -> str:
-    """The docs' recipe (docs/deepspeed.md, snippet deepspeed-loop) after PRELUDE, saving
-    every ``every`` steps, then the last line the tests read."""
-    recipe = doc_snippet("deepspeed.md", "deepspeed-loop")
-    assert "% 500 == 0" in recipe and "engine.step()\n" in recipe
-    recipe = recipe.replace("% 500 == 0", "% every == 0").replace("engine.step()\n", "engine.step(); ready()\n")
-    return (PRELUDE + recipe + "if rank == 0:\n"
-            "    print(f'done at step {engine.global_steps}', flush=True)\n"
-            "settle()\n")
-
-
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_sigterm_saves_through_deepspeed_publishes_and_a_replacement_resumes(root, tmp_path, nproc):
-    """SIGTERM to one rank: every rank saves the same step through engine.save_checkpoint,
-    the protocol publishes it once; the replacement resumes from exactly that step."""
-    proc, out = run_script(trainer(), tmp_path, root, A[0], A[1], 1_000_000, 20, nproc=nproc)
-    text = preempt_one(proc, out, nproc, "DeepSpeed to reach step 3")
-    assert proc.returncode == 0 and text.count(SENTINEL) == nproc, text[-3000:]
-    pub = store.latest(str(root))
-    assert pub.path == f"exec/{A[0]}/checkpoint-{pub.step}" and pub.step >= 3
-    files = sorted(os.listdir(root / pub.path))
-    assert files == ["mp_rank_00_model_states.pt"] + [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
-                                                       for r in range(nproc)], files
-    by = [e["by"] for e in events.read(str(root)) if e["type"] == "published"]
-    assert by[-1] == "preempt" and set(by[:-1]) <= {"deepspeed"}, by
-
-    proc, _ = run_script(trainer(), tmp_path, root, B[0], B[1], pub.step + 25, 20, nproc=nproc)
-    text = output(proc)
-    assert proc.returncode == 0, text[-3000:]
-    assert f"resumed at step {pub.step}" in text and f"done at step {pub.step + 25}" in text
-    mine = [p.step for p in store.publications(str(root)) if p.epoch == B[1]]
-    assert mine == [s for s in range(pub.step + 1, pub.step + 26) if s % 20 == 0], mine
 
 
 def test_the_extra_names_the_tested_deepspeed():

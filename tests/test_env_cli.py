@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from dispatch_slurm import store
 from dispatch_slurm.contract import env, siteconf
 from dispatch_slurm.errors import EnvError, EpochError
 from dispatch_slurm.slurm import sitefile
-from support import allocate, cli, vectors
+from support import allocate, cli, fill, vectors
 
 ENV = vectors("env.json")
 
@@ -97,9 +98,11 @@ def test_cli_publish_latest_ls(root):
     assert cli("latest", env=e).returncode == 1
     for step in (10, 20):
         (root / "exec" / a / f"checkpoint-{step}").mkdir(parents=True)
+        ((root / "exec" / a / f"checkpoint-{step}") / "model.bin").write_bytes(b"w")  # a save holds a file
         cli("publish", root / "exec" / a / f"checkpoint-{step}", env=e, check=True)
     late = root / "exec" / a / "final"
     late.mkdir(parents=True)
+    (late / "model.bin").write_bytes(b"w")
     refused = cli("publish", late, "--epoch", "999999", env=e)  # N=0
     assert refused.returncode == 2 and "submission N=0" in refused.stderr
     nostep = cli("publish", late, env=e)
@@ -113,9 +116,9 @@ def test_cli_publish_latest_ls(root):
     table = cli("ls", str(root), check=True).stdout.splitlines()
     assert table[0].split() == ["G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH"]
     assert [r.split()[3] for r in table[1:]] == ["10", "20", "999"]
-    late.rmdir()  # the trainer's rotation: the publication's held links keep it
+    shutil.rmtree(late)  # the trainer's rotation: the publication's held links keep it
     assert cli("ls", str(root), check=True).stdout.splitlines()[-1].split()[4] == "held"
-    (root / "held" / store.latest(str(root)).name).rmdir()  # and by hand: gone
+    shutil.rmtree(root / "held" / store.latest(str(root)).name)  # and by hand: gone
     assert cli("ls", str(root), check=True).stdout.splitlines()[-1].split()[4] == "NO"
     (root / "pub" / "stray.tmp").touch()
     bad = cli("latest", str(root))
@@ -258,3 +261,57 @@ def test_env_refuses_an_exec_folder_linked_to_node_local_storage_and_says_so(roo
     assert proc.returncode == 2 and proc.stdout.endswith("exit 2\n"), proc
     assert f"{where} is a symlink to {local}, outside the checkpoint root" in proc.stderr, proc.stderr
     assert "node-local" in proc.stderr and "refusing to follow it" in proc.stderr
+
+
+def _tree(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_env_local_on_a_full_filesystem_leaves_no_execution_behind(small_fs):
+    """A full filesystem refuses `env --local` (exit 2) before the execution starts: nothing
+    of it is left (no sub/ number, exec folder or empty epochs/ claim), so `report` lists no
+    execution that never ran, and the next call, once there is room, takes the next number."""
+    root = small_fs / "r"
+    root.mkdir()
+    local = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    local["DISPATCH_CHECKPOINT"] = str(root)
+    assert cli("env", "--local", env=local).returncode == 0
+    before = _tree(root)
+    fill(small_fs / "filler")
+    for _ in range(3):
+        proc = cli("env", "--local", env=local)
+        assert proc.returncode == 2 and "No space left on device" in proc.stderr, proc.stderr
+    assert _tree(root) == before, "the refused calls left entries behind"
+    report = json.loads(cli("report", root, "--json", env=local).stdout)
+    assert [e["attempt"] for e in report["executions"]] == ["local.1.1000000"]
+    (small_fs / "filler").unlink()
+    assert "DISPATCH_ATTEMPT=local.2.2000000" in cli("env", "--local", env=local).stdout
+
+
+def test_latest_resume_refuses_what_every_resume_call_refuses(root):
+    """`latest --resume` in a job script makes resume_point()'s checks: a DISPATCH_EPOCH
+    changed after env, another execution's DISPATCH_EXEC_DIR, a made-up DISPATCH_ATTEMPT,
+    each refused in one line before any copy is made or any event written."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "SLURM_"))}
+    base["DISPATCH_CHECKPOINT"] = str(root)
+    first = json.loads(cli("env", "--local", "--format", "json", env=base, check=True).stdout)
+    save = root / "exec" / first["DISPATCH_ATTEMPT"] / "checkpoint-5"
+    save.mkdir()
+    (save / "model.bin").write_bytes(b"w")
+    cli("publish", save, env={**base, **first}, check=True)
+    second = {**base, **json.loads(cli("env", "--local", "--format", "json", env=base, check=True).stdout)}
+    forger = f"other.9.{second['DISPATCH_EPOCH']}"  # a made-up attempt at this execution's epoch, its folder made
+    (root / "exec" / forger).mkdir()
+    before, events_before = _tree(root), sorted(os.listdir(root / "events"))
+    for change, says in [({"DISPATCH_EPOCH": "9000000"}, "was $DISPATCH_EPOCH changed"),
+                         ({"DISPATCH_EXEC_DIR": str(save.parent)}, "belongs to execution"),
+                         ({"DISPATCH_ATTEMPT": "local.7.7000000", "DISPATCH_EXEC_DIR": f"{root}/exec/local.7.7000000",
+                           "DISPATCH_EPOCH": "7000000"}, "does not exist"),
+                         ({"DISPATCH_ATTEMPT": forger, "DISPATCH_EXEC_DIR": f"{root}/exec/{forger}"},
+                          f"is claimed by execution {second['DISPATCH_ATTEMPT']}")]:
+        proc = cli("latest", "--resume", env={**second, **change})
+        assert proc.returncode == 2 and says in proc.stderr and proc.stdout == "", (change, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert _tree(root) == before and sorted(os.listdir(root / "events")) == events_before
+    held = cli("latest", "--resume", env=second, check=True).stdout.strip()
+    assert held.startswith(second["DISPATCH_EXEC_DIR"] + "/dispatch-resume/")

@@ -91,6 +91,7 @@ def test_two_hand_made_jobs_of_one_root_never_share_an_epoch(root):
     before = tree(root)
     a500 = root / "exec" / A / "checkpoint-500"
     a500.mkdir()
+    (a500 / "model.bin").write_bytes(b"w")  # a save holds a file
     store.publish(str(a500), root=str(root), epoch=E)
     before = tree(root)
 
@@ -110,12 +111,14 @@ def test_two_hand_made_jobs_of_one_root_never_share_an_epoch(root):
     # job 102 publishing anyway (its own folder, its variables set by hand) is refused too
     b600 = root / "exec" / B / "checkpoint-600"
     b600.mkdir(parents=True)
+    (b600 / "model.bin").write_bytes(b"w")  # a save holds a file
     pub = cli("publish", b600, env={"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": str(E), "DISPATCH_ATTEMPT": B})
     assert pub.returncode == 2 and "claimed by job linux.101" in pub.stderr and "not by this execution" in pub.stderr
     without = cli("publish", b600, env={"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": str(E)})
     assert without.returncode == 2 and "claimed by job linux.101" in without.stderr
     a600 = root / "exec" / A / "checkpoint-600"
     a600.mkdir()
+    (a600 / "model.bin").write_bytes(b"w")  # a save holds a file
     cli("publish", a600, env={"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": str(E), "DISPATCH_ATTEMPT": A},
         check=True)
     assert [p.path for p in store.publications(str(root))] == [f"exec/{A}/checkpoint-500", f"exec/{A}/checkpoint-600"]
@@ -154,6 +157,7 @@ def test_publish_claims_an_unclaimed_epoch_for_the_writer_and_refuses_another(ro
     b = root / "exec" / B / "checkpoint-9"
     for s in (a, b):
         s.mkdir(parents=True)
+        (s / "model.bin").write_bytes(b"w")  # a save holds a file
     store.publish(str(a), root=str(root), epoch=E)
     assert claim_of(root) == f"{A}\n".encode()
     with pytest.raises(epochs.EpochClaimed, match=f"claimed by job linux.101 .*not by this execution \\({B}\\)"):
@@ -172,6 +176,7 @@ def test_an_adoption_joins_the_epochs_claimant(root, monkeypatch):
     claimant; at an epoch nobody claimed it has nobody to claim it for, and is refused."""
     old = root / "exec" / A / "checkpoint-5"
     old.mkdir(parents=True)
+    (old / "model.bin").write_bytes(b"w")  # a save holds a file
     store.publish(str(old), root=str(root), epoch=E)
     with pytest.raises(BadPath, match=f"no execution has claimed that epoch .*{2 * E:020d}"):
         store.publish(str(old), 5, root=str(root), epoch=2 * E, adopt=True)
@@ -196,6 +201,7 @@ def test_a_publish_reads_the_claim_once(root, monkeypatch):
     saves = [root / "exec" / A / f"checkpoint-{s}" for s in (1, 2)]
     for s in saves:
         s.mkdir()
+        (s / "model.bin").write_bytes(b"w")  # a save holds a file
     monkeypatch.setattr(os, "open", spy)
     for s in saves:
         store.publish(str(s), root=str(root), epoch=E, sync=False)
@@ -211,6 +217,7 @@ def test_a_root_wiped_while_its_old_job_publishes_refuses_it_at_the_new_jobs_epo
     saves = [root / "exec" / A / f"checkpoint-{s}" for s in (1, 2, 3)]
     for s in saves[:2]:
         s.mkdir()
+        (s / "model.bin").write_bytes(b"w")  # a save holds a file
         store.publish(str(s), root=str(root), epoch=E, sync=False)
     old = root / "exec" / A  # the old job's files, still open and written to after the wipe
     for entry in root.iterdir():
@@ -219,6 +226,7 @@ def test_a_root_wiped_while_its_old_job_publishes_refuses_it_at_the_new_jobs_epo
     other = f"linux.999.{E}"
     epochs.claim(store.at(str(root)), other)
     saves[2].mkdir()
+    (saves[2] / "model.bin").write_bytes(b"w")  # a save holds a file
     with pytest.raises(epochs.EpochClaimed, match="claimed by job linux.999"):
         store.publish(str(saves[2]), root=str(root), epoch=E, sync=False)
     assert old.is_dir() and store.latest(str(root)) is None
@@ -394,6 +402,7 @@ def test_racing_publishers_of_two_jobs_at_one_epoch(tmp_path):
         saves = {a: root / "exec" / a / "checkpoint-1" for a in (A, B)}
         for s in saves.values():
             s.mkdir(parents=True)
+            (s / "model.bin").write_bytes(b"w")  # a save holds a file
         barrier, results = ctx.Barrier(2), ctx.Queue()
         procs = [ctx.Process(target=_publisher, args=(str(root), str(s), barrier, results)) for s in saves.values()]
         for p in procs:

@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+from support import fill
 from test_supervisor_rules import Clock, FakeSlurm, defn, facts, slurm_number
 
 from dispatch_slurm import supervisor as sv
@@ -146,28 +147,6 @@ def test_a_root_whose_record_breaks_while_followed_stops_alone(tmp_path):
     f.sleep = Until(clock, clock.t + 3600, at=[(clock.t + 20, breaks), (clock.t + 200, ends)])
     res = f.run()
     assert res[str(a)].code == 0 and res[str(b)].code == 2 and "Input/output error" in res[str(b)].message
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    """A real filesystem of its own (a 1 MiB tmpfs) that a test can fill: ENOSPC as write(2) gives it."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("cannot mount tmpfs (needs root)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(path):
-    """Take every free block of the filesystem holding ``path`` (the campaign's ENOSPC fault)."""
-    with open(path, "wb") as out:
-        try:
-            while True:
-                out.write(b"\0" * 65536)
-                out.flush()
-        except OSError:
-            pass  # full is what was wanted
 
 
 def test_a_full_filesystem_under_a_root_is_waited_out_not_taken_for_a_broken_root(small_fs):

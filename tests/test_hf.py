@@ -8,6 +8,7 @@ DISPATCH_SKIP_HF=1 says to skip it (the `hf` extra is deliberately not installed
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,6 +184,8 @@ def test_only_world_process_zero_publishes(root, monkeypatch, tmp_path):
     exec_dir = execution(monkeypatch, root, "c.9.1000000", E_OLD)
     save = os.path.join(exec_dir, "checkpoint-2")
     os.makedirs(save)
+    with open(os.path.join(save, "model.bin"), "wb") as f:  # a save holds a file
+        f.write(b"w")
     args = TrainingArguments(output_dir=exec_dir, report_to=[], use_cpu=True)
     cb = hf.DispatchCallback()
     cb.on_save(args, TrainerState(global_step=2, is_world_process_zero=False), TrainerControl())
@@ -222,10 +225,12 @@ def test_an_exec_folder_no_save_of_which_could_be_published_fails_at_train_begin
 def test_a_vanished_latest_save_is_an_error(root, monkeypatch):
     exec_dir = execution(monkeypatch, root, "c.11.1000000", E_OLD)
     os.makedirs(os.path.join(exec_dir, "checkpoint-4"))
+    with open(os.path.join(os.path.join(exec_dir, "checkpoint-4"), "model.bin"), "wb") as f:  # a save holds a file
+        f.write(b"w")
     pub = store.publish(os.path.join(exec_dir, "checkpoint-4"), 4, root=str(root), epoch=E_OLD).publication
-    os.rmdir(os.path.join(exec_dir, "checkpoint-4"))
+    shutil.rmtree(os.path.join(exec_dir, "checkpoint-4"))
     assert hf.resume_from_checkpoint().endswith("/checkpoint-4")  # its publication's held links keep it
-    os.rmdir(os.path.join(root, "held", pub.name))  # by hand: the save and its held links
+    shutil.rmtree(os.path.join(root, "held", pub.name))  # by hand: the save and its held links
     with pytest.raises(DispatchError, match="no longer exists"):
         hf.resume_from_checkpoint()
     monkeypatch.delenv("DISPATCH_EXEC_DIR")

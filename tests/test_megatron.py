@@ -1,7 +1,7 @@
 """Megatron-Core's dist_checkpointing (CPU, gloo): the tracker hazard of the training loops
 built on it, with two overlapping executions sharing one save folder, then the same schedule
-through the integration, and SIGTERM through the preemption protocol with async saves (one
-process, and one rank of two under torchrun).
+through the integration. The page's trainer, SIGTERM through the preemption protocol with
+async saves (one process, and one rank of two under torchrun), is tests/test_pages.py's.
 
 What runs here and what cannot. The saves and loads are megatron-core's own
 (``dist_checkpointing.save``/``load``, sync and async, real files). The tracker
@@ -26,7 +26,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -34,11 +33,9 @@ pytest.importorskip("megatron.core")
 
 from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
-from dispatch_slurm.store import events  # noqa: E402
-from support import REPO, doc_snippet, output, preempt_one, run_script  # noqa: E402
+from support import REPO  # noqa: E402
 from testbed.ranks import dispatch_env  # noqa: E402
 
-SENTINEL = "dispatch-checkpoint-complete"
 A, B = ("c.42.1000000", 1_000_000), ("c.42.1000001", 1_000_001)
 
 CPU = """
@@ -177,75 +174,6 @@ def test_publishing_a_save_megatron_never_finalized_is_refused(root, monkeypatch
     with pytest.raises(DispatchError, match="no metadata.json, Megatron never finalized the save"):
         dmg.publish(path, 100)
     assert store.latest(str(root)) is None
-
-
-PRELUDE = """
-from megatron.core.dist_checkpointing import ShardedTensor
-
-steps, every = int(sys.argv[1]), int(sys.argv[2])
-for ours, slurm in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS")):  # srun: one task per rank
-    if ours not in os.environ and slurm in os.environ:
-        os.environ[ours] = os.environ[slurm]
-if "RANK" in os.environ:
-    dist.init_process_group("gloo")
-else:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-rank, world = dist.get_rank(), dist.get_world_size()
-
-class Model:
-    # one tensor, sharded by rank along its first dimension
-    def __init__(self):
-        self.weight = torch.zeros(2, 4)
-    def sharded_state_dict(self):
-        return {"weight": ShardedTensor.from_rank_offsets("weight", self.weight, (0, rank, world))}
-    def load_state_dict(self, state):
-        self.weight.copy_(state["weight"])
-
-model, started = Model(), []
-
-def train_step():
-    if not started and rank == 0:
-        print(f"started at {model.weight[0, 0].item():.0f}", flush=True)
-    started.append(1)
-    model.weight += 1
-    time.sleep(0.01)
-    if len(started) == 3:
-        open(os.path.join(os.environ["OUT"], f"ready-{os.getpid()}"), "w").close()
-"""
-
-
-def trainer() -> str:
-    """The docs' recipe (docs/megatron.md, snippet megatron-loop) after PRELUDE, in a main
-    function (megatron-core spawns its writers), saving every ``every`` steps."""
-    recipe = doc_snippet("megatron.md", "megatron-loop")
-    assert "% 500 == 0" in recipe
-    body = PRELUDE + recipe.replace("% 500 == 0", "% every == 0") + (
-        "if rank == 0:\n    print(f'done at step {step} weight {model.weight[0, 0].item():.0f}', flush=True)\n"
-        "dist.destroy_process_group()\n")
-    return CPU + "\ndef main():\n" + textwrap.indent(body, "    ") + "\n\nif __name__ == '__main__':\n    main()\n"
-
-
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_sigterm_saves_through_megatron_publishes_and_a_replacement_resumes(root, tmp_path, nproc):
-    """SIGTERM to one rank: the async save in flight is finalized (published), every rank
-    saves the stop step through dist_checkpointing.save, the protocol publishes it once; the
-    replacement resumes from exactly that step, its async saves published as finalized."""
-    proc, out = run_script(trainer(), tmp_path, root, A[0], A[1], 1_000_000, 20, nproc=nproc)
-    text = preempt_one(proc, out, nproc, "Megatron to reach step 3")
-    assert proc.returncode == 0 and text.count(SENTINEL) == nproc, text[-3000:]
-    pub = store.latest(str(root))
-    assert pub.path == f"exec/{A[0]}/iter_{pub.step:07d}" and pub.step >= 3
-    files = sorted(os.listdir(root / pub.path))
-    assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(nproc)] + ["common.pt", "metadata.json"], files
-    by = [e["by"] for e in events.read(str(root)) if e["type"] == "published"]
-    assert by[-1] == "preempt" and set(by[:-1]) <= {"megatron"}, by
-
-    proc, _ = run_script(trainer(), tmp_path, root, B[0], B[1], pub.step + 25, 20, nproc=nproc)
-    text = output(proc, timeout=300)
-    assert proc.returncode == 0, text[-3000:]
-    assert f"started at {pub.step}" in text and f"done at step {pub.step + 25} weight {pub.step + 25}" in text
-    mine = [p.step for p in store.publications(str(root)) if p.epoch == B[1]]
-    assert mine == [s for s in range(pub.step + 1, pub.step + 26) if s % 20 == 0], mine
 
 
 def test_the_extra_names_the_tested_megatron_core():

@@ -66,6 +66,8 @@ def test_every_process_of_the_job_and_a_requeue_resume_from_the_latest(root):
     first = env_json(root, 101)
     save = os.path.join(first["DISPATCH_EXEC_DIR"], "checkpoint-10")
     os.mkdir(save)
+    with open(os.path.join(save, "model.bin"), "wb") as f:  # a save holds a file
+        f.write(b"w")
     cli("publish", save, env={**plain(root, 101), **first}, check=True)
     second = env_json(root, 101, 1)
     assert int(second["DISPATCH_EPOCH"]) > int(first["DISPATCH_EPOCH"])

@@ -255,6 +255,8 @@ def test_the_job_script_resumes_from_the_latest_publication_whatever_its_bytes(j
     tmp, root, env = job
     earlier = os.fsencode(root) + b"/exec/c.6.1000000/checkpoint-5\xff"  # a non-UTF-8 save name
     os.makedirs(earlier)
+    with open(earlier + b"/model.bin", "wb") as f:  # a save holds a file
+        f.write(b"w")
     store.publish(os.fsdecode(earlier), 5, root=str(root), epoch=1_000_000)
     res = bash(block("job-script"), {**env, "WAIT_WATCH": "1"}, tmp)
     assert res.returncode == 0, res.stderr
@@ -273,9 +275,10 @@ def test_the_job_script_stops_before_training_on_an_error(job, fault):
     else:
         save = root / "exec" / "c.6.1000000" / "checkpoint-5"
         save.mkdir(parents=True)
+        (save / "model.bin").write_bytes(b"w")
         pub = store.publish(str(save), root=str(root), epoch=1_000_000).publication
-        save.rmdir()
-        (root / "held" / pub.name).rmdir()  # a person (a scratch purge) removed its held links too
+        shutil.rmtree(save)
+        shutil.rmtree(root / "held" / pub.name)  # a person (a scratch purge) removed its held links too
     res = bash(block("job-script"), env, tmp)
     assert res.returncode == 2, "the job went on after an error"
     assert trainer_args(tmp) is None, "the trainer ran: it would have started from step 0"
@@ -292,6 +295,7 @@ def test_publishing_by_hand(job):
     missing = bash(block("publish-by-hand"), env, tmp)
     assert missing.returncode == 2 and missing.stderr.count(b"\n") == 1 and b"does not exist" in missing.stderr
     (root / "exec" / "c.7.2000000" / "checkpoint-500").mkdir(parents=True)
+    (root / "exec" / "c.7.2000000" / "checkpoint-500" / "model.bin").write_bytes(b"w")
     ok = bash(block("publish-by-hand"), env, tmp)
     assert ok.returncode == 0 and store.latest(str(root)).step == 500
 
@@ -384,6 +388,11 @@ def test_the_local_user_path_without_slurm(tmp_path, crash):
         second.stdout
     latest = store.latest(str(root))
     assert latest.path == "exec/local.2.2000000/checkpoint-40" and latest.epoch == 2_000_000
+    shutil.copy(REPO / ".gitignore", tmp_path / ".gitignore")  # the checkout's: the root it made is not its work
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    status = subprocess.run(["git", "-C", str(tmp_path), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "dispatch-local" not in status, status
 
 
 def test_the_local_trial_is_the_first_thing_to_try(job):
@@ -433,6 +442,7 @@ def test_troubleshooting_a_stray_entry_in_pub(job):
     tmp, root, env = job
     save = root / "exec" / "c.6.1000000" / "checkpoint-5"
     save.mkdir(parents=True)
+    (save / "model.bin").write_bytes(b"w")
     store.publish(str(save), root=str(root), epoch=1_000_000)
     (root / "pub" / "README.txt").write_text("notes")
     me = _scratch(tmp, root)
@@ -449,9 +459,10 @@ def test_troubleshooting_a_vanished_latest_save(job):
     for step in (5, 6):
         save = root / "exec" / "c.6.1000000" / f"checkpoint-{step}"
         save.mkdir(parents=True)
+        (save / "model.bin").write_bytes(b"w")
         pub = store.publish(str(save), root=str(root), epoch=1_000_000).publication
-    (root / "exec" / "c.6.1000000" / "checkpoint-6").rmdir()
-    (root / "held" / pub.name).rmdir()  # by hand, or a scratch purge: the save and its held links
+    shutil.rmtree(root / "exec" / "c.6.1000000" / "checkpoint-6")
+    shutil.rmtree(root / "held" / pub.name)  # by hand, or a scratch purge: the save and its held links
     me = _scratch(tmp, root)
     res = bash(block("vanished-latest-save").replace("/scratch/me", me), env, tmp)
     assert res.returncode == 0, res.stderr
@@ -464,6 +475,7 @@ def test_troubleshooting_moving_a_root(job):
     tmp, root, env = job
     save = root / "exec" / "c.6.1000000" / "checkpoint-5"
     save.mkdir(parents=True)
+    (save / "model.bin").write_bytes(b"w")
     store.publish(str(save), root=str(root), epoch=1_000_000)
     me = _scratch(tmp, root)
     res = bash(block("moving-a-root").replace("/scratch/me", me), env, tmp)

@@ -355,6 +355,7 @@ def test_latest_resume_and_the_integrations_record_what_they_returned(tmp_path, 
     assert cli("latest", "--resume", env=env).stdout == ""
     d = root / "exec" / "c.6.1000000" / "checkpoint-5"
     d.mkdir(parents=True)
+    (d / "model.bin").write_bytes(b"w")  # a save holds a file
     monkeypatch.setenv("DISPATCH_ATTEMPT", "c.6.1000000")  # the execution that saved it publishes it
     pub = store.publish(str(d), root=str(root), epoch=1_000_000).publication
     monkeypatch.setenv("DISPATCH_ATTEMPT", "c.7.2000000")

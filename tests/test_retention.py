@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from support import cli
+from support import claim, cli
 
 from dispatch_slurm import store
 from dispatch_slurm.contract import names
@@ -497,6 +497,59 @@ def test_ls_shows_state_and_size(root, three):
     out = cli("ls", root, check=True)
     assert "retired: 3 saves, 0 B still on disk" in out.stderr and "unpublished among them: 1 save," in out.stderr
     assert out.stdout.splitlines()[0].split() == ["G", "N", "R", "STEP", "EXISTS", "SIZE", "STATE", "PATH"]
+
+
+def test_ls_counts_a_resume_copy_apart_and_its_linked_bytes_once(root, three):
+    """A resume's copy (exec/<attempt>/dispatch-resume/..., hard links to the published save)
+    is no unpublished save, and its bytes are its save's: `ls` says so, and the totals it
+    gives for the saves stay what they were before the resume."""
+    summary = lambda: cli("ls", root, check=True).stderr.strip().splitlines()[-1]  # noqa: E731
+    before = summary()
+    (root / "exec" / C).mkdir()
+    claim(root, C)
+    job = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": "3000000", "DISPATCH_ATTEMPT": C,
+           "DISPATCH_EXEC_DIR": str(root / "exec" / C)}
+    held = cli("latest", "--resume", env=job, check=True).stdout.strip()
+    assert held.startswith(f"{root}/exec/{C}/dispatch-resume/") and os.path.samefile(
+        f"{held}/f0", three[(LIVE, 90)] / "f0")
+    after = summary()
+    kept = lambda line: line.split("; resume copies")[0]  # noqa: E731
+    assert kept(after) == kept(before) and "unpublished among them: 1 save," in after, (before, after)
+    from dispatch_slurm.report.render import size
+    folders = [d for d, _, _ in os.walk(root / "exec" / C / "dispatch-resume")]  # its own: the folders it made
+    own = size(sum(os.stat(d).st_blocks * 512 for d in folders))
+    assert f"resume copies (hard links to published saves; their bytes beyond those): 1 folder, {own};" in after
+    rows = json.loads(cli("ls", root, "--json", check=True).stdout)
+    assert all("dispatch-resume" not in r["path"] for r in rows), "a copy listed as a publication"
+
+
+def test_gc_refuses_an_exec_folder_it_cannot_read(tmp_path):
+    """An exec folder the user cannot read (another user's, mode 0700) is an error naming it
+    and the fix, for gc, ls and the report, never silently left out of what they decide."""
+    import shutil
+    import tempfile
+    from dispatch_slurm.slurm.hooks import node
+    if os.geteuid() != 0:
+        pytest.skip("needs root: gc runs as another user here")
+    nobody = {"SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534", "SLURM_JOB_USER": "nobody"}
+    base = tempfile.mkdtemp(prefix="dispatch-gc-")
+    try:
+        os.chmod(base, 0o755)
+        root = tempfile.mkdtemp(dir=base)
+        os.chown(root, 65534, 65534)
+        r = __import__("pathlib").Path(root)
+        for attempt in (A, B):
+            assert "ok" in node.as_job_user(nobody, lambda a: bool(mksave(r, a, int(a.split(".")[1]) * 10)), attempt)
+        os.chown(r / "exec" / A, 0, 0)  # another user's folder
+        os.chmod(r / "exec" / A, 0o700)
+        for look in (lambda: gc.gc(root, Policy(keep_last=1), said=[A, B]) and None,
+                     lambda: store.at(root).inventory() and None):
+            res = node.as_job_user(nobody, look)
+            why = res.get("user_error", "")
+            assert f"{root}/exec/{A} cannot be read (Permission denied" in why and "chmod -R u+rwX" in why, res
+        assert (r / "exec" / B / "checkpoint-20").exists(), "gc removed what it decided without A's folder"
+    finally:
+        shutil.rmtree(base)
 
 
 def test_cli_gc_dry_run_explains_and_removes_nothing(root, three):

@@ -136,7 +136,7 @@ model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 model, opt = acc.prepare(model, opt)
 step = 0
-install_preemption_handler(lambda left: da.save_state(acc, step, publish=False))
+install_preemption_handler(lambda left: da.save_state(acc, step, publish=False), defer=True)
 while step < 1000:
     g = torch.Generator().manual_seed(step * 10 + acc.process_index)
     x = torch.randn(8, 8, generator=g)

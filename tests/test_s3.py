@@ -102,10 +102,12 @@ def test_pagination_at_ten_thousand_publications(server):
     url = f"s3://{server.bucket()}/run"
     bucket, prefix = names.split_s3(url)
     c = server.client()
-    keys = [f"{prefix}pub/" + names.encode(E1 + i % 7, i, f"exec/c.{i // 1000}.{E1 + i % 7}/checkpoint-{i}")
+    keys = [f"{prefix}pub/" + names.encode(E1 + i % 7, i, f"exec/c.{i % 7}.{E1 + i % 7}/checkpoint-{i}")
             for i in range(10_000)]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: c.put_object(Bucket=bucket, Key=k, Body=b""), keys))
+    for k in range(7):  # each epoch's claim, as env made it (latest reads the latest's)
+        c.put_object(Bucket=bucket, Key=f"{prefix}epochs/{names.claim_name(E1 + k)}", Body=f"c.{k}.{E1 + k}\n".encode())
     pubs = store.publications(url)
     assert len(pubs) == 10_000 and len({p.name for p in pubs}) == 10_000
     assert store.latest(url) == max(pubs, key=lambda p: (p.epoch, p.step, p.name))

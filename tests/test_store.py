@@ -18,7 +18,7 @@ from dispatch_slurm import store
 from dispatch_slurm.contract import names
 from dispatch_slurm.errors import BadName, BadPath, DispatchError, StoreError
 from dispatch_slurm.store import events
-from support import claim
+from support import claim, cli
 
 E1, E2 = 1_000_000, 2_000_000  # N=1 and N=2, G=R=0
 A1, A2 = f"c.1.{E1}", f"c.2.{E2}"  # the attempts (exec folders) of two executions
@@ -31,8 +31,10 @@ def _outside_a_job(monkeypatch):
 
 
 def save(root, rel):
+    """A save folder holding one file (an empty folder is refused)."""
     p = root / rel
     p.mkdir(parents=True)
+    (p / "model.bin").write_bytes(b"w")
     return p
 
 
@@ -148,6 +150,97 @@ def test_bad_entry_is_an_error_naming_it_never_skipped(root):
         store.latest(root)
 
 
+# ---- what a newcomer mistypes: refused in one line, nothing left behind -----------------------
+
+def _job(root, attempt=A1, epoch=E1):
+    return {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": str(epoch), "DISPATCH_ATTEMPT": attempt,
+            "DISPATCH_EXEC_DIR": str(root / "exec" / attempt)}
+
+
+def test_an_empty_folder_is_not_published(root):
+    """`mkdir $DISPATCH_EXEC_DIR/checkpoint-5; dispatch-slurm publish ...` before the trainer
+    wrote anything: refused, so `latest --resume` never hands out a folder with nothing to load."""
+    empty = root / "exec" / A1 / "checkpoint-5"
+    empty.mkdir(parents=True)
+    (empty / "sub").mkdir()  # folders only: still nothing to load
+    claim(root, A1)
+    proc = cli("publish", empty, env=_job(root))
+    assert proc.returncode == 2 and "holds no file, nothing a resume could load" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (root / "pub").exists() or os.listdir(root / "pub") == []
+    assert cli("latest", "--resume", env=_job(root)).stdout == ""
+
+
+def test_padded_names_of_one_step_are_one_save(root):
+    """checkpoint-0010, checkpoint-010 and checkpoint-10 all say step 10: the first is
+    published, the others are refused naming it (`latest` would pick among them by name
+    order). A padded name alone is fine (Megatron's iter_0000500 is step 500)."""
+    claim(root, A1)
+    first = save(root, f"exec/{A1}/checkpoint-0010")
+    assert cli("publish", first, env=_job(root)).returncode == 0
+    for name in ("checkpoint-010", "checkpoint-10"):
+        proc = cli("publish", save(root, f"exec/{A1}/{name}"), env=_job(root))
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert f"exec/{A1}/checkpoint-0010 is already published at that epoch and step" in proc.stderr
+    assert [p.path for p in store.publications(root)] == [f"exec/{A1}/checkpoint-0010"]
+    claim(root, A2)  # the other order, in another execution
+    assert cli("publish", save(root, f"exec/{A2}/checkpoint-10"), env=_job(root, A2, E2)).returncode == 0
+    late = cli("publish", save(root, f"exec/{A2}/checkpoint-00000000000000000010"), env=_job(root, A2, E2))
+    assert late.returncode == 2 and f"exec/{A2}/checkpoint-10 is already published" in late.stderr, late.stderr
+    megatron = save(root, f"exec/{A1}/iter_0000500")
+    assert cli("publish", megatron, "--step", "500", env=_job(root)).returncode == 0
+    wrong = cli("publish", save(root, f"exec/{A1}/iter_0000600"), "--step", "6", env=_job(root))
+    assert wrong.returncode == 2 and "its name says step 600" in wrong.stderr
+    assert store.latest(root).path == f"exec/{A2}/checkpoint-10"  # E2 outranks E1
+
+
+def test_a_step_past_a_signed_64_bit_integer_is_refused(root):
+    """Step 2**64 (a typo, or a forged entry) would outrank every later save of its epoch."""
+    claim(root, A1)
+    huge = save(root, f"exec/{A1}/checkpoint-{2**64}")
+    by_name = cli("publish", huge, env=_job(root))
+    assert by_name.returncode == 2 and f"step {2**64} is out of range 0..{2**63 - 1}" in by_name.stderr
+    by_option = cli("publish", save(root, f"exec/{A1}/final"), "--step", str(2**64), env=_job(root))
+    assert by_option.returncode == 2 and "--step" in by_option.stderr and str(2**63 - 1) in by_option.stderr
+    assert cli("publish", save(root, f"exec/{A1}/checkpoint-{2**63 - 1}"), env=_job(root)).returncode == 0
+    forged = f"{E1:020d}-{2**63:020d}-" + names.b32encode(f"exec/{A1}/checkpoint-1".encode())
+    (root / "pub" / forged).touch()
+    with pytest.raises(BadName, match=f"step {2**63} is out of range"):
+        store.latest(root)
+
+
+@pytest.mark.parametrize("forgery", ["unclaimed epoch", "step against its name"])
+def test_a_forged_entry_is_never_the_latest_and_never_skipped(root, forgery):
+    """A well-formed pub/ entry `publish` never made (an epoch nobody claimed, a step its
+    save's name contradicts) is an error naming it for latest, ls and gc, never the latest:
+    gc would keep it and could remove the real latest."""
+    a = save(root, f"exec/{A1}/checkpoint-5")
+    publish(root, a, 5, E1)
+    rel = f"exec/{A1}/checkpoint-5"
+    forged = names.encode(9 * E1, 5, rel) if forgery == "unclaimed epoch" else names.encode(E1, 99, rel)
+    (root / "pub" / forged).touch()
+    for args in (["latest", root], ["latest", "--resume", root], ["ls", root],
+                 ["gc", root, "--keep-last", "1", "--ceased", A1]):
+        proc = cli(*args)
+        assert proc.returncode == 2 and f"bad entry {forged!r}" in proc.stderr, (args, proc.stderr)
+        assert f"mv {root}/pub/{forged}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert a.exists(), "gc removed nothing"
+    (root / "pub" / forged).unlink()
+    assert store.latest(root).path == rel
+
+
+def test_an_adopted_save_may_carry_another_step(root, monkeypatch):
+    """An adoption (a person's deliberate `publish --adopt`) of another execution's save is
+    still the latest, at the step it was given."""
+    old = save(root, f"exec/{A1}/checkpoint-900")
+    publish(root, old, 900, E1)
+    (root / "exec" / A2).mkdir()
+    claim(root, A2)
+    monkeypatch.setenv("DISPATCH_ATTEMPT", A2)
+    res = store.publish(old, 7, root=root, epoch=E2, adopt=True)
+    assert store.latest(root) == res.publication and res.publication.step == 7
+
+
 def test_symlinked_pub_is_refused(root, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -234,6 +327,8 @@ CHILD = textwrap.dedent("""
     for step in range(start, start + 10**6):
         path = os.path.join(root, "exec/c.1.1000000", f"checkpoint-{step}")
         os.mkdir(path)
+        with open(os.path.join(path, "w"), "wb") as f:  # an empty folder is refused
+            f.write(b"w")
         store.publish(path, step, root=root, epoch=1_000_000)
         os.write(1, b"%d\\n" % step)   # reported only once publish returned
 """)

@@ -1,6 +1,7 @@
 """torchtitan's CheckpointManager (CPU, gloo): what two overlapping executions sharing one
-checkpoint folder do to it, then the same schedule through DispatchCheckpointManager, and
-SIGTERM through the preemption protocol (one process, and one rank of two under torchrun).
+checkpoint folder do to it, then the same schedule through DispatchCheckpointManager. The
+page's loop, SIGTERM through the preemption protocol (one process, and one rank of two under
+torchrun), is tests/test_pages.py's.
 
 The schedule (an old execution that keeps saving after its replacement started: a
 partition, a grace window): A saves 100 and 200; B starts and resumes; B saves 300; A,
@@ -23,11 +24,9 @@ from torchtitan.components.optimizer.optimizer import ParamGroupConfig  # noqa: 
 from dispatch_slurm import store  # noqa: E402
 from dispatch_slurm.errors import DispatchError  # noqa: E402
 from dispatch_slurm.integrations.torchtitan import DispatchCheckpointManager  # noqa: E402
-from dispatch_slurm.store import events  # noqa: E402
-from support import REPO, doc_snippet as snippet, output, preempt_one, run_script  # noqa: E402
+from support import REPO  # noqa: E402
 from testbed.ranks import dispatch_env  # noqa: E402
 
-SENTINEL = "dispatch-checkpoint-complete"
 A, B, C = ("c.40.1000000", 1_000_000), ("c.40.1000001", 1_000_001), ("c.40.1000002", 1_000_002)
 
 
@@ -160,91 +159,6 @@ def test_a_folder_outside_the_exec_folder_and_a_load_step_are_refused(root, tmp_
     with pytest.raises(DispatchError, match="enable=False"):
         DispatchCheckpointManager.Config().build(dataloader=None, model_parts=[], optimizers=None, lr_schedulers=None,
                                                  states={}, sd_adapter=None)
-
-
-PRELUDE = """
-import os, sys, time, torch
-import torch.distributed as dist
-from torchtitan.components.optimizer import OptimizersContainer
-from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
-from torchtitan.components.optimizer.optimizer import ParamGroupConfig
-
-steps, every, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-for ours, slurm in (("RANK", "SLURM_PROCID"), ("WORLD_SIZE", "SLURM_NTASKS")):  # srun: one task per rank
-    if ours not in os.environ and slurm in os.environ:
-        os.environ[ours] = os.environ[slurm]
-os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_RESTART_COUNT", "0"))))
-if "RANK" in os.environ:
-    dist.init_process_group("gloo")
-else:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-
-class TrainState:
-    step = 0
-    def state_dict(self):
-        return {"step": self.step}
-    def load_state_dict(self, sd):
-        self.step = sd["step"]
-
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 1)
-optimizers = OptimizersContainer.Config(
-    param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 0.01})],
-    implementation="for-loop").build(model_parts=[model])       # "fused", the default, is CUDA only
-lr_schedulers = LRSchedulersContainer.Config(warmup_steps=1).build(optimizers=optimizers, training_steps=steps)
-train_state, dataloader, started = TrainState(), None, []
-
-def train_step():
-    if not started and dist.get_rank() == 0:
-        print(f"started at step {train_state.step}", flush=True)
-    started.append(1)
-    g = torch.Generator().manual_seed(train_state.step * 10 + dist.get_rank())
-    x = torch.randn(8, 8, generator=g)
-    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
-    optimizers.zero_grad()
-    loss.backward()
-    optimizers.step()
-    lr_schedulers.step()
-    time.sleep(0.01)
-    if len(started) == 3:
-        open(os.path.join(os.environ["OUT"], f"ready-{os.getpid()}"), "w").close()
-"""
-
-
-def trainer() -> str:
-    """The docs' recipe (docs/torchtitan.md, snippet torchtitan-loop) after PRELUDE, its
-    interval and retention the test's, then a last line the tests read."""
-    recipe = snippet("torchtitan.md", "torchtitan-loop")
-    policy = "interval=500, keep_latest_k=3"
-    assert policy in recipe
-    recipe = recipe.replace(policy, "interval=every, keep_latest_k=2, async_mode=mode")
-    return (PRELUDE + recipe + "if dist.get_rank() == 0:\n"
-            "    print(f'done at step {train_state.step} weight {model.weight.sum().item():.6f}', flush=True)\n"
-            "dist.destroy_process_group()\n")
-
-
-@pytest.mark.parametrize("nproc,mode", [(1, "disabled"), (2, "async")])
-def test_sigterm_saves_through_torchtitan_publishes_and_a_replacement_resumes(root, tmp_path, nproc, mode):
-    """SIGTERM to one rank: every rank saves the same step through torchtitan's dcp_save,
-    it is published once; the replacement resumes from exactly that step and publishes
-    its own saves (async: each from its upload's completion) up to the end."""
-    proc, out = run_script(trainer(), tmp_path, root, A[0], A[1], 1_000_000, 20, mode, nproc=nproc)
-    text = preempt_one(proc, out, nproc, "torchtitan to reach step 3")
-    assert proc.returncode == 0 and text.count(SENTINEL) == nproc, text[-3000:]
-    pub = store.latest(str(root))
-    assert pub.path == f"exec/{A[0]}/checkpoint/step-{pub.step}" and pub.step >= 3
-    assert sorted(os.listdir(root / pub.path)) == [".metadata"] + [f"__{r}_0.distcp" for r in range(nproc)]
-    by = [e["by"] for e in events.read(str(root)) if e["type"] == "published"]
-    assert by[-1] == "preempt" and set(by[:-1]) <= {"torchtitan"}, by
-
-    proc, _ = run_script(trainer(), tmp_path, root, B[0], B[1], pub.step + 45, 20, mode, nproc=nproc)
-    text = output(proc)
-    assert proc.returncode == 0, text[-3000:]
-    assert f"started at step {pub.step}" in text and f"done at step {pub.step + 45}" in text
-    mine = [p.step for p in store.publications(str(root)) if p.epoch == B[1]]
-    # the interval's saves before the last step; the last (model-only, an export) is never
-    # published, even when it falls on the interval (pub.step + 45 == 80 when the signal hit step 35)
-    assert mine == [s for s in range(pub.step + 1, pub.step + 45) if s % 20 == 0], mine
 
 
 def test_the_extra_names_the_tested_torchtitan():

@@ -113,6 +113,7 @@ def test_nothing_is_said_on_a_fresh_root_or_once_something_is_published(root):
     assert proc.stderr == "" and proc.stdout == ""
     save = root / "exec" / OLD / "checkpoint-3"
     save.mkdir(parents=True)
+    (save / "model.bin").write_bytes(b"w")  # a save holds a file
     (root / "exec" / OLD / "checkpoint-4").mkdir()
     store.publish(str(save), root=str(root), epoch=E1)
     proc = cli("latest", root, "--resume", check=True)
@@ -185,3 +186,29 @@ def test_on_an_s3_root_the_saves_left_are_named_too(s3_env, s3_root):
     proc = cli("latest", s3_root, "--resume", check=True)
     assert proc.stdout == "" and f"exec/{OLD}/checkpoint-40" in proc.stderr, proc.stderr
     assert f"--epoch {E1} {s3_root}/exec/{OLD}/checkpoint-40" in proc.stderr
+
+
+def test_a_folder_save_is_named_as_the_folder_and_its_command_publishes_it(root):
+    """A save that is a folder of files (DCP's shards and .metadata in torchtitan's
+    step-500, Megatron's iter_0000500 with common.pt) is named as that folder with its step,
+    never as one of its files: following the warning then resumes from the whole save."""
+    torch = pytest.importorskip("torch")
+    import shlex
+    import torch.distributed.checkpoint as dcp
+    old = root / "exec" / OLD
+    titan = old / "checkpoint" / "step-500"
+    dcp.save({"w": torch.arange(4.0)}, checkpoint_id=str(titan))  # .metadata, __0_0.distcp
+    megatron = old / "iter_0000400"
+    megatron.mkdir()
+    for name in (".metadata", "__0_0.distcp", "common.pt", "metadata.json"):  # what dist_checkpointing writes
+        (megatron / name).write_bytes(b"x")
+    (root / "exec" / NEW).mkdir()
+    text = cli("latest", root).stderr
+    assert f"exec/{OLD}/checkpoint/step-500, exec/{OLD}/iter_0000400." in text, text
+    assert ".distcp" not in text and "common.pt" not in text and "checkpoint-<step> saves" not in text, text
+    command = text.split("then start the job again: ", 1)[1].split(" (--epoch", 1)[0]
+    assert command == f"dispatch-slurm publish --root {root} --epoch {E1} --step 500 {titan}", command
+    assert cli(*shlex.split(command)[1:], check=True).returncode == 0
+    loaded = {"w": torch.zeros(4)}
+    dcp.load(loaded, checkpoint_id=cli("latest", root, "--path", check=True).stdout.strip())
+    assert torch.equal(loaded["w"], torch.arange(4.0))

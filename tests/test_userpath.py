@@ -132,6 +132,7 @@ def test_publish_refuses_a_step_its_name_contradicts(job):
     root, exec_dir, env = job
     save = exec_dir / "checkpoint-8"
     save.mkdir()
+    (save / "model.bin").write_bytes(b"w")  # a save holds a file
     bad = cli("publish", save, "--step", "9", env=env)
     assert bad.returncode == 2 and "its name says step 8" in bad.stderr and not (root / "pub").exists()
     cli("publish", save, "--step", "8", env=env, check=True)
@@ -145,6 +146,7 @@ def test_publish_refuses_a_step_its_name_contradicts(job):
 def test_publish_without_a_root_names_its_option_not_a_root_argument(job):
     root, exec_dir, env = job
     (exec_dir / "checkpoint-1").mkdir()
+    ((exec_dir / "checkpoint-1") / "model.bin").write_bytes(b"w")  # a save holds a file
     keep = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
     proc = subprocess.run([sys.executable, "-m", "dispatch_slurm", "publish", str(exec_dir / "checkpoint-1"),
                            "--epoch", str(E1)], env=keep, capture_output=True, text=True, timeout=60)
@@ -156,6 +158,7 @@ def test_publish_without_a_root_names_its_option_not_a_root_argument(job):
 def test_a_root_named_relative_is_made_absolute_and_a_relative_env_root_refused(job):
     root, exec_dir, env = job
     (exec_dir / "checkpoint-4").mkdir()
+    ((exec_dir / "checkpoint-4") / "model.bin").write_bytes(b"w")  # a save holds a file
     store.publish(str(exec_dir / "checkpoint-4"), root=str(root), epoch=E1)
     here, name = str(root.parent), root.name
     want = f"{root}/exec/{A1}/checkpoint-4\n"
@@ -198,6 +201,7 @@ def test_one_size_format_and_proper_plurals_in_ls_gc_and_report(job):
     root, exec_dir, env = job
     save = exec_dir / "checkpoint-1"
     save.mkdir()
+    (save / "model.bin").write_bytes(b"w")  # a save holds a file
     (save / "w").write_bytes(b"x" * 5000)
     store.publish(str(save), root=str(root), epoch=E1)
     outs = [cli("ls", root, check=True), cli("gc", root, "--keep-last", "1", "--dry-run", check=True),
@@ -222,6 +226,7 @@ def test_gc_checks_every_option_before_it_pins(job):
 def test_a_read_only_root_names_the_full_path(job):
     root, exec_dir, env = job
     (exec_dir / "checkpoint-1").mkdir()
+    ((exec_dir / "checkpoint-1") / "model.bin").write_bytes(b"w")  # a save holds a file
     (root / "pub").mkdir()  # the entry's create fails, not the folder's (whose error always had the path)
     claim(root, A1)  # the epoch is this execution's already (env claimed it): publish creates only pub/<name>
     allocate(root, 2)  # N=2 was allocated: env gets as far as the exec folder

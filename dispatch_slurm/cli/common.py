@@ -162,15 +162,19 @@ def retention_summary(saves) -> str:
     """One paragraph: what is kept, gone, retired and reclaimable, with sizes (``ls``)."""
     from ..report.render import plural, size
 
-    def total(pred):
+    def total(pred, word="save"):
         rows = [r for r in saves if pred(r)]
-        return plural(len(rows), "save"), size(sum(r["size"] for r in rows))
+        return plural(len(rows), word), size(sum(r["size"] for r in rows))
+    saves = list(saves)
+    copies = total(lambda r: r.get("copy") and r["state"] != "retired", "folder")  # what resumes load: no saves
+    saves = [r for r in saves if not r.get("copy")]
     kept = total(lambda r: r["state"] == "kept")
     unpublished = total(lambda r: r["state"] == "kept" and not r["publications"])
     gone = total(lambda r: r["state"] == "gone")
     retired = total(lambda r: r["state"] == "retired")
     reclaimable = total(lambda r: r["state"] == "reclaimable")
     return (f"kept: {kept[0]}, {kept[1]} (unpublished among them: {unpublished[0]}, {unpublished[1]}); "
+            f"resume copies (hard links to published saves; their bytes beyond those): {copies[0]}, {copies[1]}; "
             f"gone (the trainer's rotation removed them, not retired): {gone[0]}; "
             f"retired: {retired[0]}, {retired[1]} still on disk; reclaimable now: {reclaimable[0]}, "
             f"{reclaimable[1]}")

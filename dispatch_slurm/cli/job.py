@@ -5,13 +5,14 @@ import os
 import shlex
 import signal
 import sys
+from collections.abc import Mapping
 
 import click
 
 from .. import store
 from ..contract import env as envmod
 from ..contract import epoch as epochmod
-from ..contract import names
+from ..contract import layout, names
 from ..errors import DispatchError
 from ..slurm import sitefile
 from ..store import epochs
@@ -40,6 +41,7 @@ def env_(fmt, no_mkdir, local):
     cluster "local": it allocates the next submission number under the root, as
     `submit` does, so a later execution outranks an earlier one; latest, publish, watch,
     the preemption handler and the integrations then work as in a job."""
+    inputs: Mapping[str, str] = os.environ
     try:
         site = sitefile.load()
         st, inputs = _local_inputs() if local else (epochs.job_store(os.environ), os.environ)
@@ -47,6 +49,8 @@ def env_(fmt, no_mkdir, local):
         if local and not no_mkdir:
             _started_here(values)
     except (DispatchError, OSError):
+        if local and inputs is not os.environ:
+            _unallocate(st, inputs)
         if fmt == "sh" and not sys.stdout.isatty():
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
         raise
@@ -241,6 +245,18 @@ def _local_inputs() -> tuple[store.Store, dict]:
         os.makedirs(root, mode=0o700, exist_ok=True)  # the default root is ours to create; a named one is not
     st = store.at(names.normalize_root(root))
     return st, envmod.local(os.environ, st.root, st.allocate_submission())
+
+
+def _unallocate(st: store.Store, inputs: Mapping[str, str]) -> None:
+    """The submission number a failed `env --local` allocated, removed when nothing claimed
+    its epoch (a full filesystem refused the claim): nothing is left of an execution that
+    never started, which `report` would list, and the number is free again."""
+    n = int(inputs["DISPATCH_SUBMISSION"])
+    try:
+        if epochs.claimant(st, epochmod.compose(int(inputs.get("DISPATCH_GENERATION") or 0), n, 0)) is None:
+            st.delete(layout.SUB, names.submission_name(n))
+    except (DispatchError, OSError, ValueError):
+        pass  # the error being reported is the one that matters
 
 
 def _started_here(values: dict) -> None:

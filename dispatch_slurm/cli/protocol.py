@@ -8,7 +8,7 @@ import click
 
 from .. import store
 from ..contract import epoch as epochmod
-from ..contract import layout
+from ..contract import layout, names
 from ..contract.env import Execution
 from ..errors import DispatchError
 from . import common
@@ -16,7 +16,7 @@ from . import common
 
 @click.command()
 @click.argument("save", type=click.Path())
-@click.option("--step", type=click.IntRange(0), help="training step; a checkpoint-<step> name must agree (unless "
+@click.option("--step", type=click.IntRange(0, names.STEP_MAX), help="training step; a checkpoint-<step> name must agree (unless "
               "--adopt)  [default: from a checkpoint-<step> name]")
 @common.root_option()
 @common.epoch_option()
@@ -73,6 +73,7 @@ def latest(root, path_only, as_json, resume):
         srun python train.py ${resume:+--resume-from "$resume"}"""
     if resume:  # inside an execution: its private copy of the save (store/resume.py says why)
         try:
+            store.execdir.check_current(root)  # refused as resume_point() refuses, before any copy
             pub, path = store.resume_from(root)
         except (DispatchError, OSError) as e:
             _refused(root, e)

@@ -18,7 +18,10 @@ from typing import NamedTuple
 from ..errors import BadName, BadPath, DispatchError, EnvError
 from .epoch import EPOCH_MAX, Epoch, decompose
 
-STEP_MAX = 10**20 - 1
+#: the greatest step: a signed 64-bit integer's, which every framework counts steps in (torch's
+#: int64, numpy, C); a step past it is a typo or a forged entry, never a trainer's, and would
+#: outrank every later save of its epoch (the name keeps its 20 digits)
+STEP_MAX = 2**63 - 1
 #: a save's name and its step: ``checkpoint-<step>``, the Hugging Face Trainer's, which
 #: watch, publish, the integrations and the trial trainer all use unless told otherwise
 STEP_PATTERN = r"checkpoint-([0-9]+)"
@@ -123,12 +126,14 @@ def parse(name: str, where: str | None = None) -> Publication:
     if m is None:
         raise BadName(name, "not <20-digit epoch>-<20-digit step>-<base32 path>", where)
     try:
-        epoch = int(m[1])
+        epoch, step = int(m[1]), int(m[2])
         decompose(epoch)
+        if step > STEP_MAX:
+            raise ValueError(f"step {step} is out of range 0..{STEP_MAX}")
         path = check_relpath(os.fsdecode(b32decode(m[3])))
     except (ValueError, BadPath) as e:
         raise BadName(name, str(e), where) from None
-    return Publication(epoch, int(m[2]), path, name)
+    return Publication(epoch, step, path, name)
 
 
 def path_name(path: str) -> str:
@@ -159,6 +164,9 @@ def claim_name(epoch: int) -> str:
     """The claim of an epoch, ``epochs/<epoch, 20 digits>``: the digits of a publication name."""
     decompose(epoch)
     return _digits("epoch", epoch, EPOCH_MAX)
+
+
+CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
 
 
 def claim_content(attempt: str) -> bytes:
@@ -238,12 +246,32 @@ def step_regex(pattern: str) -> re.Pattern:
     return regex
 
 
+#: the names frameworks give their save of step N, besides ``checkpoint-N``: Megatron's
+#: ``iter_<N, 7 digits>``, torchtitan's ``step-N`` (a padded name is still step N)
+FRAMEWORK_STEPS = (r"iter_([0-9]+)", r"step-([0-9]+)")
+
+
+def named_step(path, pattern: str = STEP_PATTERN) -> int | None:
+    """The step a save's name says (``pattern``'s, else a framework's own name), or None
+    for a name that says none: a save is published at that step and no other (unless
+    adopted), so a publication that disagrees with it was not made by ``publish``."""
+    leaf = os.path.basename(os.path.normpath(os.fspath(path)))
+    for regex in (pattern, *FRAMEWORK_STEPS):
+        m = re.fullmatch(regex, leaf)
+        if m is not None and m[1].isdigit():
+            return int(m[1])
+    return None
+
+
 def step_of(path, pattern: str = STEP_PATTERN) -> int:
     """The step in a save's name (``checkpoint-<step>`` by default)."""
     m = re.fullmatch(pattern, os.path.basename(os.path.normpath(os.fspath(path))))
     if m is None or not m[1].isdigit():
         raise BadPath(f"cannot tell the step of {os.fsdecode(path)!r}: its name does not match {pattern!r}; "
                       "pass the step explicitly (--step)")
+    if int(m[1]) > STEP_MAX:
+        raise BadPath(f"{os.fsdecode(path)!r}: step {int(m[1])} is out of range 0..{STEP_MAX}; "
+                      "a step is a signed 64-bit integer")
     return int(m[1])
 
 
@@ -329,6 +357,7 @@ _TO_INT32B = bytes.maketrans(_B32B, b"0123456789abcdefghijklmnopqrstuv")
 _DIGITS0 = bytes.maketrans(b"0123456789", b"0000000000")
 _NONZERO = bytes.maketrans(b"0123456789", b"\0\1\1\1\1\1\1\1\1\1")
 _HEAD = b"0" * 20 + b"-" + b"0" * 20 + b"-"
+_STEP_MAX_DIGITS = f"{STEP_MAX:020d}".encode()
 _CHUNK = 4096
 
 
@@ -359,6 +388,9 @@ def _chunk_valid(entries: list[str]) -> bool:
         nonzero |= int.from_bytes(heads[k::42].translate(_NONZERO), "big")
     if 0 in nonzero.to_bytes(n, "big"):
         return False
+    if heads[21::42] != b"0" * n or (b"9" in heads[22::42] and max(
+            heads[k + 21:k + 41] for k in range(0, 42 * n, 42)) > _STEP_MAX_DIGITS):
+        return False  # a step past STEP_MAX (one of 19 digits that begins with 9: compared in full)
     paths = list(map(_path, entries))
     seps = list(map(_SEPARATORS.__getitem__, map(mod, map(len, paths), repeat(8))))
     if not set(zip(map(_last, paths), seps)) <= _TAILS:

@@ -4,7 +4,7 @@ Every function is called on every process.
     from dispatch_slurm import install_preemption_handler, mark_finished, preemption_point
     from dispatch_slurm.integrations import accelerate as da
     step = da.load_state(accelerator) or 0        # the latest publication, or None
-    install_preemption_handler(lambda left: da.save_state(accelerator, step, publish=False))
+    install_preemption_handler(lambda left: da.save_state(accelerator, step, publish=False), defer=True)
     for ...:
         ...; step += 1
         if step % 100 == 0:
@@ -33,6 +33,9 @@ from .. import store
 from ..store import once
 from ..contract.env import Execution
 from ..errors import DispatchError
+from ..runtime.preempt import needs_whole_steps
+
+WHO = "accelerate's save_state (dispatch_slurm.integrations.accelerate)"
 
 
 def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, int]:
@@ -40,6 +43,7 @@ def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, in
     process wrote its part (``publish=False``: the caller publishes, e.g. a preemption). A step
     this process already saved or that is published is that save: never written again (a
     preemption on a periodic-save step returns the periodic save, store/once.py)."""
+    needs_whole_steps(WHO)
     path = Execution.current().save_path(step)
     try:
         k = once.claim(path)
@@ -63,6 +67,7 @@ def save_state(accelerator, step: int, *, publish: bool = True) -> tuple[str, in
 def load_state(accelerator, root: str | None = None) -> int | None:
     """``accelerator.load_state`` of the latest publication (the same on every process);
     its step, or None when nothing is published yet."""
+    needs_whole_steps(WHO)
     found: list[tuple[str, int] | None] = [None]
     if accelerator.is_main_process:
         found[0] = store.resume_point(root)  # a vanished save is an error, never None

@@ -6,7 +6,7 @@ complete, loaded from the latest publication. Every function is called on every 
     ddcp.save(state, step)                   # <exec>/checkpoint-<step>/, then published
     saver = ddcp.AsyncSaver()                # or: overlap the writes with training
     saver.save(state, step); ...; saver.close()   # at the end: the last save published
-    install_preemption_handler(lambda left: saver.save_now(state, step, left))  # the step's save, once
+    install_preemption_handler(lambda left: saver.save_now(state, step, left), defer=True)  # at preemption_point()
 
 Complete means DCP's own ``.metadata``: ``dcp.save`` returns on a rank only after the
 coordinator gathered every rank's write results (each rank's files fsynced on its own
@@ -40,9 +40,10 @@ from ..store import once
 from ..contract.env import Execution
 from ..errors import DispatchError
 from ..runtime.distributed import settle
-from ..runtime.preempt import is_publishing_rank
+from ..runtime.preempt import is_publishing_rank, needs_whole_steps
 
 METADATA = ".metadata"  # DCP's FileSystemWriter writes it last, on the coordinator
+WHO = "DCP (dispatch_slurm.integrations.dcp)"  # whose save reads the live state: never in a signal's frame
 
 
 def checkpoint_dir(step: int, exec_dir: str | None = None) -> str:
@@ -65,6 +66,7 @@ def save(state_dict, step: int, *, publish_it: bool = True, process_group=None) 
     (``publish_it=False``: the caller publishes, e.g. a preemption save). A folder already
     saved is never written again (store/once.py): an async save of it in flight is waited
     for, and one written or published is the save asked for."""
+    needs_whole_steps(WHO)
     path = checkpoint_dir(step)
     saver = _in_flight.get(once.key(path))
     if saver is not None:
@@ -140,6 +142,7 @@ class AsyncSaver:
     BatchNorm's running statistics)."""
 
     def __init__(self, process_group=None, *, overlap: bool = False):
+        needs_whole_steps(WHO)
         self._own = process_group is None and dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if self._own else process_group
         self.overlap = overlap
@@ -257,6 +260,7 @@ class AsyncSaver:
 def load(state_dict, root: str | None = None) -> int | None:
     """Load the latest publication into ``state_dict`` in place (DCP, every rank the same
     save); its step, or None when nothing is published yet."""
+    needs_whole_steps(WHO)
     found: list[tuple[str, int] | None] = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
         found[0] = store.resume_point(root)  # a vanished save is an error, never None

@@ -43,7 +43,9 @@ from .. import store
 from ..contract.env import Execution
 from ..errors import DispatchError
 from ..runtime import distributed
-from ..runtime.preempt import is_publishing_rank
+from ..runtime.preempt import is_publishing_rank, needs_whole_steps
+
+WHO = "DeepSpeed's save_checkpoint (dispatch_slurm.integrations.deepspeed)"
 
 
 def _several() -> bool:
@@ -65,6 +67,7 @@ def save_checkpoint(engine: DeepSpeedEngine, step: int | None = None, *, client_
     """``engine.save_checkpoint`` of ``step`` (default ``engine.global_steps``) into
     ``<exec folder>/checkpoint-<step>``; published once every rank's part is durable
     (``publish=False``: the caller publishes, e.g. the preemption protocol)."""
+    needs_whole_steps(WHO)
     _refuse_unpublishable(engine)
     step = engine.global_steps if step is None else step
     ex = Execution.current()
@@ -84,6 +87,7 @@ def load_checkpoint(engine: DeepSpeedEngine, root: str | None = None, **kwargs) 
     """``engine.load_checkpoint`` of the latest publication (the same on every rank), with
     ``kwargs`` passed on (``load_optimizer_states``, ...); (its step, the client state), or
     None when nothing is published yet."""
+    needs_whole_steps(WHO)
     found = distributed.resume_point(root)
     if found is None:
         return None

@@ -44,9 +44,10 @@ from .. import store
 from ..contract.env import Execution
 from ..errors import DispatchError
 from ..runtime import distributed
-from ..runtime.preempt import is_publishing_rank
+from ..runtime.preempt import is_publishing_rank, needs_whole_steps
 
 CONFIG = "metadata.json"  # dist_checkpointing's save_config, written last, on rank 0
+WHO = "Megatron's dist_checkpointing (dispatch_slurm.integrations.megatron)"  # a save of the live state
 
 
 def checkpoint_dir(step: int, exec_dir: str | None = None) -> str:
@@ -72,6 +73,7 @@ def save(sharded_state_dict: dict, step: int, *, async_queue=None, publish_it: b
     with ``os._exit``: the processes Megatron started for its writes (a multiprocessing
     Manager, which never notices its parent is gone) are ended first, else they would
     outlive the job's trainer and hold its output open. (path, step)."""
+    needs_whole_steps(WHO)
     if exiting:
         async_queue, publish_it = None, False
     root, epoch = Execution.current().need("root", "epoch")  # now: refused before anything is written
@@ -100,6 +102,7 @@ def _end_helpers() -> None:
 def load(sharded_state_dict: dict, root: str | None = None, **load_kwargs) -> tuple[dict, int] | None:
     """``dist_checkpointing.load`` of the latest publication (the same save on every rank):
     (the loaded state dict, its step), or None when nothing is published yet."""
+    needs_whole_steps(WHO)
     found = distributed.resume_point(root)
     if found is None:
         return None

@@ -23,8 +23,10 @@ What torchtitan (0.3, read in ``components/checkpointer/dcp.py``) does with one 
   * a save is complete when DCP's coordinator wrote ``.metadata`` (each rank's files
     fsynced by DCP's writer): a synchronous save is published when ``save`` returns, an
     asynchronous one (``async_mode``) from its upload's completion, never before.
-    A model-only final save (``last_save_model_only``, torchtitan's default for the last
-    step) is an export, not a resume point: it is not published.
+    The last step's save is published like any other (``last_save_model_only`` defaults to
+    False here): torchtitan's own default makes it a model-only export, which nothing could
+    resume from, so a run extended later would go on from the interval before; set to True,
+    that export is saved and not published.
   * SIGTERM: ``load`` installs the preemption handler (deferred); each ``save`` asks
     ``stop_requested()`` first (several ranks: every rank stops at the same step), then
     saves that step synchronously through torchtitan's own ``dcp_save``, and the
@@ -60,7 +62,10 @@ class DispatchCheckpointManager(CheckpointManager):
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
-        pass
+        last_save_model_only: bool = False
+        """The last step's save is the full state, published: a run extended later (more steps,
+        the same root) goes on from its end. torchtitan's default, True, makes it a model-only
+        export that is not published, and the extended run resumes from the interval before."""
 
     folder: str  # torchtitan's: <base_folder>/<config.folder>
 

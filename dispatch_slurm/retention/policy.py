@@ -86,7 +86,7 @@ class Verdict:
                 "held_only": s.held_only, "freed": self.freed,
                 "publications": [p.name for p in s.pubs], "retired": list(s.retired),
                 "latest": latest is not None and latest.path == s.path, "step": s.step,
-                "unfinished": s.unfinished}
+                "unfinished": s.unfinished, "copy": s.copy}
 
 
 def pinned(path: str, pins: Iterable[str]) -> bool:

@@ -95,6 +95,7 @@ class _State:
     arrived: float | None = None  # time.monotonic() of the first signal
     running = False
     stopping = False  # the stop is decided (every rank, at the same point)
+    whole_steps: str | None = None  # the integration whose save reads the live state (needs_whole_steps)
     ranks: distributed.Ranks | None = None  # torch.distributed: the protocol's collectives
 
 
@@ -147,11 +148,13 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
         raise DispatchError(f"signals must be catchable and non-empty, got {signals!r}")
     _refuse_submitits_signal(sigs)
     ex = Execution.current(grace=grace)
+    deferred = defer or fn is None or _s.ranks is not None or distributed.rank() is not None
+    _refuse_the_signal_frame(fn, deferred)  # before anything changes
     _s.fn, _s.grace, _s.publish = fn, ex.grace, publish
     _s.linger = ex.linger if linger is None else linger
     if _s.ranks is None and distributed.rank() is not None:
         _s.ranks = distributed.Ranks(_s.grace)
-    _s.defer = defer or fn is None or _s.ranks is not None  # collectives never run in a signal frame
+    _s.defer = deferred  # collectives never run in a signal frame
     if ex.root:
         store.at(ex.root).warm()  # e.g. boto3 imported now, not inside the handler
     for sig in sigs:
@@ -160,6 +163,26 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     # thread) would stay pending with the handler installed: the save would never run.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
     probe.record("installed", signals=[s.name for s in sigs], grace=_s.grace, defer=_s.defer, launcher=ex.launcher)
+
+
+def needs_whole_steps(who: str) -> None:
+    """An integration whose save reads the live training state (DCP, accelerate, DeepSpeed,
+    Megatron) calls this when it is used: a handler that would run that save in the signal's
+    frame is refused (here, or at its install), before training goes on. Interrupted there, in
+    the middle of a step (an optimizer's update done, the step not yet counted), the save is a
+    mix of two steps published as one, and the resume is not the uninterrupted run (measured:
+    every tensor of docs/ranks.md's DCP trainer differed). Several ranks always defer."""
+    _s.whole_steps = _s.whole_steps or who
+    _refuse_the_signal_frame(_s.fn, _s.defer)
+
+
+def _refuse_the_signal_frame(fn, deferred: bool) -> None:
+    if _s.whole_steps is None or fn is None or deferred:
+        return
+    raise DispatchError(
+        f"install_preemption_handler(fn) without defer=True would run fn in the signal handler, in the middle of a "
+        f"training step, and {_s.whole_steps}'s save there would publish a mix of two steps (a resume that is not "
+        "the uninterrupted run): pass defer=True and call preemption_point() after each step, where the save runs")
 
 
 def _refuse_submitits_signal(sigs) -> None:

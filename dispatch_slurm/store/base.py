@@ -336,7 +336,8 @@ class Store:
         inventory.add_leftovers(saves, folders, re.compile(pattern))
         attempts = {a: f for a, f in folders.items() if names.attempt_epoch(a) is not None}
         retired = {n for s in saves.values() for n in s.retired}
-        return inventory.Inventory(protocol.latest_of(pubs, retired, by_person), saves,
+        latest = protocol.vouched(self, protocol.latest_of(pubs, retired, by_person))  # gc keeps what it names
+        return inventory.Inventory(latest, saves,
                                    {a: f.newest for a, f in attempts.items()}, retired, self.pins(),
                                    {a for a, f in attempts.items() if not f.entries}, by_person, folders)
 

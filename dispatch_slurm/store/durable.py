@@ -146,6 +146,9 @@ def create_new(name: str, dir_fd: int, data: bytes = b"", mode: int = 0o444, syn
         write_all(fd, data)
         if data and sync:
             os.fsync(fd)
+    except BaseException:
+        os.unlink(name, dir_fd=dir_fd)  # this call's entry, its content never whole (ENOSPC): not left behind
+        raise
     finally:
         os.close(fd)
     if sync:
@@ -497,18 +500,23 @@ def rmdir_empty(name: str, dir_fd: int) -> bool:
         raise
 
 
-def usage(name: str, dir_fd: int) -> int:
+def usage(name: str, dir_fd: int, seen: Optional[set[tuple[int, int]]] = None) -> int:
     """Bytes on disk of an entry and everything under it, never following a symlink;
-    FileNotFoundError if the entry itself is gone."""
+    FileNotFoundError if the entry itself is gone. ``seen``: the (device, inode) of the
+    hard-linked files measured so far, each counted once (a resume's copy links a save's files)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
+        if seen is not None and st.st_nlink > 1:
+            if (st.st_dev, st.st_ino) in seen:
+                return 0
+            seen.add((st.st_dev, st.st_ino))
         return st.st_blocks * 512
     size = st.st_blocks * 512
     fd = open_dir(name, dir_fd=dir_fd)
     try:
         for e in os.listdir(fd):
             try:
-                size += usage(e, fd)
+                size += usage(e, fd, seen)
             except FileNotFoundError:
                 continue
     finally:
@@ -539,8 +547,8 @@ def times(fd: int, top: Optional[dict] = None, unwritten: tuple[str, ...] = ()) 
         if stat.S_ISDIR(st.st_mode):
             try:
                 sub = open_dir(name, dir_fd=fd)
-            except OSError:
-                continue
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed meanwhile; an unreadable one is the caller's error, never skipped
             try:
                 f, l, n = times(sub)
             finally:

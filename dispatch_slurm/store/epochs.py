@@ -33,7 +33,6 @@ from .base import Store
 from .roots import at
 
 SETTLE_S = 5.0  # how long an incomplete claim is read again before it is refused
-CLAIM_MAX = 4096  # a claim is one token and a newline; more is not a claim
 #: (root, epoch, attempt) -> the identity of the claim file this process read naming the
 #: attempt that publishes. A claim is written once, so while that very file is there (not
 #: removed and made again by another job: a root wiped while its old job runs) each of a
@@ -85,10 +84,10 @@ def _settled(st: Store, epoch: int, missing_root_ok: bool = False) -> str | None
     name, where = names.claim_name(epoch), st.where(layout.EPOCHS)
     deadline, pause = time.monotonic() + SETTLE_S, 0.01
     while True:
-        data = None if missing_root_ok and st.root_missing() else st.read(layout.EPOCHS, name, CLAIM_MAX + 1)
+        data = None if missing_root_ok and st.root_missing() else st.read(layout.EPOCHS, name, names.CLAIM_MAX + 1)
         if data is None:
             return None
-        if len(data) > CLAIM_MAX:
+        if len(data) > names.CLAIM_MAX:
             raise BadName(name, f"{len(data)}+ bytes: not a claim", where)
         owner = names.parse_claim(data, epoch, where)
         if owner is not None:
@@ -101,6 +100,11 @@ def _settled(st: Store, epoch: int, missing_root_ok: bool = False) -> str | None
                 f"remove that file, and resubmit (`dispatch-slurm submit {st.root} -- ...`)")
         _sleep(pause)
         pause = min(pause * 2, 0.2)
+
+
+def claimant(st: Store, epoch: int) -> str | None:
+    """The attempt that claimed ``epoch``, None when nobody has."""
+    return _settled(st, epoch)
 
 
 def _take(st: Store, epoch: int, mine: str) -> str:
@@ -168,7 +172,12 @@ def prepare(st: Store, values: Mapping[str, str], mode: int, pattern: str, label
         return values["DISPATCH_EXEC_DIR"]
     path = here.make_exec_dir(attempt, mode, create_root=array)
     if owner is None:
-        claim(here, attempt, pattern)
+        try:
+            claim(here, attempt, pattern)
+        except (OSError, StoreError):  # a full filesystem: no execution entered, no folder left of one
+            if _settled(here, epoch) is None:
+                here.drop_empty([attempt])
+            raise
     return path
 
 

@@ -20,6 +20,7 @@ from ..contract import layout
 from ..contract.env import Execution
 from ..contract.epoch import decompose
 from ..errors import DispatchError
+from . import epochs
 from .links import NODE_LOCAL, symlink_on_the_way
 from .publish import owner
 from .roots import at
@@ -64,6 +65,21 @@ def check(exec_dir: str, root: str, epoch: int, attempt: str | None, local: bool
                             f"($DISPATCH_EPOCH): {why.replace('it was', 'they are')}; was $DISPATCH_EPOCH changed "
                             "after `dispatch-slurm env`? Use the values env printed")
     return rel
+
+
+def check_current(root: str) -> None:
+    """``check`` of this execution's folder when ``root`` is its root (every resume call,
+    ``latest --resume``), and its epoch not claimed by another execution (a made-up
+    ``DISPATCH_ATTEMPT``), before anything is copied into it or recorded of it."""
+    ex = Execution.current()
+    if not (ex.exec_dir and ex.epoch is not None and root == ex.root):
+        return
+    st = at(root)
+    check(ex.exec_dir, root, ex.epoch, ex.attempt, local=st.local)
+    claimed = epochs.claimant(st, ex.epoch) if ex.attempt else None
+    if claimed is not None and claimed != ex.attempt:
+        raise DispatchError(f"epoch {ex.epoch} of {root} is claimed by execution {claimed}, not by this one "
+                            f"($DISPATCH_ATTEMPT={ex.attempt}): use the values `dispatch-slurm env` printed")
 
 
 def current(root: str | None = None, epoch: int | None = None) -> tuple[str, str, int]:

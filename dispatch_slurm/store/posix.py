@@ -13,6 +13,7 @@ checked. Inside a session (``with store:``) every call works under one fd of the
 from __future__ import annotations
 
 import errno
+import shlex
 import os
 import stat
 from typing import Iterator, Optional
@@ -339,13 +340,17 @@ class PosixStore(Store):
             self._sync(self.save_relpath(save), save, None, True)
 
     def sync_save(self, rel: str, save, fsync: bool = True) -> None:
-        leaf = rel.rsplit("/", 1)[-1]
+        leaf, files = rel.rsplit("/", 1)[-1], []
 
         def whole_file(path: str, fd: int) -> None:
+            files.append(path)
             why = whole.problem(path, fd)
             if why:
                 raise TornSave(save, f"{path[len(leaf) + 1:] if path != leaf else 'it'} is {why}")
         self._sync(rel, save, whole_file, fsync)
+        if not files:  # a folder made, nothing saved into it yet (or a save removed, its folders left)
+            raise BadPath(f"refusing to publish {save}: it holds no file, nothing a resume could load; publish "
+                          "the save once the trainer has written it")
 
     def _sync(self, rel: str, save, check, fsync: bool) -> None:
         try:
@@ -449,8 +454,9 @@ class PosixStore(Store):
             marks = self.listing(layout.RETIRED)
             inv = self.finish_inventory(pubs, marks, self._folders(), pattern, self.by_person(marks),
                                         self.listing(layout.HELD))
-            for s in inv.saves.values():
-                scan.measure(s, root_fd)
+            seen: set[tuple[int, int]] = set()  # the copies last: their linked bytes are their saves'
+            for s in sorted(inv.saves.values(), key=lambda s: s.copy):
+                scan.measure(s, root_fd, seen)
             self.check_problems(inv)
         return inv
 
@@ -462,13 +468,25 @@ class PosixStore(Store):
             for attempt in sorted(os.listdir(exec_fd)) if exec_fd is not None else []:
                 try:
                     fd = open_dir(attempt, dir_fd=exec_fd)
-                except OSError:
-                    continue  # gone meanwhile (another gc), or not a folder
+                except OSError as e:
+                    if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                        continue  # gone meanwhile (another gc), or not a folder (a file, a symlink)
+                    raise self._unreadable(attempt, e) from None
                 try:
                     out[attempt] = scan.folder(fd)
+                except OSError as e:
+                    raise self._unreadable(attempt, e) from None
                 finally:
                     os.close(fd)
         return out
+
+    def _unreadable(self, attempt: str, e: OSError) -> StoreError:
+        """An exec folder gc, ls and the report cannot look into: an error, never skipped (its
+        saves could be kept or removed only by a gc that sees them)."""
+        path = self.where(layout.EXEC, attempt)
+        return StoreError(f"{path} cannot be read ({e.strerror}{f': {e.filename}' if e.filename else ''}): what "
+                          "it holds cannot be told, and it is never skipped; make it readable by this user "
+                          f"(chmod -R u+rwX {shlex.quote(path)}) or move it out of {self.where(layout.EXEC)}/")
 
     def remove(self, rel: str, held: tuple[str, ...] = ()) -> int:
         """Remove the save, then its folders up to exec/<attempt> while they are empty, then

@@ -6,6 +6,7 @@ the latest the greatest name not retired (a person's retirement skipped on purpo
 an error), N allocated by create-if-absent, an adopter's pin before its look at
 retired/."""
 
+import re
 import shlex
 from collections.abc import Callable, Container
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Iterator
 from ..contract import layout, names
 from ..contract.names import Publication
 from ..errors import BadName, BadPath, DispatchError, StoreError
+from . import inventory
 
 if TYPE_CHECKING:  # the store calls these rules with itself
     from .base import Store
@@ -86,14 +88,64 @@ def latest(st: "Store") -> Publication | None:
     top = max(entries)
     content = st.read(layout.RETIRED, top)
     if content is None:
-        return names.parse(top, where)
+        return vouched(st, names.parse(top, where))
     name, by_gc = live_latest(sorted(entries), set(st.listing(layout.RETIRED)), lambda n: n == top and bool(content))
     if by_gc:
         raise StoreError(f"{root}/{layout.RETIRED}/{top}: the latest publication is retired by gc (its save is "
                          "gone or going); gc never retires the latest, so this marker was made by hand or by a "
                          "bug (please report it); to resume from the previous publication on purpose: "
                          f"dispatch-slurm retire {root} --latest -m REASON")
-    return None if name is None else names.parse(name, where)
+    return None if name is None else vouched(st, names.parse(name, where))
+
+
+def vouched(st: "Store", pub: Publication | None) -> Publication | None:
+    """``pub`` (the latest publication), or BadName naming its entry when ``publish`` could
+    not have made it: its epoch unclaimed (every publication claims its epoch first,
+    store/epochs.py), or, for an execution's own save, claimed by another execution or at
+    another step than the save's name says. Such an entry (forged, or made by hand) is never
+    the latest and never skipped: nothing reads the root until it is moved out of ``pub/``.
+    An adopted save (its writer of another epoch) may carry another step."""
+    if pub is None:
+        return None
+    claim = st.where(layout.EPOCHS, names.claim_name(pub.epoch))
+    data = st.read(layout.EPOCHS, names.claim_name(pub.epoch), names.CLAIM_MAX)
+    owner = None if data is None else names.parse_claim(data, pub.epoch, st.where(layout.EPOCHS))
+    writer = inventory.attempt_of(pub.path)
+    own = writer is not None and names.attempt_epoch(writer) == pub.epoch
+    named = names.named_step(pub.path) if own else None
+    if data is None:
+        why = (f"no execution claimed its epoch {pub.epoch} ({claim} does not exist), and every publication "
+               "claims its epoch first")
+    elif own and owner is not None and owner != writer:  # None: a claim still being written
+        why = f"its save was written by {writer}, but epoch {pub.epoch} is claimed by {owner} ({claim})"
+    elif named is not None and named != pub.step:
+        why = f"it says step {pub.step}, but its save's name ({pub.path.rsplit('/', 1)[-1]}) says step {named}"
+    else:
+        return pub
+    hint = (f" (a root from before epoch claims: publish its save again, which claims the epoch for its writer: "
+            f"dispatch-slurm publish --root {st.root} --epoch {pub.epoch} --step {pub.step} {st.root}/{pub.path})"
+            if data is None and own else "")
+    raise BadName(pub.name, f"{why}: dispatch-slurm never made this entry, and it would be the latest. Move it "
+                  f"out of {layout.PUB}/ ({st.mv} {_quoted(st.where(layout.PUB, pub.name))} <a folder outside "
+                  f"{layout.PUB}/>), then run the command again{hint}", st.where(layout.PUB))
+
+
+def one_save_per_step(st: "Store", name: str, rel: str, save) -> None:
+    """Refuse another spelling of a save's step already published at its epoch
+    (``checkpoint-0010``, ``checkpoint-010`` and ``checkpoint-10`` are one step): ``latest``
+    would pick one of them by the name's order. The other spellings are looked up by name
+    (20 at most), never by listing ``pub/`` (a publication must not cost a walk of every other)."""
+    folder, _, leaf = rel.rpartition("/")
+    m = re.fullmatch(r"(.*?)([0-9]+)", leaf)
+    epoch, step = int(name[:20]), int(name[21:41])
+    if m is None or int(m[2]) != step:
+        return
+    for width in range(len(str(step)), 21):
+        other = f"{folder}/{m[1]}{step:0{width}d}".lstrip("/")
+        if other != rel and st.has(layout.PUB, first := names.encode(epoch, step, other)):
+            raise BadPath(f"refusing to publish {save} as step {step} at epoch {epoch}: {other} is already "
+                          f"published at that epoch and step ({st.where(layout.PUB, first)}), and one step has one "
+                          "save (`latest` could name either): save each step under one name")
 
 
 @contextmanager

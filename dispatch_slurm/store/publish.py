@@ -103,6 +103,7 @@ def _create(st: Store, save, epoch: int, step: int, attempt: str | None, adopt: 
     # one epoch per execution (epochs.py): the publishing execution is DISPATCH_ATTEMPT, else
     # the writer of its own save; an adoption without DISPATCH_ATTEMPT joins the epoch's claimant
     epochs.for_publication(st, epoch, attempt or (None if why else rel.split("/")[1]), save)
+    protocol.one_save_per_step(st, name, rel, save)
     st.sync_save(rel, save, fsync=sync)  # every file whole (whole.py), then durable
     if not why:
         return rel, name, why, _held_publication(st, rel, name, save)
@@ -132,11 +133,8 @@ def _step(save, step: int | None, pattern: str, adopt: bool) -> int:
         return names.step_of(save, pattern)
     if adopt:
         return step
-    try:
-        named = names.step_of(save, pattern)
-    except BadPath:
-        return step  # a name without a step (a file save, another layout): the caller's step
-    if named != step:
+    named = names.named_step(save, pattern)  # None: a name without a step (a file save, another layout)
+    if named is not None and named != step:
         raise BadPath(f"refusing to publish {os.fsdecode(save)} as step {step}: its name says step {named} "
                       "(leave the step out, or give the step its name says)")
     return step

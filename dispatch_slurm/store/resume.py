@@ -89,10 +89,8 @@ def resume_point(root: str | None = None) -> tuple[str, int] | None:
     execution it also refuses, before training starts, an exec folder no save of which
     could be published (execdir.py)."""
     root = Execution.current(root=root).need("root")
-    ex = Execution.current()  # this execution's own, when the root is its root
-    if ex.exec_dir and ex.epoch is not None and root == ex.root:
-        from . import execdir  # here: `latest` never needs it (nor the publish path it imports)
-        execdir.check(ex.exec_dir, root, ex.epoch, ex.attempt, local=at(root).local)
+    from . import execdir  # here: `latest` never needs it (nor the publish path it imports)
+    execdir.check_current(root)
     pub, path = resume_from(root)
     resumed(root, pub, "resume_point", path)
     if pub is None or path is None:

@@ -18,13 +18,14 @@ def folder(fd: int) -> inventory.Folder:
     return inventory.Folder(first, last, newest if newest is not None else os.fstat(fd).st_mtime, entries)
 
 
-def measure(save: Save, root_fd: int) -> None:
+def measure(save: Save, root_fd: int, seen: set[tuple[int, int]] | None = None) -> None:
     """The save's size and whether it exists (its own path, else its publication's held links),
-    or why it cannot be touched (a symlink in the way)."""
-    _measure(save, save.path, root_fd)
+    or why it cannot be touched (a symlink in the way); ``seen``: hard-linked files already
+    counted (usage)."""
+    _measure(save, save.path, root_fd, seen)
     if not save.exists and save.held:
         save.held_only = True
-        _measure(save, save.location, root_fd)
+        _measure(save, save.location, root_fd, seen)
         save.held_only = save.exists
     elif save.exists:  # the held links' folders are its too (their files are its files)
         for name in save.held:
@@ -34,7 +35,7 @@ def measure(save: Save, root_fd: int) -> None:
                 pass
 
 
-def _measure(save: Save, path: str, root_fd: int) -> None:
+def _measure(save: Save, path: str, root_fd: int, seen: set[tuple[int, int]] | None) -> None:
     try:
         parent = walk(path, root_fd)
     except FileNotFoundError:
@@ -45,7 +46,7 @@ def _measure(save: Save, path: str, root_fd: int) -> None:
             return
         raise
     try:
-        save.size = usage(path.rsplit("/", 1)[-1], parent[-1])
+        save.size = usage(path.rsplit("/", 1)[-1], parent[-1], seen)
         save.exists = True
     except FileNotFoundError:
         pass

@@ -16,6 +16,7 @@ no resume of dispatch-slurm)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Callable, NamedTuple
 
@@ -38,8 +39,20 @@ class Found(NamedTuple):
     step: int | None  # from its name (checkpoint-<step>), when it has one
 
 
+#: what makes a folder one save, not a folder of saves: DCP's ``.metadata`` and shards
+#: (torchtitan's ``step-N``, Megatron's ``iter_N``), Megatron's ``common.pt`` and
+#: ``metadata.json``, DeepSpeed's model states: publishing one file of it would make that file
+#: the latest, which no resume can load
+_FOLDER_SAVE = re.compile(r"\.metadata|metadata\.json|common\.pt|.*\.distcp|mp_rank_[0-9]+_model_states\.pt")
+
+
 def _looks_like_a_save(name: str, is_dir: bool, regex) -> bool:
     return regex.fullmatch(name) is not None or (not is_dir and name.lower().endswith(SUFFIXES))
+
+
+def _step(name: str, regex) -> int | None:
+    m = regex.fullmatch(name)
+    return int(m[1]) if m and m[1].isdigit() else names.named_step(name)
 
 
 def find(root: Root, pattern: str = names.STEP_PATTERN) -> list[Found]:
@@ -53,6 +66,9 @@ def find(root: Root, pattern: str = names.STEP_PATTERN) -> list[Found]:
             listing = sorted(st.entries(folder))
         except OSError:  # removed meanwhile (gc), unreadable: nothing to name there
             return
+        if depth > 1 and any(_FOLDER_SAVE.fullmatch(name) for name, is_dir in listing if not is_dir):
+            out.append(Found(rel, epoch, _step(rel.rsplit("/", 1)[-1], regex)))  # the folder is the save
+            return
         for name, is_dir in listing:
             budget[0] -= 1
             if budget[0] < 0:
@@ -60,9 +76,7 @@ def find(root: Root, pattern: str = names.STEP_PATTERN) -> list[Found]:
             if name.startswith(".") or (depth == 1 and name in NEVER_SAVES):
                 continue  # an unfinished save of dispatch_slurm.saving (never whole), the package's own
             if _looks_like_a_save(name, is_dir, regex):
-                m = regex.fullmatch(name)
-                step = int(m[1]) if m and m[1].isdigit() else None
-                out.append(Found(f"{rel}/{name}", epoch, step))
+                out.append(Found(f"{rel}/{name}", epoch, _step(name, regex)))
             elif is_dir and depth < DEPTH:
                 walk(f"{folder}/{name}", f"{rel}/{name}", epoch, depth + 1)
     try:
@@ -85,11 +99,16 @@ def nothing_published(root: str) -> bool:
         return True
 
 
+def _checkpoint(f: Found) -> bool:
+    """Named ``checkpoint-<step>``, the name publish and watch read a step from."""
+    return re.fullmatch(names.STEP_PATTERN, f.path.rsplit("/", 1)[-1]) is not None
+
+
 def publish_command(root: str, found: list[Found]) -> str:
     """The command, run outside the job (a login node), that publishes the newest save found,
     so that the next execution resumes from it."""
     best = max(found, key=lambda f: (f.epoch, f.step if f.step is not None else -1, f.path))
-    step = "" if best.step is not None else " --step STEP"
+    step = " --step STEP" if best.step is None else "" if _checkpoint(best) else f" --step {best.step}"
     return f"dispatch-slurm publish --root {root} --epoch {best.epoch}{step} {root}/{best.path}"
 
 
@@ -102,7 +121,7 @@ def message(root: str, found: list[Found]) -> str:
             f"publish it from outside the job (a login node), then start the job again: {command} (--epoch: the "
             "epoch of the execution that wrote it, its folder's last field"
             + ("; --step: its training step" if "--step STEP" in command else "") + ").")
-    if any(f.step is not None for f in found):
+    if any(_checkpoint(f) for f in found):
         text += (" checkpoint-<step> saves that watch did not publish were never complete to it: Hugging Face's "
                  "trainer_state.json, or with watch --marker NAME the marker, must be written last (or save with "
                  "dispatch_slurm.saving(step)).")

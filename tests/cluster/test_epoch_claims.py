@@ -23,10 +23,10 @@ pytestmark = pytest.mark.cluster
 TRAINER = """
 resume=$(dispatch-slurm latest --resume)
 echo "resume=$resume"
-mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-500" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-500"
+mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-500" && echo w >"$DISPATCH_EXEC_DIR/checkpoint-500/model.bin" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-500"
 touch {cdir}/$SLURM_JOB_ID.ready
 while [ ! -e {cdir}/go ]; do sleep 0.2; done
-mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-600" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-600"
+mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-600" && echo w >"$DISPATCH_EXEC_DIR/checkpoint-600/model.bin" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-600"
 """
 BY_HAND = """#!/bin/bash
 #SBATCH -w c1 -o {cdir}/%j.out -e {cdir}/%j.err
@@ -42,6 +42,7 @@ set -euo pipefail
 touch {cdir}/$SLURM_JOB_ID.ready
 while [ ! -e {cdir}/go ]; do sleep 0.2; done
 mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-500" "$DISPATCH_EXEC_DIR/checkpoint-600"
+echo w >"$DISPATCH_EXEC_DIR/checkpoint-500/model.bin"; echo w >"$DISPATCH_EXEC_DIR/checkpoint-600/model.bin"
 python3 -c 'import sys; from dispatch_slurm import store; [store.publish(p) for p in sys.argv[1:]]' \
   "$DISPATCH_EXEC_DIR/checkpoint-500" "$DISPATCH_EXEC_DIR/checkpoint-600"
 """

@@ -18,7 +18,7 @@ import pytest
 from dispatch_slurm import store
 from dispatch_slurm.store import events
 from testbed.cluster import Cluster
-from support import HOST_SITE
+from support import HOST_SITE, doc_snippet
 
 pytestmark = [pytest.mark.cluster, pytest.mark.only_on("bookworm")]  # the host's torch runs there
 
@@ -30,17 +30,14 @@ def test_torchtitan_job_partitioned_keeps_both_lineages_apart(slurm_cluster: Clu
     if HOST_SITE not in c.volumes.values():
         pytest.skip(f"no torch usable in the {c.suite} cluster (only bookworm's Python 3.11 can use the host's)")
     pytest.importorskip("torchtitan")
-    import test_torchtitan
     d = DEADLINE[c.profile]
     cdir, hdir = workdir
-    (hdir / "train.py").write_text(test_torchtitan.trainer())
-    (hdir / "out").mkdir()
-    (hdir / "out").chmod(0o1777)
+    (hdir / "train.py").write_text(doc_snippet("torchtitan.md", "torchtitan-loop"))  # the page's, as it is
     c.exec("c1", f"mkdir -m 700 {cdir}/root", user="alice")
     root = str(hdir / "root")
     batch = (f"#!/bin/bash\n#SBATCH -o {cdir}/job.out --open-mode=append --requeue -p normal -N 1 -n 1\n"
              "export MASTER_ADDR=$(hostname)\n"
-             f"srun env PYTHONPATH={HOST_SITE} OUT={cdir}/out python3 {cdir}/train.py 100000000 40 disabled\n")
+             f"srun env PYTHONPATH={HOST_SITE} python3 {cdir}/train.py 100000000\n")
     job = c.submit("alice", batch, args=[f"--dispatch-checkpoint={cdir}/root"])
 
     def publications_of(restart: int, running: bool = True):
@@ -80,6 +77,6 @@ def test_torchtitan_job_partitioned_keeps_both_lineages_apart(slurm_cluster: Clu
     assert latest.parts.restart == 1 and latest.path.startswith(f"exec/{new}/checkpoint/step-")
     folder = hdir / "root" / "exec" / new / "checkpoint"
     kept = sorted(os.listdir(folder), key=lambda name: int(name.split("-")[1]))
-    # keep_latest_k=2 of its own regular saves, and the save scancel's SIGTERM made (the protocol's)
-    assert 2 <= len(kept) <= 3 and all(os.path.isfile(folder / s / ".metadata") for s in kept), kept
+    # keep_latest_k=3 (the page's) of its own regular saves, and the save scancel's SIGTERM made (the protocol's)
+    assert 3 <= len(kept) <= 4 and all(os.path.isfile(folder / s / ".metadata") for s in kept), kept
     assert latest.path == f"exec/{new}/checkpoint/{kept[-1]}", (latest, kept)

@@ -32,7 +32,7 @@ eval "$(dispatch-slurm env)"   # the TaskProlog exported the same values: this c
 resume=$(dispatch-slurm latest --resume)
 echo "$DISPATCH_SUBMISSION $DISPATCH_RESTART $DISPATCH_EPOCH $DISPATCH_ATTEMPT resume=$resume" >> {cdir}/runs
 step=$(( (DISPATCH_RESTART + 1) * 10 ))
-mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-$step" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-$step"
+mkdir -p "$DISPATCH_EXEC_DIR/checkpoint-$step" && echo w >"$DISPATCH_EXEC_DIR/checkpoint-$step/model.bin" && dispatch-slurm publish "$DISPATCH_EXEC_DIR/checkpoint-$step"
 touch {cdir}/published.$DISPATCH_RESTART
 sleep 600
 """
