@@ -35,8 +35,10 @@ static int pass_submission(spank_t sp, unsigned long long n)
 }
 
 /* What of the view exists must be the user's own folders on the root's filesystem, no
- * symlink on the way (what is missing is made when the job starts); an array's task roots
- * do not exist yet: each task's view is checked when it starts. */
+ * symlink on the way (what is missing is made when the job starts). Not checked here: an
+ * array's task roots (they do not exist yet) and, for srun inside a job, anything (its
+ * task may be in the view's namespace, where the view is a mount of its own): each step's
+ * view is checked when it starts, in slurmstepd's namespace. */
 static int check_view(const struct dsp_in *in, const char *root)
 {
 	char rel[DSP_PATH], err[DSP_ERR];
@@ -45,7 +47,7 @@ static int check_view(const struct dsp_in *in, const char *root)
 		slurm_error("%s", err);
 		return -1;
 	}
-	if (!rel[0] || strstr(root, "%a"))
+	if (!rel[0] || strstr(root, "%a") || getenv("SLURM_JOB_ID"))
 		return 0;
 	if (dsp_view_open(root, rel, NULL, DSP_VIEW_CHECK, geteuid(), &fds, err, sizeof(err))) {
 		slurm_error("%s: %s", dsp_opt_view() ? "--dispatch-view" : "site.conf's view", err);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -27,7 +28,7 @@ struct failure {
 enum { AT_IDS = 1, AT_STDIO, AT_EXEC };
 
 /* After fork, in a process that may have had threads: only async-signal-safe calls. */
-static void child(const char *path, char *const argv[], char *const envp[], int out_fd, int report)
+static void child(const char *path, char *const argv[], char *const envp[], int out_fd, int report, int max_fd)
 {
 	struct sigaction dfl = { .sa_handler = SIG_DFL };
 	struct failure f = { AT_IDS, 0 };
@@ -49,10 +50,13 @@ static void child(const char *path, char *const argv[], char *const envp[], int 
 	if (null < 0 || dup2(null, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 ||
 	    dup2(out_fd, STDERR_FILENO) < 0 || chdir("/"))
 		goto fail;
-	/* slurmstepd's descriptors (its sockets to slurmd, the job's files) stay behind */
-	if (report > 3)
-		syscall(SYS_close_range, 3U, (unsigned)report - 1, 0U);
-	syscall(SYS_close_range, (unsigned)report + 1, ~0U, 0U);
+	/* slurmstepd's descriptors (its sockets to slurmd, the job's files) stay behind; one by
+	 * one where close_range (5.9) is missing */
+	if (syscall(SYS_close_range, (unsigned)report + 1, ~0U, 0U) && errno == ENOSYS)
+		for (int fd = report + 1; fd < max_fd; fd++)
+			close(fd);
+	for (int fd = 3; fd < report; fd++)
+		close(fd);
 	f.stage = AT_EXEC;
 	execve(path, argv, envp);
 fail:
@@ -136,14 +140,16 @@ static int spawn(const char *path, char *const argv[], char *const envp[], int o
 		 char *err, size_t errsz)
 {
 	struct failure f;
+	struct rlimit nofile;
 	ssize_t n;
-	int report[2];
+	int report[2], max_fd = getrlimit(RLIMIT_NOFILE, &nofile) || nofile.rlim_cur > 1 << 20 ? 1 << 20 :
+									(int)nofile.rlim_cur;
 	c->pid = c->pidfd = -1;
 	if (pipe2(report, O_CLOEXEC))
 		return dsp_fail(err, errsz, "%s view %s: pipe: %s", path, argv[2], strerror(errno));
 	c->pid = fork();
 	if (c->pid == 0)
-		child(path, argv, envp, out_fd, report[1]);
+		child(path, argv, envp, out_fd, report[1], max_fd);
 	close(report[1]);
 	if (c->pid < 0) {
 		close(report[0]);

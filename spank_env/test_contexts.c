@@ -189,6 +189,7 @@ static int write_file(const char *path, const char *text)
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* What a scenario does to the task's system calls (a seccomp filter): none, or the new mount
@@ -305,12 +306,17 @@ static void task(const struct scenario *sc, const char *view, const char *exec, 
 	char path[DSP_PATH + 16], moved[DSP_PATH + 8];
 	char *av[] = { NULL };
 	struct stat ex, tg;
-	int listener = sc->race || sc->new_api_errno ? filter(sc->new_api_errno, sc->race) : 0;
+	struct timespec t0, t1;
+	int rc, listener = sc->race || sc->new_api_errno ? filter(sc->new_api_errno, sc->race) : 0;
 	if (listener < 0 || write(report, &listener, sizeof(listener)) != sizeof(listener))
 		_exit(3);
 	stat(exec, &ex);
 	stat(target, &tg);
-	printf("task_init_privileged: %d\n", slurm_spank_task_init_privileged(NULL, 0, av));
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = slurm_spank_task_init_privileged(NULL, 0, av);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	printf("task_init_privileged: %d\n", rc);
+	printf("task_init_privileged_us: %ld\n", (t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000);
 	if (setgroups(1, &job_gid) || setresgid(job_gid, job_gid, job_gid) || setresuid(job_uid, job_uid, job_uid))
 		_exit(4);
 	printf("task_init: %d\n", slurm_spank_task_init(NULL, 0, av));
