@@ -47,10 +47,12 @@ static char user_error[DSP_ERR];	/* this step's reason to fail its tasks; "" whe
 static struct dsp_out viewed;		/* the execution, once its view is ready; view[0] "" when none */
 static struct dsp_child publisher = { -1, -1 };	/* this step's `dispatch-slurm view publish` */
 static uint32_t tasks_ended;		/* of this step, on this node */
+static pid_t stepd;			/* slurmstepd's pid, as its init saw it */
 
 int dsp_remote_init(spank_t sp, int ac, char **av)
 {
 	slurm_debug("%s %s: slurmstepd", DSP_PLUGIN, DSP_VERSION);
+	stepd = getpid();
 	dsp_config_load(ac, av, 1);
 	return dsp_opts_register(sp);
 }
@@ -118,6 +120,9 @@ static int view_start(spank_t sp, const struct dsp_out *out)
 	const char *cmd = dsp_config_site()->dispatch_slurm;
 	char path[DSP_PATH], **env = NULL;
 	struct dsp_view_fds fds;
+	/* slurmstepd's own main thread (not the clone a ContainSpank site runs user_init in,
+	 * which exits at once): the publisher may die with it */
+	int main_thread = getpid() == stepd && gettid() == stepd;
 	if (dsp_view_open(out->checkpoint, out->view_rel, out->attempt, DSP_VIEW_CREATE, geteuid(), &fds, user_error,
 			  sizeof(user_error)))
 		return 0;
@@ -129,7 +134,7 @@ static int view_start(spank_t sp, const struct dsp_out *out)
 	}
 	if (dsp_command(cmd ? cmd : DSP_DISPATCH_SLURM, env, path, sizeof(path), user_error, sizeof(user_error)) ||
 	    dsp_run_prepare(path, env, DSP_PREPARE_TIMEOUT_MS, prepare_said, user_error, sizeof(user_error)) ||
-	    dsp_start_publisher(path, env, STDERR_FILENO, &publisher, user_error, sizeof(user_error)))
+	    dsp_start_publisher(path, env, STDERR_FILENO, main_thread, &publisher, user_error, sizeof(user_error)))
 		return 0;
 	viewed = *out;
 	return 0;
@@ -183,6 +188,7 @@ int dsp_remote_exit(spank_t sp)
 	dsp_stop_child(&publisher, 1000);	/* one that outlived its last task_exit */
 	memset(&viewed, 0, sizeof(viewed));
 	tasks_ended = 0;
+	stepd = 0;
 	dsp_opts_free();
 	dsp_config_free();
 	return 0;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -28,7 +29,8 @@ struct failure {
 enum { AT_IDS = 1, AT_STDIO, AT_EXEC };
 
 /* After fork, in a process that may have had threads: only async-signal-safe calls. */
-static void child(const char *path, char *const argv[], char *const envp[], int out_fd, int report, int max_fd)
+static void child(const char *path, char *const argv[], char *const envp[], int out_fd, int report, int max_fd,
+		  pid_t parent)
 {
 	struct sigaction dfl = { .sa_handler = SIG_DFL };
 	struct failure f = { AT_IDS, 0 };
@@ -44,6 +46,9 @@ static void child(const char *path, char *const argv[], char *const envp[], int 
 	/* all three ids the job user's: with root's real or saved id left, the command could
 	 * take root back (setresuid(0, 0, 0)) */
 	if (setresgid(gid, gid, gid) || setresuid(uid, uid, uid) || (uid && !setresuid((uid_t)-1, 0, (uid_t)-1)))
+		goto fail;
+	/* after the ids: a change of them clears it; a parent already gone is seen by getppid */
+	if (parent > 0 && (prctl(PR_SET_PDEATHSIG, SIGTERM) || getppid() != parent))
 		goto fail;
 	f.stage = AT_STDIO;
 	null = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -131,13 +136,13 @@ void dsp_stop_child(struct dsp_child *c, int grace_ms)
 
 static const char *stage_text(int stage)
 {
-	return stage == AT_IDS ? "cannot become the job user" : stage == AT_STDIO ? "cannot set up its input and "
+	return stage == AT_IDS ? "cannot become the job user (or its parent is gone)" : stage == AT_STDIO ? "cannot set up its input and "
 	       "output" : "cannot run it";
 }
 
 /* fork, the child as above; -1 with err when the child did not get to exec. */
-static int spawn(const char *path, char *const argv[], char *const envp[], int out_fd, struct dsp_child *c,
-		 char *err, size_t errsz)
+static int spawn(const char *path, char *const argv[], char *const envp[], int out_fd, int with_parent,
+		 struct dsp_child *c, char *err, size_t errsz)
 {
 	struct failure f;
 	struct rlimit nofile;
@@ -147,9 +152,10 @@ static int spawn(const char *path, char *const argv[], char *const envp[], int o
 	c->pid = c->pidfd = -1;
 	if (pipe2(report, O_CLOEXEC))
 		return dsp_fail(err, errsz, "%s view %s: pipe: %s", path, argv[2], strerror(errno));
+	pid_t parent = with_parent ? getpid() : 0;
 	c->pid = fork();
 	if (c->pid == 0)
-		child(path, argv, envp, out_fd, report[1], max_fd);
+		child(path, argv, envp, out_fd, report[1], max_fd, parent);
 	close(report[1]);
 	if (c->pid < 0) {
 		close(report[0]);
@@ -246,7 +252,7 @@ int dsp_run_prepare(const char *path, char *const envp[], int timeout_ms, void (
 		free(buf);
 		return dsp_fail(err, errsz, "%s view prepare: %s", path, strerror(errno));
 	}
-	rc = spawn(path, argv, envp, out[1], &c, err, errsz);
+	rc = spawn(path, argv, envp, out[1], 0, &c, err, errsz);
 	close(out[1]);
 	if (!rc && collect(&c, out[0], now_ms() + timeout_ms, buf, &len))
 		rc = dsp_fail(err, errsz, "%s view prepare did not finish in %d s (killed)", path, timeout_ms / 1000);
@@ -279,9 +285,9 @@ int dsp_run_prepare(const char *path, char *const envp[], int timeout_ms, void (
 	return -1;
 }
 
-int dsp_start_publisher(const char *path, char *const envp[], int out_fd, struct dsp_child *c, char *err,
-			size_t errsz)
+int dsp_start_publisher(const char *path, char *const envp[], int out_fd, int with_parent, struct dsp_child *c,
+			char *err, size_t errsz)
 {
 	char *argv[] = { (char *)path, "view", "publish", NULL };
-	return spawn(path, argv, envp, out_fd, c, err, errsz);
+	return spawn(path, argv, envp, out_fd, with_parent, c, err, errsz);
 }

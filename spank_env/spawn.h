@@ -32,9 +32,11 @@ int dsp_command(const char *cmd, char *const envp[], char *out, size_t outsz, ch
  * output lines logged by info), else -1 and err says why, with its last line. */
 int dsp_run_prepare(const char *path, char *const envp[], int timeout_ms, void (*info)(const char *line),
 		    char *err, size_t errsz);
-/* Start `path view publish` with envp, stdout and stderr on out_fd (the job's stderr). */
-int dsp_start_publisher(const char *path, char *const envp[], int out_fd, struct dsp_child *c, char *err,
-			size_t errsz);
+/* Start `path view publish` with envp, stdout and stderr on out_fd (the job's stderr);
+ * with_parent: it gets SIGTERM when this thread's process dies (slurmstepd killed or crashed:
+ * only from a process's main thread, the thread the kernel watches). */
+int dsp_start_publisher(const char *path, char *const envp[], int out_fd, int with_parent, struct dsp_child *c,
+			char *err, size_t errsz);
 /* Stop it: SIGTERM to its process group, grace_ms for it to end, then SIGKILL; reaped when it
  * is this process's child. Nothing when it is gone or was never started; c is then empty. */
 void dsp_stop_child(struct dsp_child *c, int grace_ms);

@@ -201,12 +201,13 @@ struct scenario {
 	int race;		/* swap the view while the bind mount is entered */
 	int swap_before_task;	/* swap it between user_init and the task */
 	int other_fs;		/* the view is a mount point of its own */
+	int stepd_dies;		/* "slurmstepd" ends without task_exit or exit (killed) */
 };
 
 static const struct scenario scenarios[] = {
-	{ "plain", 0, 0, 0, 0 }, { "old-kernel", ENOSYS, 0, 0, 0 }, { "container-seccomp", EPERM, 0, 0, 0 },
-	{ "race", 0, 1, 0, 0 }, { "race-old-kernel", ENOSYS, 1, 0, 0 }, { "swap-before-task", 0, 0, 1, 0 },
-	{ "other-fs", 0, 0, 0, 1 },
+	{ "plain", 0, 0, 0, 0, 0 }, { "old-kernel", ENOSYS, 0, 0, 0, 0 }, { "container-seccomp", EPERM, 0, 0, 0, 0 },
+	{ "race", 0, 1, 0, 0, 0 }, { "race-old-kernel", ENOSYS, 1, 0, 0, 0 }, { "swap-before-task", 0, 0, 1, 0, 0 },
+	{ "other-fs", 0, 0, 0, 1, 0 }, { "stepd-killed", 0, 0, 0, 0, 1 },
 };
 
 /* The filter: refuse open_tree and move_mount with e (0: allow), and stop the bind (move_mount,
@@ -389,6 +390,8 @@ static int view_step(const char *dir, const char *view, const char *name)
 	snprintf(started, sizeof(started), "%s/cmd/publish.started", dir);
 	for (int i = 0; viewed && i < 100 && access(started, F_OK); i++)
 		usleep(50000);
+	if (sc->stepd_dies)
+		_exit(0);
 	printf("task_exit: %d\n", slurm_spank_task_exit(NULL, 1, av));
 	printf("exit: %d\n", slurm_spank_exit(NULL, 1, av));
 	return 0;

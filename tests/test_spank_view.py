@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,14 @@ def test_a_publisher_that_ignores_sigterm_is_killed_with_its_session(driver, bed
     child = int(next(line for line in log if line.startswith("publish child "))[14:])
     assert not any("publish term" in line for line in log)
     assert not alive(publisher) and not alive(child)
+
+
+def test_a_publisher_whose_slurmstepd_is_killed_is_told_at_once(driver, bed):
+    """slurmstepd gone without its task_exit or exit (killed, crashed): the kernel sends the
+    publisher SIGTERM (PR_SET_PDEATHSIG), so it never runs on for a step that is no more."""
+    got, err = step(driver, bed, bed.root / "out", "stepd-killed")
+    assert got["task_init"] == "0" and "task_exit" not in got, err
+    deadline = time.monotonic() + 10
+    while not any(line.startswith("publish term ") for line in bed.log()):
+        assert time.monotonic() < deadline, f"the publisher was not told: {bed.log()}"
+        time.sleep(0.05)
