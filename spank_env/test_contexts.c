@@ -180,6 +180,7 @@ static int write_file(const char *path, const char *text)
 #include <grp.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stddef.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
@@ -257,6 +258,7 @@ static void answer_binds(pid_t task, int listener_no, const char *view, const ch
 	if (pidfd < 0 || (fd = (int)syscall(SYS_pidfd_getfd, pidfd, listener_no, 0)) < 0 ||
 	    syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sizes)) {
 		printf("listener: %s\n", strerror(errno));
+		kill(task, SIGKILL);	/* its bind would wait for an answer forever */
 		goto out;
 	}
 	req = calloc(1, sizes.seccomp_notif);
