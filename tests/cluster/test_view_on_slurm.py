@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO
+from support import REPO, vectors
 from testbed.cluster import CONTROLLER, Cluster
 
 pytestmark = pytest.mark.cluster
@@ -151,6 +151,17 @@ REFUSED = [  # (--dispatch-view, sbatch's exit status, what its one line says)
     ("ROOT/bobs", 1, "ROOT/bobs belongs to uid 2002, not to you (uid 2001)"),
 ]
 LITERAL = {"tab": "a\tb", "command substitution": "$(touch WD/PWNED)", "quotes": "it's \"q\""}
+
+
+def test_the_view_vectors_through_sbatch(slurm_cluster: Cluster):
+    """tests/vectors/view.json's refusals, word for word, from sbatch (the vectors' roots need
+    not exist: the view's words are checked before the root is looked at)."""
+    c = slurm_cluster
+    for case in vectors("view.json")["errors"]:
+        array = ["--array=1"] if "%a" in case["root"] else []
+        r = c.exec(CONTROLLER, ["sbatch", *array, f"--dispatch-checkpoint={case['root']}",
+                                f"--dispatch-view={case['view']}", "--wrap", "true"], user="alice", check=False)
+        assert r.returncode != 0 and case["error"] in r.stderr, (case["view"][:80], r.stderr[-500:])
 
 
 def test_hostile_views(slurm_cluster: Cluster, workdir, commands):
