@@ -55,6 +55,9 @@ ENTRIES = (
 
 #: entries a save may never be: publishing or adopting one of them is refused
 PROTOCOL = frozenset({PUB, SUB, EPOCHS, JOBS, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED, HELD})
+#: where the SPANK plugin's view (the folder a trainer writes, bound to exec/<attempt>/) may not
+#: be below a root: its own folders and exec/ itself (spank_env/layout.c holds the same names)
+VIEW_REFUSED = PROTOCOL | {EXEC}
 
 
 def exec_relpath(attempt: str) -> str:
