@@ -14,7 +14,7 @@ The backends (posix.py, s3.py) and the fsync discipline (durable.py) are the sto
 from typing import TYPE_CHECKING
 
 from . import epochs, events, execdir, jobs, once, unpublished, whole
-from .base import Store
+from .base import SaveMoved, Store
 from .durable import write_all
 from .once import AlreadySaved
 from .inventory import Folder, Inventory, Save, markers, retired_by, retirement_record
@@ -23,7 +23,7 @@ from .publish import Published, SaveGone, env_epoch, env_root, publish, sync
 from .resume import VanishedSave, latest_save, located, resume_from, resume_path, resume_point, resumed, save_exists
 from .roots import Root, allocate_submission, at, backend, latest, make_exec_dir, publications
 
-__all__ = ["at", "backend", "Store", "publish", "Published", "SaveGone", "latest", "publications", "allocate_submission",
+__all__ = ["at", "backend", "Store", "SaveMoved", "publish", "Published", "SaveGone", "latest", "publications", "allocate_submission",
            "make_exec_dir", "Root", "env_root", "env_epoch", "sync", "latest_save", "located", "resume_from", "resume_path",
            "resume_point",
            "resumed", "save_exists", "VanishedSave",
