@@ -108,6 +108,7 @@ class Bed:
 
     def __init__(self, base: Optional[str] = None):
         self.base = pathlib.Path(base or tempfile.mkdtemp(prefix="dispatch-view-"))
+        self.base.mkdir(exist_ok=True)
         os.chmod(self.base, 0o755)
         self.root, self.shared, self.logs = self.base / "root", self.base / "shared", self.base / "logs"
         self.home = self.base / "home"
