@@ -26,9 +26,9 @@ from . import copies, scan, whole
 from .inventory import Folder, Inventory
 from .base import Store
 from .links import symlink_on_the_way
-from .durable import (DirFds, append, append_kept, create_new, ensure_dir, ensure_entry, in_the_way, open_append,
-                      open_below, open_dir, open_entry, open_root, read_upto, remove_tree, rmdir_empty, sync_open,
-                      sync_tree, truncate, walk, walk_to)
+from .durable import (DirFds, Linker, append, append_kept, create_new, ensure_dir, ensure_entry, in_the_way,
+                      open_append, open_below, open_dir, open_entry, open_root, read_upto, remove_tree, rmdir_empty,
+                      sync_open, sync_tree, truncate, walk, walk_to)
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: root -> its filesystem's NAME_MAX: asked once per process (a publication asks on every call)
@@ -318,6 +318,20 @@ class PosixStore(Store):
         """Clones or hard links, never a copy of the data: copies.py says how and why."""
         with self:
             return copies.hold(self._root_fd, rel, attempt, name)
+
+    def place(self, rel: str, attempt: str, name: str, where: str) -> tuple[Optional[str], Optional[Linker]]:
+        """The resume copy's way (copies.py), under the path the trainer looks for: the view's
+        prepare places the latest publication there, where a trainer that was not changed
+        resumes from it by its own rule (its highest checkpoint-<step>, its `latest`)."""
+        with self:
+            return copies.place(self._root_fd, rel, attempt, name, where)
+
+    def write_new(self, rel: str, data: bytes) -> bool:
+        """Written under a hidden name, then linked into place (copies.py): a reader on any
+        node sees the whole file or none, never a torn pointer or record, and a second
+        writer (another node's prepare) finds the first one's and changes nothing."""
+        with self:
+            return copies.write_new(self._root_fd, rel, data)
 
     def keep(self, rel: str, name: str) -> tuple[Optional[str], list[str]]:
         with self:

@@ -2,28 +2,34 @@
 whose script names only `#SBATCH --dispatch-checkpoint=R --dispatch-view=R/out` runs its batch
 script, every srun task and their children with R/out being the execution's own exec/<attempt>/
 (a bind mount in each task's own mount namespace); a requeue's execution sees its own; R/out on
-the nodes and on the host stays empty. site.conf names tests/stubs/view-commands as
-`dispatch-slurm view prepare|publish` (what the package's commands do is theirs to test): it
-runs as the job user, all ids dropped, in a session of its own, one per step per node, and is
-stopped when the step's tasks end. Hostile views are refused by sbatch in one line or fail the
-job at start; no node is ever drained and nothing outside the user's tree changes."""
+the nodes and on the host stays empty. The nodes' own `dispatch-slurm view prepare` and `view
+publish` run as the job user, all ids dropped, in a session of their own, and the publisher of a
+step ends with the step's tasks. The job scripts of the README and of docs/view.md, as written
+(their root and paths this test's), run an unmodified trainer (tests/testbed/dettrain.py
+--naive: no dispatch import, no flag of it; it saves Hugging Face's checkpoint-<N>/ layout into
+the folder it is given and resumes from the highest one there, as get_last_checkpoint does)
+through a requeue. Hostile views are refused by sbatch in one line or fail the job at start; no
+node is ever drained and nothing outside the user's tree changes."""
 
 from __future__ import annotations
 
+import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from support import REPO, vectors
+from dispatch_slurm import store
+from dispatch_slurm.contract import layout, names
+from support import vectors
+from test_readme_snippets import block
+from testbed import dettrain
 from testbed.cluster import CONTROLLER, Cluster
 
 pytestmark = pytest.mark.cluster
 
-SITE = "/etc/dispatch-slurm/site.conf"
-STAND_IN = REPO / "tests" / "stubs" / "view-commands"
 ALICE = "2001 2001 2001 2001"  # a /proc status Uid: or Gid: line: real, effective, saved, fs
+PUBLISHER = "dispatch-slurm view publish"
 
 
 def make_root(c: Cluster, path: str, user: str = "alice", mode: str = "700") -> str:
@@ -36,26 +42,22 @@ def no_node_drained(c: Cluster) -> None:
     assert reasons == "", f"a node was drained: {reasons}"
 
 
-@pytest.fixture
-def commands(slurm_cluster: Cluster, workdir, etc):
-    """The stand-in commands in WD/cmd/, named by every host's site.conf; (their folder in the
-    containers, on the host)."""
-    cdir, hdir = workdir
-    (hdir / "cmd").mkdir()
-    (hdir / "cmd").chmod(0o777)
-    shutil.copy(STAND_IN, hdir / "cmd" / "view-commands")
-    etc(SITE, f"dispatch_slurm = {cdir}/cmd/view-commands\n")
-    return f"{cdir}/cmd", hdir / "cmd"
-
-
-def log(hcmd: Path) -> list[str]:
-    p = hcmd / "log"
-    return p.read_text().splitlines() if p.exists() else []
-
-
 def mounted_anywhere(c: Cluster, path: str) -> list[str]:
     """The hosts where path is a mount point in slurmd's own namespace (what the node sees)."""
     return [h for h in c.node_names if f" {path} " in c.exec(h, ["cat", "/proc/1/mountinfo"]).stdout]
+
+
+def publishers(c: Cluster) -> dict[str, list[str]]:
+    """Each node's running view publishers: their /proc status ids and their pid, session."""
+    got = {}
+    for h in c.node_names:
+        got[h] = []
+        for pid in c.pids(h, PUBLISHER, user="alice"):
+            r = c.exec(h, f"grep -E '^(Uid|Gid):' /proc/{pid}/status | tr -s '\t ' ' ' | tr '\n' ' ';"
+                          f" cut -d' ' -f1,6 /proc/{pid}/stat", check=False)
+            if r.returncode == 0:
+                got[h].append(r.stdout.strip())
+    return got
 
 
 SCRIPT = """#!/bin/bash
@@ -73,13 +75,10 @@ srun bash -c 'h=$(hostname); stat -c %d.%i {root}/out > '$o'/task.$SLURM_PROCID.
 touch $o/done
 sleep 600
 """
-
-
 @pytest.mark.vm
-def test_every_task_of_every_step_sees_its_own_execution_folder(slurm_cluster: Cluster, workdir, commands):
+def test_every_task_of_every_step_sees_its_own_execution_folder(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
-    _, hcmd = commands
     root = make_root(c, f"{cdir}/root")
     hroot = hdir / "root"
     job = c.submit("alice", SCRIPT.format(root=root, cdir=cdir))
@@ -96,24 +95,19 @@ def test_every_task_of_every_step_sees_its_own_execution_folder(slurm_cluster: C
     assert len(tasks) == 2 and len({t.split(".")[2] for t in tasks}) == 2, seen  # two nodes
     for who in ["batch", *tasks]:  # R/out is the execution's folder, in the batch script and every task
         assert seen[f"{who}.view"] == seen[f"{who}.exec"], seen
-    assert (hdir / "seen.0" / "batch.ls").read_text().split() == ["prepared"]
-    assert sorted(p.name for p in first_exec.iterdir()) == ["batch", "child.0", "child.1", "prepared", "task.0",
-                                                          "task.1"]
+    # prepare ran before the batch script, as alice: nothing published, so only its record
+    assert (hdir / "seen.0" / "batch.ls").read_text().split() == [layout.VIEW]
+    assert (first_exec / layout.VIEW).stat().st_uid == 2001
+    assert sorted(p.name for p in first_exec.iterdir()) == sorted(
+        ["batch", "child.0", "child.1", layout.VIEW, "task.0", "task.1"])
     assert list((hroot / "out").iterdir()) == [], "a task wrote into the node's own R/out"
     assert not mounted_anywhere(c, f"{root}/out"), "the view leaked into a node's namespace"
-    # the commands: as alice with every id alice's, each in its own session, one per step per node
-    lines = log(hcmd)
-    starts = [line for line in lines if line.startswith(("prepare ", "publish "))]
-    assert {line.split()[0] for line in starts} == {"prepare", "publish"}
-    for line in starts:
-        assert f"Uid: {ALICE} Gid: {ALICE}" in line and re.search(r"pid=(\d+) sid=\1 ", line), line
-        assert f" view={root}/out exec={root}/exec/{first_exec.name} " in line, line
-    per_step = {(re.search(r"host=(\S+)", line)[1], re.search(r"parent=(\S*)", line)[1])
-                for line in starts if line.startswith("publish ")}
-    assert len(per_step) == 3, starts  # the batch step on its node, the srun step on both
-    # the srun step ended: its publishers were told (SIGTERM) and are gone
-    c.wait_until(lambda: sum(line.startswith("publish term") for line in log(hcmd)) >= 2, timeout=30,
-                 what="the srun step's publishers stopped")
+    # the srun step ended: its publishers went with its tasks; the batch step's one is left,
+    # as alice with every id alice's, in its own session
+    c.wait_until(lambda: sum(map(len, publishers(c).values())) == 1, timeout=60,
+                 what="only the batch step's publisher left")
+    (line,) = [line for lines in publishers(c).values() for line in lines]
+    assert f"Uid: {ALICE} Gid: {ALICE}" in line and re.search(r" (\d+) \1$", line), line
 
     # a requeue while the first execution runs: the next one sees its own folder only
     before = sorted(p.name for p in first_exec.iterdir())
@@ -123,14 +117,62 @@ def test_every_task_of_every_step_sees_its_own_execution_folder(slurm_cluster: C
     seen = sees(1)
     assert all(seen[f"{k[:-5]}.view"] == seen[f"{k[:-5]}.exec"] for k in seen if k.endswith(".view")), seen
     assert seen["batch.view"] != sees(0)["batch.view"], "the requeued execution saw the first one's folder"
-    assert (hdir / "seen.1" / "batch.ls").read_text().split() == ["prepared"]
+    assert (hdir / "seen.1" / "batch.ls").read_text().split() == [layout.VIEW]
     assert sorted(p.name for p in second_exec.iterdir()) == before
     assert sorted(p.name for p in first_exec.iterdir()) == before, "the replacement wrote into the first's folder"
     assert list((hroot / "out").iterdir()) == []
     c.cancel(job)
-    c.wait_until(lambda: not any(c.pids(h, "view-commands") for h in c.node_names), timeout=60,
-                 what="no stand-in command left on any node")
+    c.wait_until(lambda: not any(publishers(c).values()), timeout=60, what="no view publisher left on any node")
     no_node_drained(c)
+
+
+def _script(text: str, root: str, trainer: str, cdir: str) -> str:
+    """A page's job script with this test's root and trainer (its own command line, unchanged)."""
+    out = text.replace("/scratch/me/run1", root)
+    out = out.replace("python train.py --output-dir", f"python3 {trainer} --naive --max-steps 400 --save-every 20 "
+                      f"--step-time 0.1 --log {cdir}/train.log --output-dir")
+    return out.replace("#!/bin/bash\n", f"#!/bin/bash\n#SBATCH -o {cdir}/job.out --open-mode=append --requeue\n", 1)
+
+
+def _through_a_requeue(c: Cluster, workdir, snippet: str) -> None:
+    """The job saves and publishes; `scontrol requeue` starts its next execution, which resumes
+    from the latest publication (placed in its own folder) and publishes at its greater epoch."""
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    c.exec("c1", f"mkdir -p {root}/out", user="alice")
+    (hdir / "dettrain.py").write_text(open(dettrain.__file__).read())
+    (hdir / "train.sbatch").write_text(_script(snippet, root, f"{cdir}/dettrain.py", cdir))
+    job = c.submit("alice", (hdir / "train.sbatch").read_text())
+    hroot = str(hdir / "root")
+
+    def published(restart: int) -> list:
+        if c.job(job).ended:
+            raise AssertionError(f"the job ended: {(hdir / 'job.out').read_text()[-3000:]}")
+        return [p for p in store.publications(hroot) if p.parts.restart == restart]
+
+    first = c.wait_until(lambda: published(0)[1:], timeout=240, what="the first execution's saves published")
+    c.exec(CONTROLLER, ["scontrol", "requeue", str(job)])
+    c.wait_until(lambda: published(1), timeout=400, what="the requeued execution's first publication")
+    c.cancel(job)
+    c.wait_job(job, lambda j: j.ended, timeout=120)
+    recs = [json.loads(line) for line in (hdir / "train.log").read_text().splitlines()]
+    resumes = [r for r in recs if r["op"] == "resume"]
+    old = {p.step for p in store.publications(hroot) if p.parts.restart == 0}
+    assert resumes and resumes[-1]["step"] in old and resumes[-1]["step"] >= first[-1].step, \
+        "the requeued execution resumed from a publication of the first, under the trainer's own rule"
+    latest = store.latest(hroot)
+    assert latest.parts.restart == 1 and latest.path.startswith("exec/"), latest
+    no_node_drained(c)
+
+
+@pytest.mark.one_release
+def test_the_readmes_view_job_script_resumes_an_unmodified_trainer(view_site: Cluster, workdir):
+    _through_a_requeue(view_site, workdir, block("readme-view-job-script"))
+
+
+@pytest.mark.one_release
+def test_the_view_job_script_runs_an_unmodified_trainer_through_a_requeue(view_site: Cluster, workdir):
+    _through_a_requeue(view_site, workdir, block("view-job-script"))
 
 
 # ---- hostile views: refused by sbatch, or the job fails at start; never a drained node ----
@@ -164,10 +206,9 @@ def test_the_view_vectors_through_sbatch(slurm_cluster: Cluster):
         assert r.returncode != 0 and case["error"] in r.stderr, (case["view"][:80], r.stderr[-500:])
 
 
-def test_hostile_views(slurm_cluster: Cluster, workdir, commands):
+def test_hostile_views(slurm_cluster: Cluster, workdir):
     c = slurm_cluster
     cdir, hdir = workdir
-    hcmd = commands[1]
     root = make_root(c, f"{cdir}/root", mode="777")  # bob may make his folder in it
     c.exec("c1", f"ln -s /etc {root}/etc-link", user="alice")
     c.exec("c1", f"mkdir -m 777 {root}/bobs", user="bob")
@@ -180,7 +221,8 @@ def test_hostile_views(slurm_cluster: Cluster, workdir, commands):
         assert (r.returncode, r.stdout) == (code, ""), (view[:80], r)
         assert len(errors) == 1 and said in errors[0], (view[:80], r.stderr)
     # odd bytes are only bytes, a 4,000-byte view works; a symlink planted after sbatch checked
-    # fails the job at start; a prepare that refuses fails it with its line
+    # fails the job at start; a prepare that refuses (the latest publication's save vanished)
+    # fails it with its line
     views = {name: f"{root}/{rel.replace('WD', cdir)}" for name, rel in LITERAL.items()}
     views["4,000 bytes"] = f"{root}/" + "/".join(["d" * 200] * 19) + "/"
     views["4,000 bytes"] += "e" * (4000 - len(views["4,000 bytes"]))
@@ -193,16 +235,16 @@ def test_hostile_views(slurm_cluster: Cluster, workdir, commands):
                                              "--wrap", f'touch "$DISPATCH_VIEW/written" && touch {cdir}/{len(jobs)}.ran'])
     c.exec("c1", f"ln -s /etc {root}/planted", user="alice")
     for i, name in enumerate(views):
-        if name == "prepare refuses":
-            (hcmd / "prepare.mode").write_text("fail")
+        if name == "prepare refuses":  # the last: the other jobs' prepare found nothing published
+            vanished = names.encode(1_000_000, 5, "exec/gone.1.1/checkpoint-5")
+            c.exec("c1", f"mkdir -p {root}/{layout.PUB} && touch {root}/{layout.PUB}/{vanished}", user="alice")
         c.exec(CONTROLLER, ["scontrol", "release", str(jobs[name])], user="alice")
         ended = c.wait_job(jobs[name], {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT"}, timeout=120)
-        (hcmd / "prepare.mode").unlink(missing_ok=True)
         err = (hdir / f"{i}.err").read_text() if (hdir / f"{i}.err").exists() else ""
         if name in ("planted", "prepare refuses"):
             assert "FAILED" in ended.states and not (hdir / f"{i}.ran").exists(), (name, ended, err)
             want = (f"{root}/planted is a symlink" if name == "planted" else
-                    "the view cannot be prepared: this is the line that names the fix")
+                    f"names the save {root}/exec/gone.1.1/checkpoint-5, which no longer exists")
             assert want in err, (name, err)
         else:
             assert "COMPLETED" in ended.states, (name, ended, err)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
+from ...contract import layout
 from . import cgroup
 
 WAIT_S = 30.0  # how long an Epilog waits for the execution's processes to go
@@ -50,13 +51,15 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def running_on(attempt: str, root: str) -> list[int]:
+def running_on(attempt: str, root: str, mine: Optional[set[int]] = None) -> list[int]:
     """The execution's processes on this node (its token and its root in their environment)
     that this process's parent did not start (its job script's own commands, this process
     itself): a step's tasks, children of their slurmstepd, which run on when the step's
     ``srun`` ended (a frozen slurmd: the controller took the node for dead, nothing here
-    killed them). What `watch` publishes for."""
-    mine = {os.getpid(), os.getppid()}
+    killed them). What `watch` publishes for. ``mine``: the processes whose descendants are
+    not counted (default this one and its parent; the view's publisher, which no job
+    script started, passes itself alone)."""
+    mine = {os.getpid(), os.getppid()} if mine is None else mine
     out = []
     for pid in processes_with(attempt, root=root):
         p: int | None = pid
@@ -67,6 +70,21 @@ def running_on(attempt: str, root: str) -> list[int]:
         if p not in mine:
             out.append(pid)
     return out
+
+
+def lingering(st, attempt: Optional[str], root: Optional[str], here: Optional[str],
+              mine: Optional[set[int]] = None) -> Optional[Callable[[], list[int]]]:
+    """What a publisher on this node lasts for (runtime/watch.py's Ending): the execution's
+    processes here (``running_on``), none once its Epilog recorded their end here (in the
+    root's store ``st``); None outside an execution."""
+    if not attempt or not root:
+        return None
+
+    def linger() -> list[int]:
+        if here and st.has(layout.CEASED, f"{attempt}.{here}"):
+            return []
+        return running_on(attempt, root, mine)
+    return linger
 
 
 def wait_ceased(attempt: str, job: str, sluid: Optional[str], wait: float = WAIT_S) -> tuple[Optional[dict], str]:
