@@ -285,7 +285,7 @@ def _publisher(bed: viewbed.Bed, ex: viewbed.Execution, log: pathlib.Path) -> su
 
 def _trainer(bed: viewbed.Bed, ex: viewbed.Execution, script: str) -> subprocess.Popen:
     """A stand-in task of the execution (its DISPATCH_* environment), in the view."""
-    return bed.as_user([sys.executable, "-c", script], {**bed.env, **ex.values, viewbed.TAG: ex.name},
+    return bed.as_user([sys.executable, "-c", script], {**bed.env, **ex.values, **ex.tagged()},
                        bind=ex.exec_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -385,3 +385,22 @@ def test_doctor_says_which_way_a_job_came_in(bed):
     assert running.mode(str(bed.root), job(a)).startswith("job script:")
     assert running.mode(str(bed.root), job(b)).startswith("view: the plugin bound each execution's folder")
     assert running.mode(str(bed.root), 99).startswith("unknown")
+
+
+def test_a_bed_signals_only_its_own_executions():
+    """Two beds side by side (two test workers), each with an execution A: killing one bed's A
+    leaves the other's running (they share the names A, B, C, not their processes)."""
+    mine, theirs = viewbed.Bed(), viewbed.Bed()
+    try:
+        ours, other = mine.execution("A"), theirs.execution("A")
+        for b, ex in ((mine, ours), (theirs, other)):
+            ready = b.home / "ready"
+            ex.trainer = _trainer(b, ex, f"import time\nopen({str(ready)!r}, 'w').close()\nwhile True: time.sleep(0.05)\n")
+        wait.until(lambda: (mine.home / "ready").exists() and (theirs.home / "ready").exists(), timeout=60,
+                   what="both trainers running")
+        mine.kill(ours)
+        assert other.trainer.poll() is None, "killing one bed's A killed the other bed's A"
+    finally:
+        for b in (mine, theirs):
+            b.close()
+            shutil.rmtree(b.base, ignore_errors=True)

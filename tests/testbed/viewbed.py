@@ -89,6 +89,11 @@ class Execution:
     record: str = ""
     said: list[str] = field(default_factory=list)
     ranks: int = 1
+    tag: str = ""  # TAG's value in its trainer's environment: the bed's folder and the name
+
+    def tagged(self) -> dict[str, str]:
+        """TAG for this execution's trainer: unique across beds (test workers side by side)."""
+        return {TAG: self.tag}
 
     @property
     def attempt(self) -> str:
@@ -121,7 +126,7 @@ class Bed:
         self.prelude = _python_visible()
         self.env = self._env()
         self.started: list[subprocess.Popen] = []
-        self.names: list[str] = []  # the executions' tags
+        self.names: list[str] = []  # the executions' tags (Execution.tag)
 
     def _env(self) -> dict:
         keep = {k: v for k, v in os.environ.items()
@@ -160,8 +165,8 @@ class Bed:
 
     def close(self) -> None:
         """End whatever of the bed's processes still runs (a schedule that failed midway)."""
-        for ex_name in self.names:
-            for pid in _tagged(ex_name):
+        for tag in self.names:
+            for pid in _tagged(tag):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -185,8 +190,9 @@ class Bed:
     def execution(self, name: str) -> Execution:
         got = self.cli("env", "--local", "--format", "json", env=self.env)
         assert got.returncode == 0, got.stderr
-        self.names.append(name)
-        return Execution(name, json.loads(got.stdout))
+        tag = f"{self.base.name}/{name}"
+        self.names.append(tag)
+        return Execution(name, json.loads(got.stdout), tag=tag)
 
     def start_view(self, ex: Execution, kind: str) -> None:
         """prepare, the publisher, then the trainer in its namespace (the plugin's order)."""
@@ -197,13 +203,13 @@ class Bed:
         ex.publisher = self.as_user([sys.executable, "-m", "dispatch_slurm", "view", "publish"], env,
                                     stderr=open(self.logs / f"{ex.name}.publisher", "w"))
         ex.record = str(self.logs / f"{ex.name}.jsonl")
-        ex.trainer = self.as_user(TRAINERS[kind].argv(str(self.view), ex.record), {**env, TAG: ex.name},
+        ex.trainer = self.as_user(TRAINERS[kind].argv(str(self.view), ex.record), {**env, **ex.tagged()},
                                   bind=ex.exec_dir,
                                   stdout=open(self.logs / f"{ex.name}.out", "w"), stderr=subprocess.STDOUT)
 
     def start_naive(self, ex: Execution, kind: str) -> None:
         ex.record = str(self.logs / f"{ex.name}.jsonl")
-        env = {**{k: v for k, v in self.env.items() if k != "DISPATCH_CHECKPOINT"}, TAG: ex.name}
+        env = {**{k: v for k, v in self.env.items() if k != "DISPATCH_CHECKPOINT"}, **ex.tagged()}
         ex.trainer = self.as_user(TRAINERS[kind].argv(str(self.shared), ex.record), env,
                                   stdout=open(self.logs / f"{ex.name}.out", "w"), stderr=subprocess.STDOUT)
 
@@ -240,7 +246,7 @@ class Bed:
     def signal(self, ex: Execution, sig: int) -> None:
         """``sig`` to every process of ``ex``'s trainer: each one whose environment carries its
         tag (torchrun starts its workers in sessions of their own, out of the group's reach)."""
-        for pid in _tagged(ex.name):
+        for pid in _tagged(ex.tag):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -257,7 +263,7 @@ class Bed:
         lasts as long as they do, then makes its last scan and exits."""
         self.signal(ex, signal.SIGKILL)
         ex.trainer.wait(60)
-        wait.until(lambda: not _tagged(ex.name), timeout=60, what=f"{ex.name}'s processes to end")
+        wait.until(lambda: not _tagged(ex.tag), timeout=60, what=f"{ex.name}'s processes to end")
         if ex.publisher is not None:
             ex.publisher.wait(120)
 
@@ -271,8 +277,8 @@ class Bed:
 TAG = "VIEWBED_RUN"  # in each trainer's environment: which execution's it is
 
 
-def _tagged(name: str) -> list[int]:
-    needle = f"{TAG}={name}".encode()
+def _tagged(tag: str) -> list[int]:
+    needle = f"{TAG}={tag}".encode()
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():

@@ -33,16 +33,32 @@ def main() -> None:
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
     class Record(Callback):
+        """The trainer's record; a save is recorded once its files are written: Lightning calls
+        on_save_checkpoint before it writes them, and runs ModelCheckpoint's own batch end
+        after every other callback's, so at the next batch's start (or the training's end)."""
+        saved = None
+
         def on_train_start(self, trainer, module):
             if trainer.ckpt_path:
                 log("resume", step=trainer.global_step, path=trainer.ckpt_path)
+
+        def on_train_batch_start(self, trainer, module, batch, i):
+            self.written()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, i):
             pace()
             log("step", step=trainer.global_step)
 
         def on_save_checkpoint(self, trainer, module, checkpoint):
-            log("save", step=trainer.global_step)
+            self.saved = trainer.global_step
+
+        def on_train_end(self, trainer, module):
+            self.written()
+
+        def written(self):
+            if self.saved is not None:
+                log("save", step=self.saved)
+                self.saved = None
 
     L.seed_everything(a.seed, verbose=False)
     model = Net()
