@@ -26,7 +26,8 @@ temporary folder is on another, a copy into the existing file whose refusal fssp
 framework's own resume finds exactly the latest publication, and its own rotation removes only
 names in the execution's folder. Nothing published: nothing placed, said once.
 
-``publisher``: one per node and execution (a later step's finds it running and leaves), it
+``publisher``: one per node and execution publishes (a later step's finds it running and waits
+as its standby, taking over if it ends first), it
 publishes each save of the execution's folder once its framework completed it, the rule told
 from the save's layout (``KINDS``), and never what prepare placed. It lasts as long as the
 execution's processes on this node (ignoring SIGTERM, so a save made in the grace window is
@@ -432,7 +433,9 @@ def publisher(ex: Execution, once: bool = False, say: Callable[[str], None] = _s
     st = _posix(root)
     claim = None if once else _claim(attempt, root, say)
     if claim is False:
-        return 0  # another publisher of this execution runs on this node
+        claim = _standby(st, ex, say)
+        if claim is False:
+            return 0  # the execution's processes here are gone: the claim's holder published them
     rel = execdir.check(exec_dir, root, epoch, attempt)
     placed = _prepared(st, exec_dir, rel, 0 if once else RECORD_S)
     if placed is None:
@@ -460,6 +463,24 @@ def _prepared(st: store.Store, exec_dir: str, rel: str, wait: float) -> Optional
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.5)
+
+
+def _standby(st: store.Store, ex: Execution, say: Callable[[str], None]) -> Optional[bool]:
+    """Another step's publisher holds the claim on this node: wait as its standby, and take the
+    claim once it went while the execution's processes here live (the step that claimed first
+    may end first: an srun step inside the batch script). False once they are gone."""
+    attempt, root = ex.need("attempt", "root")
+    linger = cessation.lingering(st, attempt, root, ex.node, mine={os.getpid()})
+    quiet_by = time.monotonic() + FIRST_S  # the first of them may not have started yet
+    say(f"another step's publisher of {attempt} runs on this node: standing by while the execution's processes "
+        "here live, to publish if it ends first")
+    while True:
+        time.sleep(1.0)
+        claim = _claim(attempt, root, say)
+        if claim is not False:
+            return claim
+        if linger is None or (time.monotonic() >= quiet_by and not linger()):
+            return False
 
 
 def _claim(attempt: str, root: str, say: Callable[[str], None]) -> Optional[bool]:

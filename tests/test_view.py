@@ -320,19 +320,24 @@ def test_the_publisher_publishes_what_completes_never_the_placed_save_and_ends_w
     assert [e["kind"] for e in warned] == ["never_complete"] and warned[0]["paths"] == [f"exec/{b.attempt}/checkpoint-8"]
 
 
-def test_one_publisher_per_node_and_execution_and_sigterm_does_not_end_it(bed):
+def test_one_publisher_per_node_and_execution_a_standby_and_sigterm_does_not_end_it(bed):
     a = bed.execution("A")
     assert _prepare(bed, a).returncode == 0
     go = bed.base / "go"
     trainer = _trainer(bed, a, f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n")
     first = _publisher(bed, a, bed.base / "first.err")
     wait.until(lambda: _listening(a), timeout=60, what="the first publisher's claim")
-    second = _publisher(bed, a, bed.base / "second.err")
-    assert second.wait(60) == 0, "a later step's publisher finds it running and leaves"
-    os.killpg(first.pid, signal.SIGTERM)  # Slurm signals the step: the grace window's save comes after
+    second = _publisher(bed, a, bed.base / "second.err")  # a later step's: its standby
+    wait.until(lambda: "standing by" in (bed.base / "second.err").read_text(), timeout=60,
+               what="the later step's publisher to stand by")
+    os.killpg(first.pid, signal.SIGKILL)  # the step that claimed first ended first (an srun step)
+    assert first.wait(60) == -signal.SIGKILL
+    wait.until(lambda: _listening(a), timeout=60, what="the standby to take the claim over")
+    assert second.poll() is None, "the standby publishes while the trainer lives"
+    os.killpg(second.pid, signal.SIGTERM)  # Slurm signals the step: the grace window's save comes after
     go.touch()
     assert trainer.wait(60) == 0
-    assert first.wait(60) == 0, "SIGTERM did not end it: it ended with the trainer, exit 0"
+    assert second.wait(60) == 0, "SIGTERM did not end it: it ended with the trainer, exit 0"
 
 
 def _listening(ex: viewbed.Execution) -> bool:
@@ -395,7 +400,8 @@ def test_a_bed_signals_only_its_own_executions():
         ours, other = mine.execution("A"), theirs.execution("A")
         for b, ex in ((mine, ours), (theirs, other)):
             ready = b.home / "ready"
-            ex.trainer = _trainer(b, ex, f"import time\nopen({str(ready)!r}, 'w').close()\nwhile True: time.sleep(0.05)\n")
+            script = f"import time\nopen({str(ready)!r}, 'w').close()\nwhile True: time.sleep(0.05)\n"
+            ex.trainer = _trainer(b, ex, script)
         wait.until(lambda: (mine.home / "ready").exists() and (theirs.home / "ready").exists(), timeout=60,
                    what="both trainers running")
         mine.kill(ours)

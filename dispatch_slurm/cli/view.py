@@ -45,7 +45,9 @@ def publish(once):
     """Publish each save of the execution's folder once its framework completed it (the rule
     told from the save's layout), never what `prepare` placed; until the execution's processes
     on this node are gone (SIGTERM is ignored: the save of the grace window comes after it).
-    One per node and execution: a later step's finds it running and exits 0. Exit 1 when it
+    One per node and execution publishes: a later step's finds it running and waits as its
+    standby (taking over if it ends first), exit 0 once the execution's processes on this node
+    are gone. Exit 1 when it
     leaves saves unpublished above the last one published (each is named on stderr)."""
     from .. import view as viewmod
     sys.exit(viewmod.publisher(_execution(), once=once))
