@@ -22,7 +22,7 @@ from ..contract import layout, names
 from ..contract.names import Publication
 from ..contract.env import Execution
 from ..errors import BadPath, StoreError, TornSave
-from . import copies, scan, whole
+from . import copies, makeexec, scan, whole
 from .inventory import Folder, Inventory
 from .base import Store
 from .durable import (Linker, append, append_kept, check_owner, create_new, ensure_entry, in_the_way, open_append,
@@ -401,10 +401,9 @@ class PosixStore(Store):
             return None
 
     def make_exec_dir(self, attempt: str, mode: int = 0o700, create_root: bool = False) -> str:
-        """Create <root>/exec/<attempt>/ (execdir.make: never through a symlink)."""
+        """Create <root>/exec/<attempt>/ (makeexec.make: never through a symlink)."""
         self.check_attempt(attempt)
-        from .execdir import make  # execdir reaches roots, which reaches this module
-        return make(self.root, attempt, mode, create_root)
+        return makeexec.make(self.root, attempt, mode, create_root)
 
     # -- events: one file per process, appended without fsync ---------------------------
 
