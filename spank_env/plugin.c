@@ -14,7 +14,8 @@
  * plugstack.conf: required /usr/local/lib/slurm/dispatch_env.so [conf=/etc/dispatch-slurm/site.conf]
  *
  * This file only dispatches on spank_context(), init to exit: alloc.c (sbatch, salloc,
- * srun), remote.c (slurmstepd; task.c its tasks' mount namespace), slurmd.c; each has its own exit, which clears its own state
+ * srun), remote.c (slurmstepd; task.c its tasks' mount namespace), jobscript.c (the job's Prolog
+ * and Epilog), slurmd.c; each has its own exit, which clears its own state
  * and frees what its init loaded (options.c, config.c own that state).
  */
 #include "dispatch.h"
@@ -84,6 +85,22 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	(void)ac;
 	(void)av;
 	return spank_context() == S_CTX_REMOTE ? dsp_remote_task_init(sp) : 0;
+}
+
+int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	(void)ac;
+	(void)av;
+	return dsp_job_prolog();
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	(void)ac;
+	(void)av;
+	return dsp_job_epilog();
 }
 
 int slurm_spank_task_exit(spank_t sp, int ac, char **av)

@@ -77,7 +77,7 @@ static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *si
 {
 	static const char *const names[] = { "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID",
 					     "SLURM_JOB_ACCOUNT", "DISPATCH_ATTEMPT" };
-	char *env[sizeof(names) / sizeof(names[0])], job_id[16], err[DSP_ERR];
+	char *env[sizeof(names) / sizeof(names[0])], job_id[16], err[DSP_ERR], restart[16];
 	uint32_t id;
 	struct dsp_in in;
 	int rc;
@@ -88,11 +88,15 @@ static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *si
 	snprintf(job_id, sizeof(job_id), "%u", id);
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		env[i] = job_env(sp, names[i]);
-	/* S_SLURM_RESTART_COUNT is unreliable (always 0): read the job's own env */
+	/* S_SLURM_RESTART_COUNT is unreliable (always 0): read the job's own env, or for the batch
+	 * step the job Prolog's record (jobscript.c) */
 	dsp_opts_in(&in);
 	in.job_id = (struct dsp_arg){ job_id, "SLURM_JOB_ID" };
 	in.cluster = (struct dsp_arg){ env[0], names[0] };
 	in.restart = (struct dsp_arg){ env[1], names[1] };
+	/* the batch step's env has no SLURM_RESTART_COUNT before its task runs: the Prolog's record */
+	if (!env[1] && dsp_job_restart(job_id, restart, sizeof(restart)))
+		in.job_restart = (struct dsp_arg){ restart, "SLURM_JOB_RESTART_COUNT" };
 	in.array_task = (struct dsp_arg){ env[2], names[2] };
 	in.account = (struct dsp_arg){ env[3], names[3] };
 	in.attempt = (struct dsp_arg){ env[4], names[4] };

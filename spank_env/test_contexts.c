@@ -15,6 +15,8 @@
  * holds site.conf, the root ckpt/ (its owner is the job user), target/ (what a symlink
  * planted by the user points to) and cmd/, where the view's commands (a stand-in) say
  * publish.started; prints what happened, one "key: value" line each.
+ *   test_contexts requeue <dir>                       (built with DSP_RUN_DIR=<dir>/run)
+ * a requeued job's batch step: the job Prolog's record gives user_init the restart count.
  *   test_contexts submit <dir> <view>                (as the user)
  * sbatch's side: --dispatch-checkpoint=<dir>/ckpt --dispatch-view=<view>, then post_opt.
  */
@@ -418,6 +420,60 @@ static int view_submit(const char *dir, const char *view)
 	return 0;
 }
 
+/* The job user's env value of var, NULL when unset. */
+static const char *env_value(const char *var)
+{
+	const char *v = job_env[env_index(var)];
+	return v ? v + strlen(var) + 1 : NULL;
+}
+
+/* A batch step, whose env has no SLURM_RESTART_COUNT before its task runs: user_init takes the
+ * job Prolog's record (built with DSP_RUN_DIR=<dir>/run), 0 without one. */
+static int requeue(const char *dir)
+{
+	const char *name = "requeue";
+	char conf[DSP_PATH], arg[DSP_PATH + 8], root[DSP_PATH], record[DSP_PATH + 32], restart[4][4] = { "" };
+	char *av[] = { arg };
+	spank_t sp = NULL;
+	int i = env_index("SLURM_RESTART_COUNT");
+	snprintf(conf, sizeof(conf), "%s/site.conf", dir);
+	snprintf(arg, sizeof(arg), "conf=%s", conf);
+	snprintf(root, sizeof(root), "%s/ckpt", dir);
+	snprintf(record, sizeof(record), "%s/42.restart", DSP_RUN_DIR);
+	if (write_file(conf, "grace = 30\n") || (mkdir(root, 0700) && errno != EEXIST))
+		return 2;
+	for (; job_env[i]; i++)	/* the batch step's env, before its task */
+		job_env[i] = job_env[i + 1];
+	context = S_CTX_ALLOCATOR;	/* sbatch allocates N = 1 */
+	CHECK(slurm_spank_init(sp, 1, av) == 0 && give("dispatch-checkpoint", root, 0) == 0);
+	CHECK(slurm_spank_init_post_opt(sp, 1, av) == 0 && slurm_spank_exit(sp, 1, av) == 0);
+	setenv("SLURM_JOB_ID", "42", 1);
+	for (int run = 0; run < 4; run++) {
+		/* 0: no record; 1: the Prolog's of a requeue; 2: a record not root's alone; 3: the
+		 * Epilog removed it */
+		context = S_CTX_JOB_SCRIPT;
+		setenv("SLURM_JOB_RESTART_COUNT", "2", 1);
+		CHECK(run == 0 || run == 3 || slurm_spank_job_prolog(sp, 1, av) == 0);
+		if (run == 2)
+			CHECK(chmod(record, 0666) == 0);
+		if (run == 3)
+			CHECK(slurm_spank_job_epilog(sp, 1, av) == 0 && access(record, F_OK) == -1);
+		nregistered = 0;
+		context = S_CTX_REMOTE;
+		CHECK(slurm_spank_init(sp, 1, av) == 0 && give("dispatch-checkpoint", root, 1) == 0 &&
+		      give("dispatch-submission", "1", 1) == 0);
+		CHECK(slurm_spank_user_init(sp, 1, av) == 0 && slurm_spank_task_init(sp, 1, av) == 0);
+		snprintf(restart[run], sizeof(restart[run]), "%s", env_value("DISPATCH_RESTART") ? env_value("DISPATCH_RESTART") : "-");
+		CHECK(slurm_spank_exit(sp, 1, av) == 0);
+	}
+	CHECK(!strcmp(restart[0], "0") && !strcmp(restart[1], "2") && !strcmp(restart[2], "0") && !strcmp(restart[3], "0"));
+	if (failures)
+		printf("%s: restart counts %s %s %s %s\n", name, restart[0], restart[1], restart[2], restart[3]);
+	else
+		printf("%s: ok\n", name);
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct { const char *name; spank_context_t ctx; } contexts[] = {
@@ -431,6 +487,8 @@ int main(int argc, char **argv)
 	size_t i;
 	if (argc == 5 && !strcmp(argv[1], "view"))
 		return view_step(argv[2], argv[3], argv[4]);
+	if (argc == 3 && !strcmp(argv[1], "requeue"))
+		return requeue(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "submit"))
 		return view_submit(argv[2], argv[3]);
 	for (i = 0; i < sizeof(contexts) / sizeof(contexts[0]) && strcmp(contexts[i].name, name); i++)
