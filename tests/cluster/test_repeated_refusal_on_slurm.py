@@ -1,9 +1,9 @@
-"""`run` on the real cluster, a root whose latest publication's save is gone (removed by hand
-with its publication's held links: an old execution's rotation alone no longer can): every
-execution of the README's job script is refused at `latest --resume`, seconds after it
-started, the same way. `run --resubmit 3` tries one resubmission, then ends failed with the
-refusal and its fix named and budget left, instead of spending the whole budget in
-seconds; the fix it names (`retire --latest`), then `supersede`, finish the run."""
+"""`run` on the real cluster, a root whose latest publication's save is gone (removed by hand,
+with the publication's held links): every execution of the README's job script is refused at
+`latest --resume`, seconds after it started, the same way. `run --resubmit 3` tries one
+resubmission, then ends failed with the refusal and its fix named and budget left, instead of
+spending the whole budget in seconds; the fix it names (`retire --latest`), then `supersede`,
+finish the run."""
 
 from __future__ import annotations
 
