@@ -93,6 +93,7 @@ import traceback
 from collections.abc import Callable
 
 from .. import store  # imported now: an import inside the handler could deadlock
+from ..contract import layout
 from ..contract.env import Execution
 from ..contract.names import step_of
 from ..contract.signals import SENTINEL
@@ -330,9 +331,30 @@ def _run(fn: Callable[[float], object]) -> None:
         probe.record("stop")  # the save starts in the handler itself
     try:
         result = fn(time_remaining())
+    except PermissionError as e:
+        kept = _published_already(e)
+        if kept is not None:
+            _write(2, f"\ndispatch-slurm: step {kept[1]} is already published ({kept[0]}): the save at the "
+                      "signal wrote into it again, which its read-only files refuse; nothing more to save\n")
+        conclude(kept, error=None if kept else e)
     except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
         conclude(error=e)
     conclude(result)
+
+
+def _published_already(e: PermissionError) -> tuple[str, int] | None:
+    """The save of a step this execution has just published, written again into the same
+    folder (the loop's periodic save, then the signal's, at one step): the published files
+    are read-only, so the write fails, but that step is kept. Its newest publication,
+    when the refused file is one of its save's, is then the stop's save."""
+    ex = Execution.current()
+    if not isinstance(e.filename, str) or not ex.root or not ex.attempt:
+        return None
+    pub = store.at(ex.root).latest()
+    if pub is None or pub.path.split("/")[:2] != [layout.EXEC, ex.attempt]:
+        return None
+    save = os.path.join(ex.root, pub.path)
+    return (save, pub.step) if os.path.commonpath([os.path.abspath(e.filename), save]) == save else None
 
 
 def conclude(result=None, error: BaseException | None = None):
