@@ -279,7 +279,7 @@ class Trainer:
             fd = int(os.environ["PMI_FD"])
             os.write(fd, b"cmd=init pmi_version=1 pmi_subversion=1\n")
             os.read(fd, 64)  # cmd=response_to_init rc=0 ...
-            os.write(fd, b"cmd=abort\n")
+            os.write(fd, b"cmd=abort exitcode=1\n")  # MPI_Abort(comm, 1): libpmi sends its code
         raise RuntimeError(f"dettrain: a bug in step {self.step + 1} on rank {self.rank}")
 
     def _forget(self, step: int) -> None:
