@@ -124,7 +124,7 @@ def test_pytorch_example_preempted_and_resumed(slurm_cluster: Cluster, workdir):
 
 DETTRAIN = "/src/dispatch-slurm/tests/testbed/dettrain.py"  # the test bed's copy in the image
 PEER = """#!/bin/bash
-#SBATCH -N 1 -n 2 --time=2 --signal=TERM@80 -o {d}/job.out
+#SBATCH -N 1 -n 2 --time=4 --signal=TERM@80 -o {d}/job.out
 set -euo pipefail
 {env}srun {srun} python3 {dettrain} --output-dir "$DISPATCH_EXEC_DIR" --max-steps 100000 --step-time 0.2 \\
     --save-every 100000 --trap handler --barrier-dir {d}/barrier --crash-at-step 60 --crash-rank 1 {abort} \\
@@ -143,9 +143,12 @@ def test_a_peers_crash_is_a_failure_not_a_preemption(slurm_cluster: Cluster, wor
     all-reduce) under srun; rank 1 raises in the middle of step 60 and Slurm SIGTERMs rank 0,
     which looks like a preemption to its handler. Nothing is published (rank 0's save of a
     step rank 1 never finished waits for rank 1's part until KillWait's SIGKILL), no sentinel,
-    no checkpoint_complete; the job ends FAILED, and `run` decides it a failure: the crash
-    ends after the --signal time (start + 10 s), with exit 143 after the PMI abort (the
-    aborting rank dies of the step's SIGTERM), which alone read as "killed at its signal"."""
+    no checkpoint_complete; the job ends FAILED, and `run` decides it a failure (exit 143
+    after the PMI abort: the aborting rank dies of the step's SIGTERM). The --signal comes
+    long after the crash: Slurm may send it up to 60 s early, and with a 2-minute limit it
+    could come before the crash under load (a plugin-only job then saves for it and
+    COMPLETES, as it should: seen twice in CI, cause not confirmed). The rule for a crash
+    after the signal time: tests/test_end_rule.py."""
     from test_supervisor import Sup
     c = slurm_cluster
     cdir, hdir = workdir
