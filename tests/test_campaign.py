@@ -126,10 +126,15 @@ def test_the_development_pages_campaign_commands_parse():
 
 
 def test_the_slurmd_stop_campaign_command_parses():
-    (argv,) = documented("evidence.md", "campaign-slurmd-stop")
-    res = cli("campaign", *argv, "--dry-run")
-    assert res.returncode == 0, res.stderr
-    assert re.match(r"3 runs, 3 setups, \d+ faults: slurmd-stop \d+$", res.stdout.splitlines()[-1]), res.stdout
+    """Before and after the fix: the same runs under the same schedule."""
+    plans = []
+    for name in ("campaign-slurmd-stop", "campaign-slurmd-stop-after"):
+        (argv,) = documented("evidence.md", name)
+        res = cli("campaign", *argv, "--dry-run")
+        assert res.returncode == 0, res.stderr
+        assert re.match(r"3 runs, 3 setups, \d+ faults: slurmd-stop \d+$", res.stdout.splitlines()[-1]), res.stdout
+        plans.append(res.stdout)
+    assert plans[0] == plans[1]
 
 
 def test_slurmd_is_frozen_longer_than_slurmd_timeout_beside_the_other_kinds():

@@ -2,6 +2,7 @@
 is checked on the VM bed: tests/cluster/test_hooks.py), and how ceased/ carries it."""
 
 import json
+import os
 
 from dispatch_slurm.slurm import cessation
 from dispatch_slurm.slurm.cessation import cgroup
@@ -24,6 +25,24 @@ def test_state_gone_empty_populated(tmp_path):
     (job / "cgroup.events").write_text("populated 0\nfrozen 0\n")
     assert cgroup.state([str(job)])[0] == cgroup.EMPTY
     assert cgroup.state([str(scope / "job_8"), str(scope / "s0123456789abc")]) == (cgroup.GONE, [])
+
+
+def test_a_job_cgroup_holding_only_the_hook_itself_is_its_own_not_the_jobs(tmp_path):
+    """PrologFlags=RunInJob: the Epilog and its slurmstepd run inside the job cgroup. Holding
+    only them (this process and its ancestors) it is OWN; one more process makes it POPULATED."""
+    from dispatch_slurm.slurm.cessation import node
+    mine = node.lineage()
+    assert os.getpid() in mine and os.getppid() in mine and 1 not in mine
+    job = _cg(tmp_path / "system.slice" / "c1_slurmstepd.scope" / "job_7", 1)
+    extern = _cg(job / "step_extern" / "slurm", 1, [os.getppid(), os.getpid()])
+    assert cgroup.state([str(job)], mine) == (cgroup.OWN, [str(job)])
+    assert cgroup.state([str(job)]) == (cgroup.POPULATED, [str(job)])  # no hook named: the cgroup alone
+    (extern.parent / "user").mkdir()
+    (extern.parent / "user" / "cgroup.procs").write_text("4242\n")  # a process of the job's (pam_slurm_adopt's)
+    assert cgroup.state([str(job)], mine)[0] == cgroup.POPULATED
+    assert os.getpid() not in node.processes_with("an.attempt.nobody.has")
+    said = cessation.describe({"by": "cgroup v2", "cgroup": str(job), "state": cgroup.OWN})
+    assert said.endswith("holding only the Epilog's own processes (PrologFlags=RunInJob)")
 
 
 def test_proctrack_from_slurm_conf(tmp_path):

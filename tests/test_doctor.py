@@ -91,6 +91,21 @@ def test_slurm_config_text_is_read():
     assert d.parse_conf({"PreemptType": "preempt/none", "PreemptMode": "REQUEUE"}).preempt_mode == "OFF"
 
 
+@pytest.mark.parametrize("flags, says", [
+    ("Alloc", None),
+    ("Alloc,Contain", "an extern step holds the job's processes on every node; the Epilog runs after it ended"),
+    ("Alloc,Contain,RunInJob", "inside its cgroup; the Epilog's cessation evidence leaves out its own processes")])
+def test_the_report_names_prolog_flags_that_put_the_hooks_in_the_job(flags, says):
+    from dispatch_slurm.doctor import report
+    conf = d.parse_conf({"PrologFlags": flags})
+    assert conf.prolog_flags == flags
+    text = report.render(None, d.Stack(), conf, None, {}, [], [])
+    hooks = [ln for ln in text.splitlines() if ln.startswith("hooks: ")]
+    assert hooks == ([] if says is None else [hooks[0]]) and (says is None or hooks[0].endswith(says)), text
+    assert hooks == [] or hooks[0].startswith(f"hooks: PrologFlags {flags}: ")
+    assert d.parse_conf({"PrologFlags": "(null)"}).prolog_flags == ""
+
+
 def test_job_scripts_are_read():
     sig, stack = d.parse_script("#!/bin/bash\n#SBATCH --nodes=2 --signal=B:USR2@120\n"
                                 "trap 'kill -USR2 $T' USR2\nsrun torchrun --nproc-per-node 4 train.py & T=$!\nwait $T\n")

@@ -110,6 +110,17 @@ def test_a_crash_is_a_failure_even_after_the_signal_time_and_a_kill_before_it_to
     assert cause(ended("FAILED", end=SIGNAL_AT + 20, code=138))[0] == "failure"  # USR1, not the job's signal
 
 
+def test_a_step_that_trapped_the_signal_and_died_of_a_peers_crash_is_a_failure():
+    """A rank raised, and Slurm stopped the step (srun --kill-on-bad-exit, 26.05's PMI abort:
+    SIGTERM to every task): the trainer's handler noted that SIGTERM (its preempt_signal event)
+    and saved nothing, and srun exited 143 because the aborting rank died of it. That is no
+    trainer killed by the job's --signal (a trainer that traps it is not killed by it): a crash."""
+    trapped = Own(frozenset({"execution_started", "preempt_signal"}))
+    got, why = cause(ended("FAILED", end=SIGNAL_AT + 20, code=143), trapped)
+    assert (got, rules.RULE_OF[got]) == ("failure", "resubmit"), why
+    assert "preempt_signal" in why
+
+
 def test_a_signal_event_outweighs_training_finished_and_finished_outweighs_the_time():
     both = Own(frozenset({"checkpoint_complete", "training_finished"}))
     assert cause(ended(end=START + 60), both)[0] == "signalled"

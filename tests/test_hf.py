@@ -5,6 +5,7 @@ resume point, and rotation never leaves its own exec folder.
 Runs whenever transformers is importable; without it the module fails, unless
 DISPATCH_SKIP_HF=1 says to skip it (the `hf` extra is deliberately not installed)."""
 
+import contextlib
 import json
 import os
 import re
@@ -298,7 +299,7 @@ class Ready(TrainerCallback):
 
 args = TrainingArguments(output_dir=hf.output_dir(), max_steps=100000, save_strategy="steps", save_steps=100000,
                          per_device_train_batch_size=4, logging_strategy="no", report_to=[], use_cpu=True,
-                         disable_tqdm=True, seed=0, dataloader_num_workers=0)
+                         disable_tqdm=True, seed=0, dataloader_num_workers={workers})
 Trainer(model=tiny_model(), args=args, train_dataset=dataset() * 100,
         callbacks=[hf.DispatchCallback(), Ready()]).train(resume_from_checkpoint=hf.resume_from_checkpoint())
 print("training ended without a signal", flush=True)
@@ -313,7 +314,7 @@ def test_sigterm_saves_through_the_trainer_and_a_replacement_resumes(root, monke
     next execution resumes from exactly that step."""
     exec_dir = execution(monkeypatch, root, "c.12.1000000", E_OLD)
     (tmp_path / "out").mkdir()
-    (tmp_path / "trainer.py").write_text(TRAINER.format(tests=str(REPO / "tests")))
+    (tmp_path / "trainer.py").write_text(TRAINER.format(tests=str(REPO / "tests"), workers=0))
     proc = launch([tmp_path / "trainer.py"], nproc=nproc, env={**os.environ, "OUT": str(tmp_path / "out"),
                   "DISPATCH_GRACE_S": "60"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = preempt_one(proc, tmp_path / "out", nproc, "the Trainer to reach step 3")
@@ -337,6 +338,41 @@ def test_sigterm_saves_through_the_trainer_and_a_replacement_resumes(root, monke
     finished = [e for e in events.read(str(root)) if e["type"] == "training_finished"]
     assert [(e["attempt"], e["step"]) for e in finished] == [("c.12.1000001", step + 2)]
 
+
+
+def test_the_steps_signal_to_the_dataloaders_workers_too_saves_once_in_the_trainer(root, monkeypatch, tmp_path):
+    """SIGTERM to every process of the step (Slurm's linuxproc tracking, `dispatch-slurm
+    launch`), two DataLoader workers among them: the Trainer saves and publishes once, from its
+    own process; no worker dies before it (the DataLoader would raise in the Trainer), records
+    an event or prints the sentinel."""
+    from dispatch_slurm.runtime.launch import descendants
+    exec_dir = execution(monkeypatch, root, "c.13.1000000", E_OLD)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "trainer.py").write_text(TRAINER.format(tests=str(REPO / "tests"), workers=2))
+    with open(tmp_path / "log", "w+") as log:
+        proc = launch([tmp_path / "trainer.py"], env={**os.environ, "OUT": str(tmp_path / "out")},
+                      stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait.until(lambda: proc.poll() is not None or os.listdir(tmp_path / "out"), timeout=180,
+                       what="the Trainer to reach step 3")
+            workers = descendants(proc.pid)
+            os.killpg(proc.pid, signal.SIGTERM)
+            rc = proc.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the step's end: what is left goes
+            proc.wait()
+    out = (tmp_path / "log").read_text()
+    assert len(workers) == 2, workers
+    assert rc == 0 and out.count(SENTINEL) == 1, out[-3000:]
+    assert "killed by signal" not in out and "training ended without a signal" not in out, out[-3000:]
+    (pub,) = store.publications(root)
+    assert pub.path == f"exec/c.13.1000000/checkpoint-{pub.step}" and pub.step >= 3
+    with open(os.path.join(exec_dir, f"checkpoint-{pub.step}", "trainer_state.json")) as f:
+        assert json.load(f)["global_step"] == pub.step
+    evs = events.read(str(root))
+    assert {e["pid"] for e in evs} == {proc.pid}, evs
+    assert [e["type"] for e in evs] == ["resumed", "preempt_signal", "published", "checkpoint_complete"]
 
 
 def test_missing_dispatch_env_fails_at_train_begin_and_local_mode_runs(monkeypatch, tmp_path):

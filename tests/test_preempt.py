@@ -1,5 +1,6 @@
 """The preemption handler in real child processes, driven by real signals."""
 
+import contextlib
 import json
 import os
 import signal
@@ -303,6 +304,117 @@ def test_only_the_processs_own_root_keeps_its_events_file_open(tmp_path, monkeyp
     assert all([e["type"] for e in events.read(str(r))] == ["hold"] for r in roots)
     for fd, _, _ in durable._kept.values():
         os.close(fd)
+
+
+WORKERS = textwrap.dedent("""
+    import json, multiprocessing, os, sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from dispatch_slurm import install_preemption_handler, preemption_point
+    cfg = json.loads(sys.argv[1])
+    step = 0
+
+    class Slow(Dataset):  # the workers are mid-batch when the signal comes
+        def __len__(self):
+            return 10 ** 6
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.full((4,), float(i))
+
+    def save(left):
+        path = os.path.join(os.environ["DISPATCH_EXEC_DIR"], f"checkpoint-{step}")
+        os.makedirs(path)
+        time.sleep(0.5)  # work inside the save: a worker's death would land in it
+        torch.save({"step": step, "pid": os.getpid()}, os.path.join(path, "state.pt"))
+        return path
+
+    def own_child(running=None):  # the trainer's own multiprocessing child: it inherits the handler too
+        if running is not None:
+            running.set()
+        while True:
+            time.sleep(0.01)
+
+    install_preemption_handler(save, defer=cfg["defer"])
+    fork = multiprocessing.get_context("fork")
+    fork.Process(target=own_child, daemon=True).start()
+    if cfg.get("terminate"):  # a child its own parent stops: not the step's signal
+        running = fork.Event()  # a signal in the instant after fork is dropped by CPython itself
+        p = fork.Process(target=own_child, args=(running,), daemon=True)
+        p.start()
+        running.wait(30)
+        t0 = time.monotonic()
+        p.terminate()
+        p.join(30)
+        print(f"terminated {p.exitcode} {time.monotonic() - t0:.2f}", flush=True)
+    for x in DataLoader(Slow(), batch_size=8, num_workers=2, multiprocessing_context=fork):
+        torch.nn.functional.linear(x, torch.ones(1, 4))
+        step += 1
+        if step == 3:
+            open(os.path.join(cfg["out"], "ready"), "w").close()
+        preemption_point()
+""")
+
+
+def signal_the_step(tmp_path, root, **cfg):
+    """WORKERS in a session of its own, SIGTERM to every process of it once it trains (what
+    Slurm's linuxproc tracking and `dispatch-slurm launch` do: each process of the step, the
+    DataLoader's workers and the trainer's own children included). Returns (exit status, the
+    pids besides the trainer's that got it, stdout, stderr); every process is gone after."""
+    from dispatch_slurm.runtime.launch import descendants
+    exec_dir = root / "exec" / "c.1.1000000"
+    exec_dir.mkdir(parents=True)
+    (tmp_path / "trainer.py").write_text(WORKERS)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCH_", "RANK", "SLURM_"))}
+    env = {**base, "DISPATCH_CHECKPOINT": str(root), "DISPATCH_EXEC_DIR": str(exec_dir), "DISPATCH_EPOCH": str(E1),
+           "DISPATCH_ATTEMPT": "c.1.1000000", "SLURM_JOB_ID": "42"}
+    with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen([sys.executable, str(tmp_path / "trainer.py"), json.dumps({"out": str(tmp_path), **cfg})],
+                                env=env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            wait.until(lambda: proc.poll() is not None or (tmp_path / "ready").exists(), timeout=60,
+                       what="the trainer to train with its workers", every=0.05)
+            others = descendants(proc.pid)
+            os.killpg(proc.pid, signal.SIGTERM)
+            rc = proc.wait(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what the step's end does to what is left
+            proc.wait()
+        return rc, others, (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+
+
+@pytest.mark.parametrize("defer", [True, False], ids=["deferred", "in-handler"])
+def test_the_steps_signal_saves_once_in_the_installing_process_not_in_its_workers(tmp_path, root, defer):
+    """Slurm signals every process of the step: the DataLoader's workers and the trainer's own
+    forked child inherit the handler. Only the process that installed it saves, publishes, prints
+    the sentinel and records events; the workers outlive the signal, so the DataLoader never
+    raises "worker killed by signal" in the trainer before its save is published."""
+    pytest.importorskip("torch")
+    rc, others, out, err = signal_the_step(tmp_path, root, defer=defer)
+    assert len(others) >= 3, others  # two loader workers and the trainer's own child got it too
+    assert rc == 0 and out.count(SENTINEL) == 1, err[-3000:]
+    assert "killed by signal" not in err and "exited unexpectedly" not in err, err[-3000:]
+    (pub,) = store.publications(root)
+    import torch
+    evs = events.read(root)
+    assert [e["type"] for e in evs] == ["preempt_signal", "published", "checkpoint_complete"]
+    assert {e["pid"] for e in evs} == {evs[0]["pid"]} and evs[0]["pid"] not in others
+    saved = torch.load(os.path.join(root, pub.path, "state.pt"))
+    assert saved["pid"] == evs[0]["pid"] and pub.step == saved["step"]
+    probes = os.listdir(root / "exec" / "c.1.1000000" / "dispatch-probe")
+    assert probes == [f"{os.uname().nodename}.{evs[0]['pid']}.jsonl"]
+
+
+def test_a_forked_child_its_parent_terminates_still_dies_of_it(tmp_path, root):
+    """A signal for one child alone (multiprocessing's terminate(), a pool closing) is not the
+    step's: the child dies of it at once, as it would without the handler, and records nothing."""
+    pytest.importorskip("torch")
+    rc, _, out, err = signal_the_step(tmp_path, root, defer=True, terminate=True)
+    assert rc == 0, err[-3000:]
+    (line,) = [x for x in out.splitlines() if x.startswith("terminated")]
+    code, seconds = line.split()[1:]
+    assert int(code) == -signal.SIGTERM and float(seconds) < 5, line
+    assert [e["type"] for e in events.read(root)] == ["preempt_signal", "published", "checkpoint_complete"]
 
 
 def test_linger_stays_until_the_scheduler_kills(tmp_path, root):

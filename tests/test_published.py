@@ -215,6 +215,40 @@ def test_the_trainer_writing_again_into_a_save_it_published_fails_as_a_user(shar
     assert (d / "model.pt").read_bytes() == b"w" * 100
 
 
+@needs_root
+def test_a_grace_save_of_the_step_just_published_is_a_kept_stop(shared):
+    """The loop saves and publishes step 10, the signal comes, and the handler saves step 10
+    again into the same folder (``os.makedirs(exist_ok=True)`` then ``open(..., "wb")``, as
+    the Trainer and most loops do): its files are read-only, the write fails, and that step
+    is published already. The stop is a kept one: exit 0, the sentinel, one publication, the
+    ``checkpoint_complete`` event, the published bytes unchanged."""
+    root = shared
+    (root / "exec" / OLD).mkdir(parents=True)
+    chown_tree(root)
+    trainer = """
+        import os, signal, sys
+        from dispatch_slurm import install_preemption_handler, preemption_point, store
+        def save(step):
+            d = os.path.join(os.environ["DISPATCH_EXEC_DIR"], f"checkpoint-{step}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "model.pt"), "wb") as f:
+                f.write(b"w%d" % step)
+            return d
+        install_preemption_handler(lambda left: save(10), defer=True)
+        store.publish(save(10))
+        os.kill(os.getpid(), signal.SIGTERM)
+        preemption_point()
+        sys.exit(3)
+    """
+    run = as_nobody(trainer, job_env(root, OLD))
+    assert run.returncode == 0 and "dispatch-checkpoint-complete" in run.stdout, run.stderr
+    assert "already published" in run.stderr and "PermissionError" not in run.stderr, run.stderr
+    assert len(os.listdir(root / "pub")) == 1
+    assert (root / "exec" / OLD / "checkpoint-10" / "model.pt").read_bytes() == b"w10"
+    kinds = [json.loads(line)["type"] for p in (root / "events").iterdir() for line in p.read_text().splitlines()]
+    assert kinds.count("checkpoint_complete") == 1, kinds
+
+
 @pytest.mark.parametrize("write", sorted(WRITES))
 def test_as_root_the_resume_copy_is_the_data_so_a_write_lands_in_it_alone(root, write):
     """Root ignores a file's mode: where the filesystem makes no clone (ext4), root's resume copy

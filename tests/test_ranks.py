@@ -4,6 +4,7 @@ CI runs one randomized trial per signal target (every rank, one rank mid-collect
 torchrun, SIGKILL) plus the protocol's failure paths; the full >= 50-trial run is the
 slow test (and `PYTHONPATH=tests python -m testbed.ranks --trials 50`)."""
 
+import contextlib
 import os
 import random
 import signal
@@ -90,6 +91,8 @@ CHILD = textwrap.dedent("""
             dist.all_reduce(t)
             time.sleep(0.01)
         step += 1
+        if mode == "crash" and rank == 1 and step == 20:
+            raise RuntimeError("a bug on rank 1 (test)")
         preemption_point()
 """)
 
@@ -132,6 +135,23 @@ def test_a_rank_lost_during_the_save_fails_the_others_within_the_grace(tmp_path,
     out = outcome(proc)
     assert SENTINEL not in out and store.latest(root) is None, out[-3000:]
     assert proc.returncode != 0
+
+
+def test_a_peers_crash_then_the_steps_sigterm_publishes_nothing(tmp_path, root):
+    """Rank 1 raises; its survivor gets SIGTERM, as Slurm sends it after a task failed (srun
+    --kill-on-bad-exit, 26.05's PMI abort) and torchrun when a worker failed: no stop is
+    agreed with a rank that is gone, so nothing is saved or published, no sentinel, no
+    checkpoint_complete, and the run fails."""
+    from dispatch_slurm.store import events
+    proc, pids = start_child(tmp_path, root, "crash")
+    wait.until(lambda: not os.path.exists(f"/proc/{pids[1]}"), timeout=60, what="rank 1 to crash", every=0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pids[0], signal.SIGTERM)
+    out = outcome(proc)
+    assert "RuntimeError: a bug on rank 1 (test)" in out and proc.returncode != 0, out[-3000:]
+    assert SENTINEL not in out and store.latest(root) is None, out[-3000:]
+    assert "checkpoint_complete" not in {e["type"] for e in events.read(root)}
+    assert not [n for n in os.listdir(os.path.join(root, "exec", "local.3.1000000")) if n.startswith("checkpoint-")]
 
 
 @pytest.mark.parametrize("mode", ["ok", "skew"])

@@ -500,9 +500,10 @@ def test_ls_shows_state_and_size(root, three):
 
 
 def test_ls_counts_a_resume_copy_apart_and_its_linked_bytes_once(root, three):
-    """A resume's copy (exec/<attempt>/dispatch-resume/..., hard links to the published save)
-    is no unpublished save, and its bytes are its save's: `ls` says so, and the totals it
-    gives for the saves stay what they were before the resume."""
+    """A resume's copy (exec/<attempt>/dispatch-resume/...: links to the published save's
+    read-only files, clones, or for root a copy of the data) is no unpublished save, and
+    the bytes it shares are its save's: `ls` says so, and the totals it gives for the saves
+    stay what they were before the resume."""
     summary = lambda: cli("ls", root, check=True).stderr.strip().splitlines()[-1]  # noqa: E731
     before = summary()
     (root / "exec" / C).mkdir()
@@ -510,15 +511,19 @@ def test_ls_counts_a_resume_copy_apart_and_its_linked_bytes_once(root, three):
     job = {"DISPATCH_CHECKPOINT": str(root), "DISPATCH_EPOCH": "3000000", "DISPATCH_ATTEMPT": C,
            "DISPATCH_EXEC_DIR": str(root / "exec" / C)}
     held = cli("latest", "--resume", env=job, check=True).stdout.strip()
-    assert held.startswith(f"{root}/exec/{C}/dispatch-resume/") and os.path.samefile(
-        f"{held}/f0", three[(LIVE, 90)] / "f0")
+    assert held.startswith(f"{root}/exec/{C}/dispatch-resume/")
+    assert open(f"{held}/f0", "rb").read() == (three[(LIVE, 90)] / "f0").read_bytes()
     after = summary()
     kept = lambda line: line.split("; resume copies")[0]  # noqa: E731
     assert kept(after) == kept(before) and "unpublished among them: 1 save," in after, (before, after)
     from dispatch_slurm.report.render import size
-    folders = [d for d, _, _ in os.walk(root / "exec" / C / "dispatch-resume")]  # its own: the folders it made
-    own = size(sum(os.stat(d).st_blocks * 512 for d in folders))
-    assert f"resume copies (hard links to published saves; their bytes beyond those): 1 folder, {own};" in after
+    save = {os.stat(p).st_ino for p in three[(LIVE, 90)].iterdir()}
+    own = 0  # the folders it made, and the files whose bytes are not the save's
+    for d, _, files in os.walk(root / "exec" / C / "dispatch-resume"):
+        own += os.stat(d).st_blocks * 512
+        own += sum(st.st_blocks * 512 for st in (os.stat(f"{d}/{f}") for f in files) if st.st_ino not in save)
+    assert f"resume copies (of published saves; the bytes they do not share with them): 1 folder, {size(own)};" \
+        in after, after
     rows = json.loads(cli("ls", root, "--json", check=True).stdout)
     assert all("dispatch-resume" not in r["path"] for r in rows), "a copy listed as a publication"
 

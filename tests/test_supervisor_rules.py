@@ -1361,10 +1361,12 @@ def test_a_failure_unlike_the_one_before_is_resubmitted(root, between):
                 f.write(json.dumps({"v": 1, "t": 2.0, "type": "resumed", "attempt": attempt, "step": None}) + "\n")
         fail_next(sup, fake, 101, code=1, then=trained)
     elif between == "a-publication":
-        def published(j):  # an older execution still running published meanwhile
+        def published(j):  # the execution before, still running on, published meanwhile
             refused_in(root, j)
-            (root / "pub").mkdir(exist_ok=True)
-            (root / "pub" / names.encode(1_000_000, 10, "exec/a/checkpoint-10")).touch()
+            save = root / "exec" / f"{CLUSTER}.100.1000000" / "checkpoint-10"
+            save.mkdir(parents=True)
+            (save / "model.bin").write_bytes(b"w")
+            store.publish(str(save), 10, root=str(root), epoch=1_000_000)
         fail_next(sup, fake, 101, then=published)
     else:
         fail_next(sup, fake, 101, code=3 if between == "another-exit" else 2,

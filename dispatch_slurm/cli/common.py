@@ -174,7 +174,7 @@ def retention_summary(saves) -> str:
     retired = total(lambda r: r["state"] == "retired")
     reclaimable = total(lambda r: r["state"] == "reclaimable")
     return (f"kept: {kept[0]}, {kept[1]} (unpublished among them: {unpublished[0]}, {unpublished[1]}); "
-            f"resume copies (hard links to published saves; their bytes beyond those): {copies[0]}, {copies[1]}; "
+            f"resume copies (of published saves; the bytes they do not share with them): {copies[0]}, {copies[1]}; "
             f"gone (the trainer's rotation removed them, not retired): {gone[0]}; "
             f"retired: {retired[0]}, {retired[1]} still on disk; reclaimable now: {reclaimable[0]}, "
             f"{reclaimable[1]}")

@@ -26,6 +26,7 @@ def render(sig: Optional[Signal], stack: Stack, conf: SlurmConf, partition: Opti
              "windows (signal to SIGKILL): " + ", ".join(f"{k} {v:g} s" for k, v in wins.items())]
     if mode is not None:
         lines.append(f"mode: {mode}")
+    lines += _hooks(conf)
     if run is not None:
         lines.append(f"rehearsal: {run.ready} handler(s) installed when the signal was sent; the command "
                      f"exited {run.exit_code}")
@@ -40,6 +41,18 @@ def render(sig: Optional[Signal], stack: Stack, conf: SlurmConf, partition: Opti
                                 else f"{len(findings)} problem(s)"))
     lines += [str(f) for f in findings]
     return "\n".join(lines) + "\n"
+
+
+def _hooks(conf: SlurmConf) -> list[str]:
+    """Where PrologFlags puts the Prolog and Epilog, when it puts them in the job."""
+    flags = set(conf.prolog_flags.split(","))
+    if "RunInJob" in flags:
+        return [f"hooks: PrologFlags {conf.prolog_flags}: the Prolog and Epilog run in the job's extern step, "
+                "inside its cgroup; the Epilog's cessation evidence leaves out its own processes"]
+    if "Contain" in flags:
+        return [f"hooks: PrologFlags {conf.prolog_flags}: an extern step holds the job's processes on every "
+                "node; the Epilog runs after it ended"]
+    return []
 
 
 def as_json(sig: Optional[Signal], stack: Stack, conf: SlurmConf, partition: Optional[str], wins: dict,

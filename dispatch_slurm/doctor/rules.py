@@ -59,11 +59,13 @@ class Stack:
 @dataclass(frozen=True)
 class SlurmConf:
     """What slurm.conf and the partition say: KillWait, PreemptMode (OFF: no preemption),
-    whether PreemptParameters has send_user_signal, the partition's GraceTime."""
+    whether PreemptParameters has send_user_signal, the partition's GraceTime, PrologFlags
+    (where the hooks run: report.py names Contain and RunInJob)."""
     kill_wait: float = 30.0
     preempt_mode: str = "OFF"
     send_user_signal: bool = False
     grace_time: float = 0.0
+    prolog_flags: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,8 @@ def parse_conf(config: dict, partition: dict | None = None) -> SlurmConf:
     return SlurmConf(kill_wait=seconds(config.get("KillWait"), 30.0), preempt_mode=mode,
                      send_user_signal="send_user_signal" in (config.get("PreemptParameters") or "")
                      or "preempt_send_user_signal" in (config.get("SlurmctldParameters") or ""),
-                     grace_time=seconds(partition.get("GraceTime"), 0.0))
+                     grace_time=seconds(partition.get("GraceTime"), 0.0),
+                     prolog_flags="" if config.get("PrologFlags") in (None, "(null)") else config["PrologFlags"])
 
 
 def reaches_trainer(sig: Signal, stack: Stack) -> bool:

@@ -54,6 +54,21 @@ framework's own control flow ask ``stop_requested()`` each step and call ``concl
 Slurm: preemption's SIGTERM goes to the job steps, not to the batch shell, unless
 ``--signal=B:...``; scancel sends SIGCONT, SIGTERM, waits KillWait, then SIGKILL.
 
+Forked children. Slurm (linuxproc tracking; ``dispatch-slurm launch`` under any tracking)
+signals every process of the step, and a process forked from the one that installed the
+handler (a DataLoader worker, the trainer's own ``multiprocessing`` child) inherits it. Only
+the installing process saves, publishes, prints the sentinel and records events. In a child
+the signal is the step's if the installing process got one too (a shared byte it sets,
+awaited up to CHILD_WAIT_S): the child then ignores it and keeps serving, since a worker that
+died would make the DataLoader raise "worker killed by signal" in the trainer (its SIGCHLD
+handler, its next batch) before the save is published; the step's end takes the child with it.
+Otherwise the signal was the child's alone (``terminate()``, a pool closing): it gets the
+disposition the signal had before the handler was installed (SIGTERM: death), CHILD_WAIT_S
+late. A DataLoader worker replaces SIGTERM's disposition with torch's own when its loop
+starts (``_set_worker_signal_handlers``: die unless the parent sent it); in a child that
+function is wrapped so the handler is put back after it. Workers started by ``spawn`` or
+``forkserver`` inherit nothing and die of the signal as before.
+
 Requeue after a preemption. Slurm 24.05 and later record a job that ends during its
 GraceTime as PREEMPTED and requeue it (PreemptMode=REQUEUE). Slurm 22.05 records it
 COMPLETED when it exits 0, and never requeues it: the job is over. ``linger=True``
@@ -69,6 +84,7 @@ and end the job COMPLETED, never requeued, so installing it there is refused, na
 way that cooperates (``dispatch_slurm.integrations.submitit``) and SIGTERM.
 """
 
+import mmap
 import os
 import signal
 import sys
@@ -77,6 +93,7 @@ import traceback
 from collections.abc import Callable
 
 from .. import store  # imported now: an import inside the handler could deadlock
+from ..contract import layout
 from ..contract.env import Execution
 from ..contract.names import step_of
 from ..contract.signals import SENTINEL
@@ -86,7 +103,14 @@ from . import distributed, probe
 
 
 
+CHILD_WAIT_S = 1.0  # a forked child's wait for the installing process's own signal (module doc)
+
+
 class _State:
+    pid: int | None = None  # the process that installed the handler: the only one that saves
+    signals: tuple[signal.Signals, ...] = ()
+    before: dict[int, object] = {}  # each signal's disposition before the handler: a child's own signal gets it
+    signalled: mmap.mmap | None = None  # one byte shared with forked children: the installing process got a signal
     fn: Callable[[float], object] | None = None
     grace: float | None = None  # resolved at install (or from the env on first use)
     publish: bool | None = None
@@ -157,6 +181,7 @@ def install_preemption_handler(fn, signals=(signal.SIGTERM,), grace: float | Non
     _s.defer = deferred  # collectives never run in a signal frame
     if ex.root:
         store.at(ex.root).warm()  # e.g. boto3 imported now, not inside the handler
+    _own(sigs)
     for sig in sigs:
         signal.signal(sig, _on_signal)
     # A signal blocked in the mask this process inherited (a launcher's, a test runner's
@@ -185,6 +210,52 @@ def _refuse_the_signal_frame(fn, deferred: bool) -> None:
         "the uninterrupted run): pass defer=True and call preemption_point() after each step, where the save runs")
 
 
+def _own(sigs: tuple[signal.Signals, ...]) -> None:
+    """Make this process the one that saves: its shared byte, the dispositions a child's own
+    signal falls back to, and the fork hook (once per process)."""
+    if _s.pid != os.getpid():  # the first install here (a forked child may install its own)
+        if _s.pid is None:
+            os.register_at_fork(after_in_child=_forked)
+        _s.pid, _s.signalled, _s.before = os.getpid(), mmap.mmap(-1, 1), {}
+        _s.arrived, _s.stopping, _s.running = None, False, False
+    for sig in sigs:
+        before = signal.getsignal(sig)
+        _s.before.setdefault(sig, signal.SIG_DFL if before in (None, _on_signal) else before)
+    _s.signals = sigs
+
+
+def _forked() -> None:
+    """In a child forked from the installing process: DataLoader's worker loop sets torch's own
+    SIGTERM handler first thing; put the handler back after it (see the module doc)."""
+    loader = sys.modules.get("torch.utils.data._utils.signal_handling")
+    torchs = getattr(loader, "_set_worker_signal_handlers", None)  # torch 2.x; gone: nothing to wrap
+    if _s.pid is None or torchs is None:
+        return
+
+    def then_ours() -> None:
+        torchs()
+        for sig in _s.signals:
+            signal.signal(sig, _on_signal)
+    setattr(loader, "_set_worker_signal_handlers", then_ours)
+
+
+def _in_child(signum: int, frame) -> None:
+    """A save signal in a forked child: the step's (the installing process got it too) is
+    ignored; the child's own gets the disposition from before the handler (module doc)."""
+    assert _s.signalled is not None
+    deadline = time.monotonic() + CHILD_WAIT_S
+    while not _s.signalled[0]:
+        if time.monotonic() >= deadline:
+            before = _s.before.get(signum, signal.SIG_DFL)
+            if callable(before):
+                before(signum, frame)
+            elif before != signal.SIG_IGN:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+            return
+        time.sleep(0.005)
+
+
 def _refuse_submitits_signal(sigs) -> None:
     """See the module doc, "submitit": its requeue is not ours to replace."""
     executor = os.environ.get("SUBMITIT_EXECUTOR")
@@ -204,6 +275,8 @@ def stop_requested() -> bool:
     """Whether to stop and save now: a signal reached this process (several ranks: any
     rank, decided collectively, so every rank gets True at the same call). Call it at
     the same point of every step on every rank; once True it stays True."""
+    if os.getpid() != _s.pid:
+        return False  # a forked child: only the installing process stops and saves
     if _s.stopping:
         return True
     if _s.ranks is None:
@@ -237,6 +310,10 @@ def preemptible(iterable):
 
 
 def _on_signal(signum, frame) -> None:
+    if os.getpid() != _s.pid:
+        return _in_child(signum, frame)
+    assert _s.signalled is not None
+    _s.signalled[0] = 1  # first: a child signalled at the same moment is waiting for it
     if _s.arrived is not None:
         return  # a second signal (srun forwarding, scancel after --signal): one save only
     _s.arrived = time.monotonic()
@@ -254,9 +331,30 @@ def _run(fn: Callable[[float], object]) -> None:
         probe.record("stop")  # the save starts in the handler itself
     try:
         result = fn(time_remaining())
+    except PermissionError as e:
+        kept = _published_already(e)
+        if kept is not None:
+            _write(2, f"\ndispatch-slurm: step {kept[1]} is already published ({kept[0]}): the save at the "
+                      "signal wrote into it again, which its read-only files refuse; nothing more to save\n")
+        conclude(kept, error=None if kept else e)
     except BaseException as e:  # noqa: B036 -- anything, even SystemExit, is a failed save
         conclude(error=e)
     conclude(result)
+
+
+def _published_already(e: PermissionError) -> tuple[str, int] | None:
+    """The save of a step this execution has just published, written again into the same
+    folder (the loop's periodic save, then the signal's, at one step): the published files
+    are read-only, so the write fails, but that step is kept. Its newest publication,
+    when the refused file is one of its save's, is then the stop's save."""
+    ex = Execution.current()
+    if not isinstance(e.filename, str) or not ex.root or not ex.attempt:
+        return None
+    pub = store.at(ex.root).latest()
+    if pub is None or pub.path.split("/")[:2] != [layout.EXEC, ex.attempt]:
+        return None
+    save = os.path.join(ex.root, pub.path)
+    return (save, pub.step) if os.path.commonpath([os.path.abspath(e.filename), save]) == save else None
 
 
 def conclude(result=None, error: BaseException | None = None):

@@ -13,7 +13,6 @@ checked. Inside a session (``with store:``) every call works under one fd of the
 from __future__ import annotations
 
 import errno
-import shlex
 import os
 import stat
 from typing import Iterator, Optional
@@ -26,7 +25,7 @@ from . import copies, makeexec, scan, whole
 from .inventory import Folder, Inventory
 from .base import Store
 from .durable import (Linker, append, append_kept, check_owner, create_new, ensure_entry, in_the_way, open_append,
-                      open_below, open_dir, open_entry, open_root, read_upto, remove_tree, rmdir_empty, sync_open,
+                      open_below, open_entry, open_root, read_upto, remove_tree, rmdir_empty, sync_open,
                       sync_tree, truncate, walk, walk_to)
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -440,32 +439,8 @@ class PosixStore(Store):
         return inv
 
     def _folders(self) -> dict[str, Folder]:
-        """Every real folder under exec/ (a symlink or a file there is nobody's)."""
-        out: dict[str, Folder] = {}
         with self:
-            exec_fd = self._dir(layout.EXEC)
-            for attempt in sorted(os.listdir(exec_fd)) if exec_fd is not None else []:
-                try:
-                    fd = open_dir(attempt, dir_fd=exec_fd)
-                except OSError as e:
-                    if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                        continue  # gone meanwhile (another gc), or not a folder (a file, a symlink)
-                    raise self._unreadable(attempt, e) from None
-                try:
-                    out[attempt] = scan.folder(fd)
-                except OSError as e:
-                    raise self._unreadable(attempt, e) from None
-                finally:
-                    os.close(fd)
-        return out
-
-    def _unreadable(self, attempt: str, e: OSError) -> StoreError:
-        """An exec folder gc, ls and the report cannot look into: an error, never skipped (its
-        saves could be kept or removed only by a gc that sees them)."""
-        path = self.where(layout.EXEC, attempt)
-        return StoreError(f"{path} cannot be read ({e.strerror}{f': {e.filename}' if e.filename else ''}): what "
-                          "it holds cannot be told, and it is never skipped; make it readable by this user "
-                          f"(chmod -R u+rwX {shlex.quote(path)}) or move it out of {self.where(layout.EXEC)}/")
+            return scan.folders(self._dir(layout.EXEC), self.where(layout.EXEC))
 
     def remove(self, rel: str, held: tuple[str, ...] = ()) -> int:
         """Remove the save, then its folders up to exec/<attempt> while they are empty, then

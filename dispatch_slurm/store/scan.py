@@ -3,11 +3,15 @@ and entries, a save's size, never following a symlink (the inventory's, store/in
 
 from __future__ import annotations
 
+import errno
 import os
+import shlex
+from typing import Optional
 
 from ..contract import layout
+from ..errors import StoreError
 from . import copies, inventory
-from .durable import in_the_way, times, usage, walk
+from .durable import in_the_way, open_dir, times, usage, walk
 from .inventory import Save
 
 
@@ -32,6 +36,34 @@ def _placed(fd: int) -> tuple[str, ...]:
     finally:
         os.close(rfd)
     return tuple(p for p in (placed, pointer) if p is not None and "/" not in p)  # the inventory sees the top level
+
+
+def folders(exec_fd: Optional[int], where: str) -> dict[str, inventory.Folder]:
+    """Every real folder under exec/ (``exec_fd``; ``where`` its path, for errors); a symlink or
+    a file there is nobody's."""
+    out: dict[str, inventory.Folder] = {}
+    for attempt in sorted(os.listdir(exec_fd)) if exec_fd is not None else []:
+        try:
+            fd = open_dir(attempt, dir_fd=exec_fd)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                continue  # gone meanwhile (another gc), or not a folder (a file, a symlink)
+            raise _unreadable(f"{where}/{attempt}", where, e) from None
+        try:
+            out[attempt] = folder(fd)
+        except OSError as e:
+            raise _unreadable(f"{where}/{attempt}", where, e) from None
+        finally:
+            os.close(fd)
+    return out
+
+
+def _unreadable(path: str, where: str, e: OSError) -> StoreError:
+    """An exec folder gc, ls and the report cannot look into: an error, never skipped (its
+    saves could be kept or removed only by a gc that sees them)."""
+    return StoreError(f"{path} cannot be read ({e.strerror}{f': {e.filename}' if e.filename else ''}): what "
+                      "it holds cannot be told, and it is never skipped; make it readable by this user "
+                      f"(chmod -R u+rwX {shlex.quote(path)}) or move it out of {where}/")
 
 
 def measure(save: Save, root_fd: int, seen: set[tuple[int, int]] | None = None) -> None:

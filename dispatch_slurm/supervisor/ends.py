@@ -98,7 +98,7 @@ def cause_of(ended: dict, own: Own, warning: JobSignal, uid: int) -> tuple[str, 
     sig = warning.signal
     after = (end, at) if end is not None and at is not None and end >= at else None
     if ended["state"] == "FAILED":
-        return _failed(ended, sig, after)
+        return _failed(ended, own, sig, after)
     return _completed(ended, own, warning, after, missing)
 
 
@@ -146,11 +146,19 @@ def _completed(ended: dict, own: Own, warning: JobSignal, after: Optional[tuple[
     return "completed", f"it exited 0 at {_clock(end)}, before its --signal time {_clock(at)}"
 
 
-def _failed(ended: dict, sig: Optional[Signal], after: Optional[tuple[int, int]]) -> tuple[str, str]:
+def _failed(ended: dict, own: Own, sig: Optional[Signal], after: Optional[tuple[int, int]]) -> tuple[str, str]:
     """A FAILED end: the job's own --signal killed a trainer that does not trap it (at or after
     its signal time: the batch shell (B:) killed by the signal itself; srun, and a shell's
-    `wait`, exit 128 + its number, which sacct's text prints as the number alone), else a failure."""
+    `wait`, exit 128 + its number, which sacct's text prints as the number alone), else a failure.
+    A trainer whose handler noted a signal (its preempt_signal event) traps it: dying of that
+    signal's number is then another task's death, as when Slurm stops a step after one rank
+    crashed (srun --kill-on-bad-exit, 26.05's PMI abort: SIGTERM to every task)."""
     code, killed = ended.get("exit_code"), ended.get("signal")
+    if sig is not None and "preempt_signal" in own.types and (killed == sig.number
+                                                               or code in (sig.number, 128 + sig.number)):
+        return "failure", (f"ended FAILED ({f'killed by signal {killed}' if killed else f'exit {code}'}) although "
+                           f"its handler trapped SIG{sig.name} (its preempt_signal event): a task's crash, not the "
+                           "signal, ended it")
     if after is not None and sig is not None and (killed == sig.number or code in (sig.number, 128 + sig.number)):
         how = f"killed by SIG{sig.name}" if killed == sig.number else f"exit status {code} (SIG{sig.name})"
         return "killed_at_signal", (f"{how} at {_clock(after[0])}, after its --signal time {_clock(after[1])}: a "

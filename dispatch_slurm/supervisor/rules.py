@@ -210,7 +210,7 @@ TABLE = (
     ("signal_time", f"COMPLETED at or after {SIGNAL_TIME}: if training had finished, the next execution ends at "
      "once and is done", "continue", CONTINUE),
     ("killed_at_signal", f"FAILED at or after {SIGNAL_TIME}, by that signal (killed by it, or exit status 128 + its "
-     "number): a trainer that does not trap it", "continue", CONTINUE),
+     "number): a trainer that does not trap it (no `preempt_signal` event)", "continue", CONTINUE),
     ("unsure", "COMPLETED, and a fact that would tell is missing (the --signal, the times: the rule names it)",
      "continue", CONTINUE + "; the safe side: never done on a guess"),
     ("failure", "FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE", "resubmit", RESUBMIT + REPEATED),

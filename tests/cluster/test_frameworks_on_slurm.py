@@ -77,6 +77,10 @@ def test_torchtitan_job_partitioned_keeps_both_lineages_apart(slurm_cluster: Clu
     assert latest.parts.restart == 1 and latest.path.startswith(f"exec/{new}/checkpoint/step-")
     folder = hdir / "root" / "exec" / new / "checkpoint"
     kept = sorted(os.listdir(folder), key=lambda name: int(name.split("-")[1]))
-    # keep_latest_k=3 (the page's) of its own regular saves, and the save scancel's SIGTERM made (the protocol's)
-    assert 3 <= len(kept) <= 4 and all(os.path.isfile(folder / s / ".metadata") for s in kept), kept
+    # keep_latest_k=3 (the page's) of its own regular saves, and the save scancel's SIGTERM made (the
+    # protocol's); torchtitan removes on a thread of its own, and the handler's exit after the grace
+    # save drops a removal the last regular save had queued (seen in CI: 4 regular saves left)
+    assert 3 <= len(kept) <= 5 and all(os.path.isfile(folder / s / ".metadata") for s in kept), kept
+    steps = [int(name.split("-")[1]) for name in kept]
+    assert steps[:-1] == list(range(steps[-2] - 500 * (len(steps) - 2), steps[-2] + 1, 500)), kept  # the newest
     assert latest.path == f"exec/{new}/checkpoint/{kept[-1]}", (latest, kept)

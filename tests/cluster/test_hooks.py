@@ -10,13 +10,16 @@ import os
 import pathlib
 import re
 import shutil
+import time
 
 import pytest
 
 from dispatch_slurm.contract import env as envmod
 from dispatch_slurm.slurm.hooks.job import SPANK_OPT
+from dispatch_slurm.slurm.cessation.node import WAIT_S as CESSATION_WAIT
 from dispatch_slurm.store import events
 from testbed.cluster import CONTROLLER, Cluster, slurm_at_least
+from testbed.vm import VMCluster
 
 pytestmark = pytest.mark.cluster
 
@@ -206,6 +209,51 @@ def test_on_cgroup_v2_the_epilog_waits_for_the_job_cgroup_not_a_process_scan(slu
                                                  "--submission", "1", "--nodes", "c2", "--json"],
                             user="alice", check=False).stdout)
     assert ans["answer"] == "ceased" and ans["nodes"]["c2"]["how"] == "cgroup v2", ans
+
+
+@pytest.mark.vm
+@pytest.mark.only_on("trixie", "sid")  # RunInJob is 24.11's
+@pytest.mark.parametrize("flags", ["Contain", "RunInJob"])
+def test_the_epilog_records_cessation_when_the_hooks_run_inside_the_job(slurm_cluster: Cluster, workdir, flags):
+    """PrologFlags=Contain (an extern step holds the job on every node from its allocation) and
+    RunInJob (the Prolog and Epilog run in that extern step, inside the job's cgroup): the
+    Prolog makes the exec folder and claims the epoch, and the Epilog records the cessation
+    well within its wait, with its evidence: on cgroup v2 under RunInJob a job cgroup that
+    holds nothing but the Epilog and its slurmstepd (before, it waited the whole
+    CESSATION_WAIT for that cgroup to empty and recorded nothing). `dispatch-slurm ceased`
+    says so."""
+    c = slurm_cluster
+    cdir, hdir = workdir
+    root = make_root(c, f"{cdir}/root")
+    script = f"#!/bin/bash\n#SBATCH -w c2 -o {cdir}/job.out\necho \"$DISPATCH_EXEC_DIR\"\nsrun true\n"
+    (hdir / "job.sbatch").write_text(script)
+    c.set_prolog_flags(f"Alloc,{flags}")
+    try:
+        doctor = c.exec(CONTROLLER, ["dispatch-slurm", "doctor", "--script", f"{cdir}/job.sbatch"], user="alice",
+                        check=False).stdout
+        job = c.submit("alice", script, args=[f"--dispatch-checkpoint={root}"])
+        c.wait_job(job, lambda j: j.ended, timeout=120)
+        seen_ended = time.time()
+        attempt = expected(c, root, job, n=1)["DISPATCH_ATTEMPT"]
+        entry = hdir / "root" / "ceased" / f"{attempt}.c2"
+        c.wait_until(entry.exists, timeout=120, what="the Epilog to record cessation")
+        c.wait_job(job, lambda j: "COMPLETING" not in j.flags, timeout=120)
+    finally:
+        c.set_prolog_flags("Alloc")
+    assert re.search(rf"^hooks: PrologFlags \S*\b{flags}\b", doctor, re.M), doctor
+    assert (hdir / "job.out").read_text().split() == [f"{cdir}/root/exec/{attempt}"]
+    assert (hdir / "root" / "exec" / attempt).is_dir() and (hdir / "root" / "epochs").is_dir()
+    ceased_at = next(e["t"] for e in events.read(str(hdir / "root")) if e["type"] == "cessation")
+    assert ceased_at - seen_ended < CESSATION_WAIT, "the Epilog waited out its whole wait"
+    evidence = json.loads(entry.read_text())
+    if isinstance(c, VMCluster):  # cgroup v2: the job cgroup is the evidence
+        states = {"Contain": ("gone", "empty"), "RunInJob": ("the hook's own",)}[flags]
+        assert evidence["by"] == "cgroup v2" and evidence["state"] in states, evidence
+    else:
+        assert evidence["by"] == "process scan", evidence
+    ans = json.loads(c.exec(CONTROLLER, ["dispatch-slurm", "ceased", str(job), "--root", root, "--generation", "0",
+                                         "--submission", "1", "--nodes", "c2", "--json"], user="alice").stdout)
+    assert ans["answer"] == "ceased", ans
 
 
 @pytest.mark.one_release  # 2 min on 22.05/24.11 (the node's failure takes SlurmdTimeout to see);

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.only_on("bookworm")]  # the host'
 # dispatch-slurm only for the folder and the resume point. No periodic checkpoint: the only
 # save is Lightning's hpc_ckpt on SIGUSR1.
 TRAINER = """
-import os, time, torch
+import os, sys, time, torch
 import lightning.pytorch as L
 from dispatch_slurm.integrations import lightning as dl
 
@@ -41,7 +41,9 @@ class Tiny(L.LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
     def on_train_start(self):
-        print(f"TRAIN_START global_step={self.global_step}", flush=True)
+        # on stderr, as the warning: srun forwards a task's stdout and stderr apart, so
+        # only lines of one stream keep their order in the job's output file
+        print(f"TRAIN_START global_step={self.global_step}", file=sys.stderr, flush=True)
     def training_step(self, batch, i):
         time.sleep(0.02)
         x, y = batch

@@ -1,9 +1,9 @@
 """`run` on the real cluster, a root whose latest publication's save is gone (removed by hand,
-as an old execution's rotation removes it when nothing publishes its saves any more): every
-execution of the README's job script is refused at `latest --resume`, seconds after it
-started, the same way. `run --resubmit 3` tries one resubmission, then ends failed with the
-refusal and its fix named and budget left, instead of spending the whole budget in
-seconds; the fix it names (`retire --latest`), then `supersede`, finish the run."""
+with the publication's held links): every execution of the README's job script is refused at
+`latest --resume`, seconds after it started, the same way. `run --resubmit 3` tries one
+resubmission, then ends failed with the refusal and its fix named and budget left, instead of
+spending the whole budget in seconds; the fix it names (`retire --latest`), then `supersede`,
+finish the run."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def test_a_refusal_that_repeats_is_not_resubmitted_until_the_budget_is_spent(slu
     latest = max(names.parse(p.name) for p in (hroot / "pub").iterdir())  # (epoch, step) order
     assert latest.step == 40
     shutil.rmtree(hroot / latest.path)
+    shutil.rmtree(hroot / "held" / latest.name)  # by hand: the save and its publication's held links
 
     supervise(1, "run", "--resubmit", "3", "--poll", "1", "--", "-N1", f"--output={cdir}/run-%j.out", f"{cdir}/job.sh")
     c.wait_until(lambda: rc(1) is not None, timeout=300, what="run to end")

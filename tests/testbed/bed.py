@@ -211,6 +211,19 @@ class Bed:
         )
         return next(n for n in found if n.name == name)
 
+    def set_prolog_flags(self, flags: str, *, timeout: float = 180.0) -> None:
+        """slurm.conf's PrologFlags on every host, then ``scontrol reconfigure`` (24.11 on it
+        restarts the daemons, which read it again); returns once slurmctld shows them and every
+        node is idle."""
+        for host in sorted({CONTROLLER, *self.node_names}):
+            self.exec(host, f"sed -i 's/^PrologFlags=.*/PrologFlags={flags}/' /etc/slurm/slurm.conf")
+        self.exec(CONTROLLER, ["scontrol", "reconfigure"])
+        want = set(flags.split(","))
+        self.wait_until(lambda: want <= set(self.slurm.config().get("PrologFlags", "").split(",")),
+                        timeout=timeout, what=f"slurmctld with PrologFlags {flags}")
+        self.wait_nodes(lambda ns: len(ns) == len(self.node_names) and all(n.state == {"IDLE"} for n in ns),
+                        timeout=timeout, what=f"every node idle with PrologFlags {flags}")
+
     def cancel(self, job_id: int, signal: Optional[str] = None, *, user: Optional[str] = None) -> None:
         """scancel, as ``user`` (default root)."""
         (self.slurm_as(user) if user else self.slurm).cancel(job_id, signal)

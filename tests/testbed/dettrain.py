@@ -27,6 +27,11 @@ trainer's own record, beside the job's output). How it meets SIGTERM (``--trap``
   ``dispatch-checkpoint-complete`` and exits 0 (``watch`` publishes);
 - ``none``: the signal kills it.
 
+``--crash-at-step K`` (``--crash-rank R``): rank R raises in the middle of step K, as a trainer
+with a bug does; with ``--crash-abort`` it first asks the step's PMI server to abort the step,
+as ``MPI_Abort`` does (``srun --mpi=pmi2``; Slurm 26.05 then sends the other ranks SIGTERM,
+KillWait before SIGKILL; earlier releases SIGKILL).
+
 Several ranks (``srun -n2``) step in lock-step through files under ``--barrier-dir`` (a
 stand-in for the all-reduce of each step): a stopped rank stalls the others, a signal seen
 by any rank stops every rank at the same step. A script run by path on the nodes (stdlib
@@ -247,6 +252,8 @@ class Trainer:
         time.sleep(a.warmup)  # loading the model and the data
         while self.step < a.max_steps:
             time.sleep(a.step_time)  # "training"
+            if self.step + 1 == a.crash_at_step and self.rank == a.crash_rank:
+                self.crash()
             self.step += 1
             self.h = step_hash(self.h, self.step, a.seed, self.ranks)
             if self.rank == 0:
@@ -264,6 +271,16 @@ class Trainer:
                 self.save()
         self.save()  # the final save, as the Trainer makes one at the end of training
         self.log("done", step=self.step, h=self.h)
+
+    def crash(self) -> None:
+        """A bug in the middle of a step (the module doc: ``--crash-at-step``)."""
+        self.log("crash", step=self.step + 1, abort=self.a.crash_abort)
+        if self.a.crash_abort:  # PMI-1's wire protocol on $PMI_FD, what libpmi's PMI_Abort sends
+            fd = int(os.environ["PMI_FD"])
+            os.write(fd, b"cmd=init pmi_version=1 pmi_subversion=1\n")
+            os.read(fd, 64)  # cmd=response_to_init rc=0 ...
+            os.write(fd, b"cmd=abort exitcode=1\n")  # MPI_Abort(comm, 1): libpmi sends its code
+        raise RuntimeError(f"dettrain: a bug in step {self.step + 1} on rank {self.rank}")
 
     def _forget(self, step: int) -> None:
         if self.barrier and step > 0:
@@ -290,6 +307,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=float, default=0.0, help="seconds before the first step (loading)")
     ap.add_argument("--barrier-dir", help="several ranks: where they meet each step")
     ap.add_argument("--barrier-timeout", type=float, default=600.0)
+    ap.add_argument("--crash-at-step", type=int, help="raise in the middle of this step (on --crash-rank)")
+    ap.add_argument("--crash-rank", type=int, default=0)
+    ap.add_argument("--crash-abort", action="store_true", help="PMI abort first, as MPI_Abort does")
     ap.add_argument("--log", required=True)
     return ap
 

@@ -34,6 +34,7 @@ from ...contract import layout, names
 from ...errors import DispatchError
 from ...store import ceased
 from ..client import JobInfo, Slurm, SlurmError
+from . import cgroup
 
 CEASED, NOT_CEASED, UNKNOWN = "ceased", "not_ceased", "unknown"
 EXIT = {CEASED: 0, NOT_CEASED: 1, UNKNOWN: 2}
@@ -173,7 +174,8 @@ def describe(ev: dict) -> str:
     """An Epilog's evidence in words ({} for an entry that does not say how)."""
     if ev.get("by") == "cgroup v2":
         state = str(ev.get("state", "?"))
-        word = {"gone": "removed", "empty": "empty"}.get(state, state)
+        word = {cgroup.GONE: "removed", cgroup.EMPTY: "empty",
+                cgroup.OWN: "holding only the Epilog's own processes (PrologFlags=RunInJob)"}.get(state, state)
         return f"cgroup v2: job cgroup {ev.get('cgroup', '?')} {word}"
     if ev.get("by") == "process scan":
         return "no process carries DISPATCH_ATTEMPT (process scan)"

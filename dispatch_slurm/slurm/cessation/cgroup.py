@@ -12,6 +12,13 @@ Where Slurm puts it (src/plugins/cgroup/v2/cgroup_v2.c, 22.05 to 26.05):
 ``<cgroup root>/<CgroupSlice, default system.slice>/slurmstepd.scope/<job>``, the scope
 prefixed ``<node>_`` in a multiple-slurmd build; ``<job>`` is ``job_<id>`` up to 25.11 and
 the job's SLUID (``SLURM_JOB_SLUID``) from 26.05 on, unless ``CgroupJobIdPaths=yes``.
+
+``PrologFlags=RunInJob`` (24.11 on) runs the Prolog and Epilog in the job's extern step:
+the Epilog and the slurmstepd that runs it are then in the job cgroup themselves, which
+stays populated until the Epilog ends (measured on the VM bed: 24.11 and 26.05). By then
+slurmstepd has SIGKILLed the extern step's processes and waited for the job's other steps
+(src/slurmd/slurmstepd/mgr.c); a job cgroup that holds nothing but the hook and its
+ancestors (OWN) holds no process of the job.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import re
 from typing import Optional
 
 ROOT = "/sys/fs/cgroup"
-GONE, EMPTY, POPULATED = "gone", "empty", "populated"
+GONE, EMPTY, OWN, POPULATED = "gone", "empty", "the hook's own", "populated"
 
 
 def unified(root: str = ROOT) -> bool:
@@ -95,13 +102,16 @@ def _entries(scope: str) -> list[str]:
         return []
 
 
-def state(paths: list[str]) -> tuple[str, list[str]]:
-    """(GONE: none of the paths exists | EMPTY: ``populated 0`` in each that does |
-    POPULATED, the paths that exist)."""
+def state(paths: list[str], ours: frozenset[int] = frozenset()) -> tuple[str, list[str]]:
+    """(GONE: none of the paths exists | EMPTY: ``populated 0`` in each that does | OWN: every
+    process in them is one of ``ours``, the hook and its ancestors (RunInJob) | POPULATED,
+    the paths that exist)."""
     there = [p for p in paths if _state(p) != GONE]
     if not there:
         return GONE, []
-    return (POPULATED if any(_state(p) == POPULATED for p in there) else EMPTY), there
+    if not any(_state(p) == POPULATED for p in there):
+        return EMPTY, there
+    return (OWN if ours and not set(pids(there)) - ours else POPULATED), there
 
 
 def _state(path: str) -> str:

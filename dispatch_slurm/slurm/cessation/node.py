@@ -19,15 +19,31 @@ WAIT_S = 30.0  # how long an Epilog waits for the execution's processes to go
 POLL_S = 0.2
 
 
+def lineage() -> frozenset[int]:
+    """This process and its ancestors: the hook itself, never evidence of the execution (under
+    PrologFlags=RunInJob the Epilog and its slurmstepd run inside the job, cgroup.py)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return frozenset(out)
+
+
 def processes_with(attempt: str, job: Optional[str] = None, root: Optional[str] = None) -> list[int]:
-    """Pids on this node whose environment carries this execution's token (and, given, its
-    ``root``) or, given the ``job`` id, that are one of its slurmstepds (``slurmstepd: [<job>.<step>]``)."""
+    """Pids on this node, this hook and its ancestors left out, whose environment carries this
+    execution's token (and, given, its ``root``) or, given the ``job`` id, that are one of its
+    slurmstepds (``slurmstepd: [<job>.<step>]``)."""
     needle = f"DISPATCH_ATTEMPT={attempt}".encode()
     rooted = f"DISPATCH_CHECKPOINT={root}".encode() if root else None
     stepd = f"slurmstepd: [{job}.".encode() if job else None
-    found = []
+    found, mine = [], lineage()
     for pid in os.listdir("/proc"):
-        if pid.isdigit():
+        if pid.isdigit() and int(pid) not in mine:
             try:
                 if stepd is not None:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -92,15 +108,15 @@ def wait_ceased(attempt: str, job: str, sluid: Optional[str], wait: float = WAIT
     where Slurm tracks the job by cgroup v2 here, its job cgroup is empty or gone:
     (the evidence, "") or (None, what is still there)."""
     paths = cgroup.job_cgroups(job, sluid)
-    deadline = time.monotonic() + wait
+    deadline, mine = time.monotonic() + wait, lineage()
     while True:
         left = processes_with(attempt)
-        cg, there = cgroup.state(paths) if paths is not None else (None, [])
+        cg, there = cgroup.state(paths, mine) if paths is not None else (None, [])
         if not left and cg != cgroup.POPULATED:
             break
         if time.monotonic() >= deadline:
             if cg == cgroup.POPULATED:
-                left = sorted(set(left) | set(cgroup.pids(there)))
+                left = sorted(set(left) | (set(cgroup.pids(there)) - mine))
                 return None, f"{attempt}: job cgroup {', '.join(there)} still holds processes {left[:5]}"
             return None, f"{attempt}: processes {left[:5]} still alive"
         time.sleep(POLL_S)
