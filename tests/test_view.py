@@ -340,6 +340,37 @@ def test_one_publisher_per_node_and_execution_a_standby_and_sigterm_does_not_end
     assert second.wait(60) == 0, "SIGTERM did not end it: it ended with the trainer, exit 0"
 
 
+def test_a_taskprolog_counts_as_its_task_so_the_gap_before_the_exec_ends_no_publisher(tmp_path):
+    """Slurm's task process (a fork of slurmstepd, titled as it) runs the TaskProlog as its child,
+    then execs the program in its own pid. The publisher that started first saw only the
+    TaskProlog (it carries the execution's environment), took its exit for the end of the
+    execution's processes, and ended in the gap before the exec (the batch step's publisher on
+    sid, gone while the batch script ran). Counted as its task, the count never drops to none."""
+    from dispatch_slurm.slurm.cessation import node
+    from shlex import quote
+    go = tmp_path / "go"
+    env = f"env DISPATCH_ATTEMPT=a.9.1 DISPATCH_CHECKPOINT={quote(str(tmp_path))}"
+    prolog = f"{env} sh -c {quote(f'while [ ! -e {quote(str(go))} ]; do sleep 0.05; done')}"
+    title = quote("slurmstepd: [9.batch]")
+    task = f"exec -a {title} bash -c {quote(f'{prolog}; exec {env} sleep 60')}"
+    stepd = subprocess.Popen(["bash", "-c", f"exec -a {title} bash -c {quote(f'({task}) & wait')}"],
+                             start_new_session=True)
+    try:
+        def count() -> list[int]:
+            return node.running_on("a.9.1", str(tmp_path), mine=set())
+        ran = wait.until(count, timeout=30, what="the TaskProlog")
+        (pid,) = ran
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert f.read().startswith(b"slurmstepd: [9.batch]"), "the task's process, not its prolog"
+        go.touch()
+        wait.until(lambda: open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"sleep"), timeout=30,
+                   what="the task's exec")
+        assert count() == [pid]
+    finally:
+        os.killpg(stepd.pid, signal.SIGKILL)
+        stepd.wait()
+
+
 def _listening(ex: viewbed.Execution) -> bool:
     """Whether this execution's publisher holds its claim on this node (view._claim's name)."""
     import hashlib

@@ -445,15 +445,18 @@ class Ending:
         pids = set(self.linger()) if self.linger is not None else set()
         for pid in [p for p in self.pidfds if p not in pids]:
             os.close(self.pidfds.pop(pid))
-        for pid in sorted(pids - set(self.pidfds)):
-            fd, _ = _open_pidfd(pid)
+        live = set(self.pidfds)
+        for pid in sorted(pids - live):
+            fd, alive = _open_pidfd(pid)
             if fd is not None:
                 self.pidfds[pid] = fd
-        if self.pidfds and not self.said:
+            if alive:  # without a pidfd (an old kernel) it counts until a look finds it gone
+                live.add(pid)
+        if live and not self.said:
             self.said = True
             self.say(f"dispatch-slurm watch: the trainer's step ended, but its processes "
-                     f"{', '.join(map(str, sorted(self.pidfds)[:5]))} run on on this node: publishing until they are gone")
-        return bool(self.pidfds)
+                     f"{', '.join(map(str, sorted(live)[:5]))} run on on this node: publishing until they are gone")
+        return bool(live)
 
     def close(self) -> None:
         for fd in [*self.pidfds.values(), *([self.pidfd] if self.pidfd is not None else [])]:
