@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dispatch.h"
+#include "viewfs.h"
 
 /* Configuration first (a bad site.conf must not break jobs that never use the plugin),
  * then the options: they reach sbatch and salloc only if registered here. */
@@ -29,6 +31,29 @@ static int pass_submission(spank_t sp, unsigned long long n)
 		slurm_error("%s: cannot pass the submission number to the job", DSP_PLUGIN);
 		return -1;
 	}
+	return 0;
+}
+
+/* What of the view exists must be the user's own folders on the root's filesystem, no
+ * symlink on the way (what is missing is made when the job starts). Not checked here: an
+ * array's task roots (they do not exist yet) and, for srun inside a job, anything (its
+ * task may be in the view's namespace, where the view is a mount of its own): each step's
+ * view is checked when it starts, in slurmstepd's namespace. */
+static int check_view(const struct dsp_in *in, const char *root)
+{
+	char rel[DSP_PATH], err[DSP_ERR];
+	struct dsp_view_fds fds;
+	if (dsp_view_of(in, dsp_config_site(), root, rel, sizeof(rel), err, sizeof(err))) {
+		slurm_error("%s", err);
+		return -1;
+	}
+	if (!rel[0] || strstr(root, "%a") || getenv("SLURM_JOB_ID"))
+		return 0;
+	if (dsp_view_open(root, rel, NULL, DSP_VIEW_CHECK, geteuid(), &fds, err, sizeof(err))) {
+		slurm_error("%s: %s", dsp_opt_view() ? "--dispatch-view" : "site.conf's view", err);
+		return -1;
+	}
+	dsp_view_close(&fds);
 	return 0;
 }
 
@@ -57,6 +82,8 @@ int dsp_alloc_post_opt(spank_t sp)
 		slurm_error("--dispatch-checkpoint=%s: %s", checkpoint, err);
 		return -1;
 	}
+	if (check_view(&in, root))
+		return -1;
 	if (dsp_opt_submission()) {	/* allocated by the supervisor or a person: it must be, and unclaimed */
 		if (!dsp_check_submission(root, &in, err, sizeof(err)))
 			return 0;

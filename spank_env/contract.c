@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fail.h"
+#include "layout.h"
 
 static int set(const struct dsp_arg *a)
 {
@@ -73,13 +74,13 @@ int dsp_epoch(unsigned long long g, unsigned long long n, unsigned long long r, 
 	return 0;
 }
 
-int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, size_t errsz)
+int dsp_normalize_path(const char *label, const char *path, char *out, size_t outsz, char *err, size_t errsz)
 {
 	size_t o = 0;
 	const char *p;
-	if (!root || root[0] != '/')
-		return dsp_fail(err, errsz, "checkpoint root '%s' must be an absolute path", root ? root : "");
-	for (p = root; *p;) {
+	if (!path || path[0] != '/')
+		return dsp_fail(err, errsz, "%s '%s' must be an absolute path", label, path ? path : "");
+	for (p = path; *p;) {
 		const char *q;
 		size_t len;
 		while (*p == '/')
@@ -90,10 +91,10 @@ int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, siz
 			;
 		len = (size_t)(q - p);
 		if (len == 2 && p[0] == '.' && p[1] == '.')
-			return dsp_fail(err, errsz, "checkpoint root '%s' must not contain '..'", root);
+			return dsp_fail(err, errsz, "%s '%s' must not contain '..'", label, path);
 		if (!(len == 1 && p[0] == '.')) {
 			if (o + 1 + len + 1 > outsz)
-				return dsp_fail(err, errsz, "checkpoint root '%s' is too long", root);
+				return dsp_fail(err, errsz, "%s '%s' is too long", label, path);
 			out[o++] = '/';
 			memcpy(out + o, p, len);
 			o += len;
@@ -103,8 +104,40 @@ int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, siz
 	if (!o)
 		out[o++] = '/';
 	out[o] = '\0';
+	return 0;
+}
+
+int dsp_normalize_root(const char *root, char *out, size_t outsz, char *err, size_t errsz)
+{
+	if (dsp_normalize_path("checkpoint root", root, out, outsz, err, errsz))
+		return -1;
 	if (strstr(out, "%a") && strstr(out, "%a") < strrchr(out, '/'))
 		return dsp_fail(err, errsz, "checkpoint root '%s': %%a may only appear in the last component", root);
+	return 0;
+}
+
+int dsp_view_rel(const char *label, const char *root, const char *view, char *rel, size_t relsz, char *err,
+		 size_t errsz)
+{
+	char norm[DSP_PATH];
+	size_t rl = strcmp(root, "/") ? strlen(root) : 0;
+	const char *below, *slash;
+	if (dsp_normalize_path(label, view, norm, sizeof(norm), err, errsz))
+		return -1;
+	if (!strcmp(norm, root))
+		return dsp_fail(err, errsz, "%s '%s' is the checkpoint root itself: name a folder inside it (e.g. "
+				"%s/out)", label, view, root);
+	if (strncmp(norm, root, rl) || norm[rl] != '/')
+		return dsp_fail(err, errsz, "%s '%s' is not inside the checkpoint root %s: name a folder inside it "
+				"(e.g. %s/out)", label, view, root, root);
+	below = norm + rl + 1;
+	slash = strchr(below, '/');
+	if (dsp_protocol_entry(below, slash ? (size_t)(slash - below) : strlen(below)))
+		return dsp_fail(err, errsz, "%s '%s' is in %s/%.*s, dispatch-slurm's own folder: name another folder "
+				"inside the root (e.g. %s/out)", label, view, root,
+				slash ? (int)(slash - below) : (int)strlen(below), below, root);
+	if (snprintf(rel, relsz, "%s", below) >= (int)relsz)
+		return dsp_fail(err, errsz, "%s '%s' is too long", label, view);
 	return 0;
 }
 
@@ -209,6 +242,31 @@ int dsp_pub_name(const char *epoch, const char *step, const char *path, char *ou
 			step, b32) >= (int)outsz ? -1 : 0;
 }
 
+int dsp_view_of(const struct dsp_in *in, const struct dsp_site *site, const char *root, char *rel, size_t relsz,
+		char *err, size_t errsz)
+{
+	char buf[DSP_PATH];
+	int shared = in->shared.value && !strcmp(in->shared.value, "1");
+	if (rel)
+		rel[0] = '\0';
+	if (set(&in->view) && !strcmp(in->view.value, DSP_VIEW_NONE))
+		return 0;
+	if (set(&in->view)) {
+		if (shared)
+			return dsp_fail(err, errsz, "%s cannot be used with %s: a view gives every execution its own "
+					"folder, which a shared checkpoint cannot have", in->view.label, in->shared.label);
+		if (dsp_view_rel(in->view.label, root, in->view.value, buf, sizeof(buf), err, errsz))
+			return -1;
+	} else if (site->view && !shared) {
+		snprintf(buf, sizeof(buf), "%s", site->view);
+	} else {
+		return 0;
+	}
+	if (rel && snprintf(rel, relsz, "%s", buf) >= (int)relsz)
+		return dsp_fail(err, errsz, "%s: view folder too long", in->view.label);
+	return 0;
+}
+
 int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int need_submission,
 		     char *root, size_t rootsz, char *err, size_t errsz)
 {
@@ -234,8 +292,7 @@ int dsp_check_inputs(const struct dsp_in *in, const struct dsp_site *site, int n
 	if (in->shared.value && strcmp(in->shared.value, "") && strcmp(in->shared.value, "0") &&
 	    strcmp(in->shared.value, "1"))
 		return dsp_fail(err, errsz, "%s must be 1 or 0, got '%s'", in->shared.label, in->shared.value);
-	(void)site;
-	return 0;
+	return dsp_view_of(in, site, root, NULL, 0, err, errsz);
 }
 
 int dsp_compute(const struct dsp_in *in, const struct dsp_site *site, struct dsp_out *out,
@@ -280,6 +337,11 @@ int dsp_compute(const struct dsp_in *in, const struct dsp_site *site, struct dsp
 	if (snprintf(out->exec_dir, sizeof(out->exec_dir), "%s/exec/%s", out->checkpoint, out->attempt)
 	    >= (int)sizeof(out->exec_dir))
 		return dsp_fail(err, errsz, "exec folder path too long");
+	if (dsp_view_of(in, site, root, out->view_rel, sizeof(out->view_rel), err, errsz))
+		return -1;
+	if (out->view_rel[0] && snprintf(out->view, sizeof(out->view), "%s/%s", out->checkpoint, out->view_rel)
+	    >= (int)sizeof(out->view))
+		return dsp_fail(err, errsz, "%s: view folder path too long", in->view.label);
 	out->shared = in->shared.value && !strcmp(in->shared.value, "1");
 	return 0;
 }

@@ -26,6 +26,7 @@
 int dsp_opts_register(spank_t sp);
 const char *dsp_opt_checkpoint(void);
 const char *dsp_opt_submission(void);
+const char *dsp_opt_view(void);
 int dsp_opt_any(void);	/* some --dispatch-* option was given */
 int dsp_opt_set_submission(const char *n);
 void dsp_opts_in(struct dsp_in *in);	/* as contract inputs, named by option in messages */
@@ -48,7 +49,21 @@ int dsp_alloc_exit(spank_t sp);
 int dsp_remote_init(spank_t sp, int ac, char **av);
 int dsp_remote_user_init(spank_t sp);
 int dsp_remote_task_init(spank_t sp);
+int dsp_remote_task_exit(spank_t sp);
 int dsp_remote_exit(spank_t sp);
+/* the execution whose view this step's tasks get (user_init made it ready); NULL: none */
+const struct dsp_out *dsp_remote_view(void);
+/* task.c: slurmstepd, each task as root before exec: the view's mount namespace */
+int dsp_task_init_privileged(spank_t sp);
+/* jobscript.c: the job's Prolog and Epilog (root): this node's record of the job's restart
+ * count, which a batch step's environment lacks before its task runs */
+#ifndef DSP_RUN_DIR
+#define DSP_RUN_DIR "/run/dispatch-slurm"	/* root's folder of the hooks (dispatch_slurm/slurm/hooks/node.py) */
+#endif
+int dsp_job_prolog(void);
+int dsp_job_epilog(void);
+/* The recorded restart count of job (digits) into out: 1, or 0 when there is none. */
+int dsp_job_restart(const char *job, char *out, size_t outsz);
 /* slurmd.c: slurmd */
 int dsp_slurmd_init(spank_t sp, int ac, char **av);
 int dsp_slurmd_exit(spank_t sp);

@@ -8,10 +8,10 @@
 
 #include "dispatch.h"
 
-enum { OPT_CHECKPOINT = 1, OPT_GENERATION, OPT_SUBMISSION, OPT_SHARED, OPT_GRACE };
+enum { OPT_CHECKPOINT = 1, OPT_GENERATION, OPT_SUBMISSION, OPT_SHARED, OPT_GRACE, OPT_VIEW };
 
 static struct {
-	char *checkpoint, *generation, *submission, *grace;	/* as given; NULL: not given */
+	char *checkpoint, *generation, *submission, *grace, *view;	/* as given; NULL: not given */
 	int shared;
 	int any;
 } opts;
@@ -32,6 +32,8 @@ static struct spank_option table[] = {
 	{ "dispatch-shared-checkpoint", NULL, DSP_HELP "this job cannot isolate its checkpoint writes", 0,
 	  OPT_SHARED, opt_cb },
 	{ "dispatch-grace", "S", DSP_HELP "seconds to checkpoint after SIGTERM (0.." DSP_STR(DSP_GRACE_CAP_N) ")", 1, OPT_GRACE, opt_cb },
+	{ "dispatch-view", "DIR", DSP_HELP "the folder the trainer writes, inside DIR of --dispatch-checkpoint: "
+	  "every execution sees its own exec/<attempt>/ there (" DSP_VIEW_NONE ": no view)", 1, OPT_VIEW, opt_cb },
 	SPANK_OPTIONS_TABLE_END
 };
 
@@ -96,6 +98,15 @@ static int opt_cb(int val, const char *optarg, int remote)
 	case OPT_GRACE:
 		return keep(&opts.grace, "dispatch-grace", optarg) ||
 		       number("--dispatch-grace", "grace seconds", optarg, 0, DSP_GRACE_CAP) ? -1 : 0;
+	case OPT_VIEW:	/* absolute, no '..' now; inside the root once every option is read (alloc.c) */
+		if (keep(&opts.view, "dispatch-view", optarg))
+			return -1;
+		if (strcmp(optarg, DSP_VIEW_NONE) &&
+		    dsp_normalize_path("view folder", optarg, root, sizeof(root), err, sizeof(err))) {
+			slurm_error("--dispatch-view=%s: %s", optarg, err);
+			return -1;
+		}
+		return 0;
 	default:
 		return -1;
 	}
@@ -109,6 +120,11 @@ const char *dsp_opt_checkpoint(void)
 const char *dsp_opt_submission(void)
 {
 	return opts.submission;
+}
+
+const char *dsp_opt_view(void)
+{
+	return opts.view;
 }
 
 int dsp_opt_any(void)
@@ -130,6 +146,7 @@ void dsp_opts_in(struct dsp_in *in)
 	in->submission = (struct dsp_arg){ opts.submission, "--dispatch-submission" };
 	in->grace = (struct dsp_arg){ opts.grace, "--dispatch-grace" };
 	in->shared = (struct dsp_arg){ opts.shared ? "1" : "", "--dispatch-shared-checkpoint" };
+	in->view = (struct dsp_arg){ opts.view, "--dispatch-view" };
 }
 
 void dsp_opts_free(void)
@@ -138,5 +155,6 @@ void dsp_opts_free(void)
 	free(opts.generation);
 	free(opts.submission);
 	free(opts.grace);
+	free(opts.view);
 	memset(&opts, 0, sizeof(opts));
 }

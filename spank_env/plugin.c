@@ -1,6 +1,6 @@
 /*
  * dispatch_env: a SPANK plugin that gives every task of every step of a job its
- * DISPATCH_* environment (dispatch-slurm's contract), from five options:
+ * DISPATCH_* environment (dispatch-slurm's contract), from six options:
  *
  *   --dispatch-checkpoint=DIR   the job's checkpoint root (array jobs: .../task-%a)
  *   --dispatch-generation=G     0 for a new job, +1 per supersession
@@ -8,11 +8,14 @@
  *                               once, at submit time
  *   --dispatch-shared-checkpoint  the job cannot isolate its writes
  *   --dispatch-grace=S          seconds to checkpoint after SIGTERM (0..DSP_GRACE_CAP)
+ *   --dispatch-view=DIR         a folder inside DIR of --dispatch-checkpoint that every task
+ *                               of the job sees as its execution's exec/<attempt>/ (task.c)
  *
  * plugstack.conf: required /usr/local/lib/slurm/dispatch_env.so [conf=/etc/dispatch-slurm/site.conf]
  *
  * This file only dispatches on spank_context(), init to exit: alloc.c (sbatch, salloc,
- * srun), remote.c (slurmstepd), slurmd.c; each has its own exit, which clears its own state
+ * srun), remote.c (slurmstepd; task.c its tasks' mount namespace), jobscript.c (the job's Prolog
+ * and Epilog), slurmd.c; each has its own exit, which clears its own state
  * and frees what its init loaded (options.c, config.c own that state).
  */
 #include "dispatch.h"
@@ -70,11 +73,41 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return spank_context() == S_CTX_REMOTE ? dsp_remote_user_init(sp) : 0;
 }
 
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	return spank_context() == S_CTX_REMOTE ? dsp_task_init_privileged(sp) : 0;
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;
 	(void)av;
 	return spank_context() == S_CTX_REMOTE ? dsp_remote_task_init(sp) : 0;
+}
+
+int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	(void)ac;
+	(void)av;
+	return dsp_job_prolog();
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	(void)ac;
+	(void)av;
+	return dsp_job_epilog();
+}
+
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	return spank_context() == S_CTX_REMOTE ? dsp_remote_task_exit(sp) : 0;
 }
 
 /* Each context releases what its own init and options took (pyxis_dispatch.c does the

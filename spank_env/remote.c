@@ -9,14 +9,24 @@
  * task's own process, after fork) reports it on the task's stderr and fails the
  * task: the job ends FAILED, the node stays in service. A site.conf this node cannot
  * use is such an error too, for dispatch jobs only (config.c).
+ *
+ * A job with a view (--dispatch-view, or site.conf's view): user_init makes the view folder
+ * (as the user, never following a symlink), runs `dispatch-slurm view prepare` (bounded; its
+ * failure is such a user error) and starts `dispatch-slurm view publish` in its own session,
+ * one per step per node: each step's slurmstepd keeps track of its own publisher, which
+ * sees the step's tasks end (task_exit) and stops it, its last pass given DSP_PUBLISH_STOP_MS;
+ * exit kills what is left. Each task then binds exec/<attempt>/ over the view (task.c).
  */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dispatch.h"
+#include "spawn.h"
+#include "viewfs.h"
 
 /* A job env variable of any length, NULL when unset; the caller frees it. */
 static char *job_env(spank_t sp, const char *name)
@@ -34,12 +44,22 @@ static char *job_env(spank_t sp, const char *name)
 }
 
 static char user_error[DSP_ERR];	/* this step's reason to fail its tasks; "" when none */
+static struct dsp_out viewed;		/* the execution, once its view is ready; view[0] "" when none */
+static struct dsp_child publisher = { -1, -1 };	/* this step's `dispatch-slurm view publish` */
+static uint32_t tasks_ended;		/* of this step, on this node */
+static pid_t stepd;			/* slurmstepd's pid, as its init saw it */
 
 int dsp_remote_init(spank_t sp, int ac, char **av)
 {
 	slurm_debug("%s %s: slurmstepd", DSP_PLUGIN, DSP_VERSION);
+	stepd = getpid();
 	dsp_config_load(ac, av, 1);
 	return dsp_opts_register(sp);
+}
+
+const struct dsp_out *dsp_remote_view(void)
+{
+	return viewed.view[0] ? &viewed : NULL;
 }
 
 int dsp_remote_task_init(spank_t sp)
@@ -57,7 +77,7 @@ static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *si
 {
 	static const char *const names[] = { "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID",
 					     "SLURM_JOB_ACCOUNT", "DISPATCH_ATTEMPT" };
-	char *env[sizeof(names) / sizeof(names[0])], job_id[16], err[DSP_ERR];
+	char *env[sizeof(names) / sizeof(names[0])], job_id[16], err[DSP_ERR], restart[16];
 	uint32_t id;
 	struct dsp_in in;
 	int rc;
@@ -68,11 +88,15 @@ static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *si
 	snprintf(job_id, sizeof(job_id), "%u", id);
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		env[i] = job_env(sp, names[i]);
-	/* S_SLURM_RESTART_COUNT is unreliable (always 0): read the job's own env */
+	/* S_SLURM_RESTART_COUNT is unreliable (always 0): read the job's own env, or for the batch
+	 * step the job Prolog's record (jobscript.c) */
 	dsp_opts_in(&in);
 	in.job_id = (struct dsp_arg){ job_id, "SLURM_JOB_ID" };
 	in.cluster = (struct dsp_arg){ env[0], names[0] };
 	in.restart = (struct dsp_arg){ env[1], names[1] };
+	/* the batch step's env has no SLURM_RESTART_COUNT before its task runs: the Prolog's record */
+	if (!env[1] && dsp_job_restart(job_id, restart, sizeof(restart)))
+		in.job_restart = (struct dsp_arg){ restart, "SLURM_JOB_RESTART_COUNT" };
 	in.array_task = (struct dsp_arg){ env[2], names[2] };
 	in.account = (struct dsp_arg){ env[3], names[3] };
 	in.attempt = (struct dsp_arg){ env[4], names[4] };
@@ -84,6 +108,50 @@ static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *si
 		free(env[i]);
 	if (rc)
 		snprintf(user_error, sizeof(user_error), "%s", err);
+	return 0;
+}
+
+static void prepare_said(const char *line)
+{
+	slurm_info("dispatch-slurm view prepare: %s", line);
+}
+
+/* The view of the execution `out` ready before any task: its folder, prepared, a publisher.
+ * A user's mistake (a symlink, another user's folder, the prepare's refusal) goes to
+ * user_error; -1 only when Slurm cannot give the job's env. */
+static int view_start(spank_t sp, const struct dsp_out *out)
+{
+	const char *cmd = dsp_config_site()->dispatch_slurm;
+	char path[DSP_PATH], **env = NULL;
+	struct dsp_view_fds fds;
+	/* slurmstepd's own main thread (not the clone a ContainSpank site runs user_init in,
+	 * which exits at once): the publisher may die with it */
+	int main_thread = getpid() == stepd && gettid() == stepd;
+	if (dsp_view_open(out->checkpoint, out->view_rel, out->attempt, DSP_VIEW_CREATE, geteuid(), &fds, user_error,
+			  sizeof(user_error)))
+		return 0;
+	dsp_view_close(&fds);
+	if (spank_setenv(sp, "DISPATCH_VIEW", out->view, 1) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS) {
+		slurm_error("%s: cannot set DISPATCH_VIEW or read the job's environment", DSP_PLUGIN);
+		return -1;
+	}
+	if (dsp_command(cmd ? cmd : DSP_DISPATCH_SLURM, env, path, sizeof(path), user_error, sizeof(user_error)) ||
+	    dsp_run_prepare(path, env, DSP_PREPARE_TIMEOUT_MS, prepare_said, user_error, sizeof(user_error)) ||
+	    dsp_start_publisher(path, env, STDERR_FILENO, main_thread, &publisher, user_error, sizeof(user_error)))
+		return 0;
+	viewed = *out;
+	return 0;
+}
+
+/* A task of this step ended here: once the last has, the publisher makes its last pass. */
+int dsp_remote_task_exit(spank_t sp)
+{
+	uint32_t ntasks = 0;
+	if (publisher.pid <= 0)
+		return 0;
+	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS || ++tasks_ended >= ntasks)
+		dsp_stop_child(&publisher, DSP_PUBLISH_STOP_MS);
 	return 0;
 }
 
@@ -113,7 +181,7 @@ int dsp_remote_user_init(spank_t sp)
 		}
 	if (out.shared && spank_setenv(sp, "DISPATCH_SHARED_CHECKPOINT", "1", 1) != ESPANK_SUCCESS)
 		return -1;
-	return 0;
+	return out.view[0] ? view_start(sp, &out) : 0;
 }
 
 /* slurmstepd exit: this step's own state, then what init loaded. */
@@ -121,6 +189,10 @@ int dsp_remote_exit(spank_t sp)
 {
 	(void)sp;
 	user_error[0] = '\0';
+	dsp_stop_child(&publisher, 1000);	/* one that outlived its last task_exit */
+	memset(&viewed, 0, sizeof(viewed));
+	tasks_ended = 0;
+	stepd = 0;
 	dsp_opts_free();
 	dsp_config_free();
 	return 0;

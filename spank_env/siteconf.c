@@ -4,10 +4,13 @@
  *   - lines end at LF; one CR right before it (or at the end of the file) is dropped;
  *   - '#' starts a comment wherever it is, up to the end of the line (any bytes);
  *   - spaces and tabs around a line and around '=' are ignored; an empty line is skipped;
- *   - every other line is KEY = DIGITS, KEY one of grace, grace.<account> (account:
- *     [A-Za-z0-9_.-]+) or exec_mode; any other byte (non-ASCII, NUL, lone CR...) is an error;
+ *   - every other line is KEY = VALUE, KEY one of grace, grace.<account> (account:
+ *     [A-Za-z0-9_.-]+) and exec_mode, whose VALUE is digits, or view and dispatch_slurm, whose
+ *     VALUE is a path of [A-Za-z0-9._/+-]; any other byte (non-ASCII, NUL, lone CR...) is an error;
  *   - each setting may appear once; grace values above 300 are read as 300;
  *     exec_mode is 0700, 0710 or 0750 (leading zeros are ignored);
+ *   - view is a folder below every job's root (relative, canonical, not one of the root's own
+ *     folders: out, runs/out); dispatch_slurm an absolute path (the command the view runs);
  *   - no limit on line length, account names or their number; the file at most DSP_SITE_MAX bytes.
  */
 #include "siteconf.h"
@@ -19,9 +22,10 @@
 #include <unistd.h>
 
 #include "fail.h"
+#include "layout.h"
 
 #define SHOW_MAX 60	/* bytes of a line quoted in a message */
-#define EXPECTED "(expected grace = S, grace.<account> = S or exec_mode = 0NNN)"
+#define EXPECTED "(expected grace = S, grace.<account> = S, exec_mode = 0NNN, view = DIR or dispatch_slurm = PATH)"
 
 void dsp_site_init(struct dsp_site *site)
 {
@@ -35,6 +39,8 @@ void dsp_site_free(struct dsp_site *site)
 	for (size_t i = 0; i < site->naccounts; i++)
 		free(site->accounts[i].name);
 	free(site->accounts);
+	free(site->view);
+	free(site->dispatch_slurm);
 	dsp_site_init(site);
 }
 
@@ -93,11 +99,73 @@ static int duplicate(const char *key, size_t klen, unsigned long first, unsigned
 			path, no, shown(key, klen, show), first);
 }
 
-/* One `key = digits` line: 0, 1 when key is not a setting, or -1 with err. */
+/* A value's bytes: digits for the numbers, a path for view and dispatch_slurm. */
+static int valchar(char c)
+{
+	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+	       c == '_' || c == '/' || c == '+' || c == '-';
+}
+
+static int digits(const char *v, size_t vlen)
+{
+	for (size_t i = 0; i < vlen; i++)
+		if (v[i] < '0' || v[i] > '9')
+			return 0;
+	return 1;
+}
+
+/* view: canonical, relative, and not one of the root's own folders (its first component). */
+static int view_ok(const char *v, size_t vlen)
+{
+	const char *p = v, *end = v + vlen;
+	if (*v == '/')
+		return 0;
+	while (p <= end) {
+		const char *q = memchr(p, '/', (size_t)(end - p));
+		size_t len = (size_t)((q ? q : end) - p);
+		if (!len || (len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.') ||
+		    (p == v && dsp_protocol_entry(p, len)))
+			return 0;
+		p += len + 1;
+	}
+	return 1;
+}
+
+/* view = DIR or dispatch_slurm = PATH: 0, or -1 with err. */
+static int path_setting(char **dst, unsigned long *line, const char *key, size_t klen, const char *v,
+			size_t vlen, unsigned long no, const char *path, char *err, size_t errsz)
+{
+	char show[4 * SHOW_MAX + 4], names[256];
+	if (*line)
+		return duplicate(key, klen, *line, no, path, err, errsz);
+	if (klen == 4 && !view_ok(v, vlen)) {
+		dsp_protocol_names(names, sizeof(names));
+		return dsp_fail(err, errsz, "%s:%lu: view %s must name a folder inside every job's root: relative "
+				"(e.g. out), without empty, '.' or '..' components, and none of the root's own (%s)",
+				path, no, shown(v, vlen, show), names);
+	}
+	if (klen != 4 && *v != '/')
+		return dsp_fail(err, errsz, "%s:%lu: dispatch_slurm %s must be an absolute path (e.g. "
+				"/usr/bin/dispatch-slurm)", path, no, shown(v, vlen, show));
+	if (!(*dst = strndup(v, vlen)))
+		return dsp_fail(err, errsz, "%s:%lu: out of memory", path, no);
+	*line = no;
+	return 0;
+}
+
+/* One `key = value` line: 0, 1 when it is no setting (an unknown key, or a number that is
+ * not digits), or -1 with err. */
 static int setting(struct dsp_site *site, const char *key, size_t klen, const char *v, size_t vlen,
 		   unsigned long no, const char *path, char *err, size_t errsz)
 {
 	char show[4 * SHOW_MAX + 4];
+	if (klen == 4 && !memcmp(key, "view", 4))
+		return path_setting(&site->view, &site->view_line, key, klen, v, vlen, no, path, err, errsz);
+	if (klen == 14 && !memcmp(key, "dispatch_slurm", 14))
+		return path_setting(&site->dispatch_slurm, &site->dispatch_slurm_line, key, klen, v, vlen, no, path,
+				    err, errsz);
+	if (!digits(v, vlen))
+		return 1;
 	if (klen == 5 && !memcmp(key, "grace", 5)) {
 		if (site->grace_line)
 			return duplicate(key, klen, site->grace_line, no, path, err, errsz);
@@ -166,7 +234,7 @@ int dsp_site_parse(struct dsp_site *site, const char *text, size_t len, const ch
 		if (klen && s < e && *s == '=') {
 			for (s++; s < e && blank(*s); s++)
 				;
-			for (v = s; s < e && *s >= '0' && *s <= '9'; s++)
+			for (v = s; s < e && valchar(*s); s++)
 				;
 			if (s > v && s == e) {
 				int rc = setting(site, k, klen, v, (size_t)(e - v), no, path, err, errsz);

@@ -17,6 +17,8 @@
 /* The one fixed limit, the same in siteconf.py: a site.conf holds a few settings, and
  * slurmstepd reads it at every step start. */
 #define DSP_SITE_MAX 1048576
+/* The command site.conf's dispatch_slurm names when it is not set (looked up on the job's PATH). */
+#define DSP_DISPATCH_SLURM "dispatch-slurm"
 
 struct dsp_account {
 	char *name;
@@ -29,7 +31,9 @@ struct dsp_site {
 	unsigned int exec_mode;		/* 0700, 0710 or 0750 */
 	size_t naccounts;
 	struct dsp_account *accounts;	/* per-project (Slurm account) defaults, in file order */
-	unsigned long grace_line, exec_mode_line;	/* where each was set; 0: the default */
+	char *view;			/* every job's view folder below its root; NULL: none */
+	char *dispatch_slurm;		/* the command the view runs as the job user; NULL: on its PATH */
+	unsigned long grace_line, exec_mode_line, view_line, dispatch_slurm_line;	/* 0: the default */
 };
 
 /* The built-in defaults (the site holds nothing allocated afterwards). */

@@ -7,12 +7,18 @@
  *   env   K=V ...                 -> K=V lines of every DISPATCH_* value, then "end"
  *         (site.grace=S and site.account.<A>=S become site.conf lines)
  *   site  <path> <must_exist>     -> dsp_site_load's answer: grace=S, exec_mode=0NNN,
- *                                    account=<A>=S ... (file order), then "end"
+ *                                    account=<A>=S ... (file order), view=DIR and
+ *                                    dispatch_slurm=PATH when set, then "end"
  *   claim-name  <epoch>           -> the claim's name under epochs/
  *   claim-parse <epoch> <hex>     -> what the claim's bytes say: "claim <attempt>", "incomplete", "bad"
  *   claim <0|1> K=V ...           -> dsp_claim_epoch(DISPATCH_CHECKPOINT, the execution K=V computes,
  *                                    create): "ok" or "error: ..." (claim.c, on the real filesystem)
  *   check-submission K=V ...      -> dsp_check_submission at submit time: "ok" or "error: ..."
+ *   view <hex root> <hex view>    -> dsp_view_rel("view folder", the root normalized, view): the
+ *                                    path below the root, or "error: ..." (hex: a path may hold a tab)
+ *   protocol                      -> the root's own entries (layout.c), ", "-separated
+ * (env: DISPATCH_VIEW=<the view folder> after the DISPATCH_* lines when the execution has one;
+ *  site.view=DIR and site.dispatch_slurm=PATH become site.conf lines too)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +26,7 @@
 
 #include "claim.h"
 #include "contract.h"
+#include "layout.h"
 
 #define MAXF 64
 
@@ -34,9 +41,18 @@ static const char *field(char **f, int nf, const char *key)
 
 #define ARG(v) { field(f, nf, v), v }
 #define INPUTS { ARG("DISPATCH_CHECKPOINT"), ARG("DISPATCH_GENERATION"), ARG("DISPATCH_SUBMISSION"), \
-	ARG("DISPATCH_GRACE"), ARG("DISPATCH_SHARED_CHECKPOINT"), ARG("SLURM_JOB_ID"), ARG("SLURM_CLUSTER_NAME"), \
+	ARG("DISPATCH_GRACE"), ARG("DISPATCH_SHARED_CHECKPOINT"), ARG("DISPATCH_VIEW"), ARG("SLURM_JOB_ID"), ARG("SLURM_CLUSTER_NAME"), \
 	ARG("SLURM_JOB_RESTART_COUNT"), ARG("SLURM_RESTART_COUNT"), ARG("SLURM_ARRAY_TASK_ID"), \
 	ARG("SLURM_JOB_ACCOUNT"), ARG("DISPATCH_ATTEMPT") }
+
+/* Hex digits decoded in place (a field's bytes that a tab-separated request cannot carry). */
+static void unhex(char *s)
+{
+	size_t len = strlen(s) / 2;
+	for (size_t i = 0; i < len; i++)
+		sscanf(s + 2 * i, "%2hhx", (unsigned char *)&s[i]);
+	s[len] = '\0';
+}
 
 static void claim_requests(char **f, int nf, char *err, size_t errsz)
 {
@@ -64,6 +80,18 @@ static void claim_requests(char **f, int nf, char *err, size_t errsz)
 		else
 			printf("ok\n");
 		dsp_site_free(&site);
+	} else if (!strcmp(f[0], "view") && nf == 3) {
+		char root[DSP_PATH], rel[DSP_PATH];
+		unhex(f[1]);
+		unhex(f[2]);
+		if (dsp_normalize_root(f[1], root, sizeof(root), err, errsz) ||
+		    dsp_view_rel("view folder", root, f[2], rel, sizeof(rel), err, errsz))
+			printf("error: %s\n", err);
+		else
+			printf("%s\n", rel);
+	} else if (!strcmp(f[0], "protocol") && nf == 1) {
+		char names[256];
+		printf("%s\n", dsp_protocol_names(names, sizeof(names)) ? "error: names" : names);
 	} else if (!strcmp(f[0], "check-submission")) {
 		struct dsp_in in = INPUTS;
 		char root[DSP_PATH];
@@ -120,6 +148,10 @@ int main(void)
 				printf("grace=%llu\nexec_mode=%04o\n", site.grace, site.exec_mode);
 				for (size_t i = 0; i < site.naccounts; i++)
 					printf("account=%s=%llu\n", site.accounts[i].name, site.accounts[i].grace);
+				if (site.view)
+					printf("view=%s\n", site.view);
+				if (site.dispatch_slurm)
+					printf("dispatch_slurm=%s\n", site.dispatch_slurm);
 			}
 			dsp_site_free(&site);
 			printf("end\n");
@@ -134,6 +166,8 @@ int main(void)
 					fprintf(text, "grace = %s\n", f[i] + 11);
 				else if (!strncmp(f[i], "site.account.", 13))
 					fprintf(text, "grace.%s\n", f[i] + 13);
+				else if (!strncmp(f[i], "site.view=", 10))
+					fprintf(text, "view = %s\n", f[i] + 10);
 			}
 			fclose(text);
 			dsp_site_init(&site);
@@ -154,6 +188,8 @@ int main(void)
 				       o.submission, o.restart, o.epoch, o.attempt, o.exec_dir, o.grace);
 				if (o.shared)
 					printf("DISPATCH_SHARED_CHECKPOINT=1\n");
+				if (o.view[0])
+					printf("DISPATCH_VIEW=%s\n", o.view);
 				printf("end\n");
 			}
 			dsp_site_free(&site);

@@ -44,8 +44,9 @@ ALLOWED = {
     "supervisor": {"errors", "contract", "store", "slurm", "retention"},
     "report": {"errors", "contract", "store", "slurm", "retention", "supervisor"},  # slurm: cessation/
     "doctor": {"errors", "contract", "store", "runtime", "slurm"},
+    "view": {"errors", "contract", "store", "runtime", "slurm"},
     "cli": {"errors", "contract", "store", "runtime", "integrations", "slurm", "retention", "supervisor", "report",
-            "doctor"},
+            "doctor", "view"},
     "__init__": {"errors", "contract", "store", "runtime"},
     "__main__": {"cli"},
 }

@@ -326,3 +326,25 @@ def test_mark_writes_this_executions_fact_and_refuses_outside_one(tmp_path, monk
         mark_saved()
     bare = cli("mark", "finished", env={"DISPATCH_CHECKPOINT": "", "DISPATCH_ATTEMPT": ""})
     assert bare.returncode == 2 and "DISPATCH_ATTEMPT" in bare.stderr
+
+
+VIEW_EVENTS = Own(frozenset({"resumed", "published"}))  # `view prepare`'s resumed, the view publisher's published
+
+
+@pytest.mark.parametrize("trainer, end, want, rule", [
+    # a Hugging Face Trainer traps nothing: the time limit's SIGTERM kills it (srun: 128 + 15)
+    ("huggingface", ended("FAILED", end=SIGNAL_AT + 2, code=143), "killed_at_signal", "continue"),
+    # Lightning raises SIGTERMException (a SystemExit without a code) at the next batch: exit 0
+    ("lightning", ended(end=SIGNAL_AT + 4), "signal_time", "continue"),
+    # any of them reaching its max_steps before the signal: exit 0 before it
+    ("finished", ended(end=SIGNAL_AT - 30), "completed", "done"),
+    ("crashed", ended("FAILED", end=START + 300, code=1), "failure", "resubmit"),
+])
+def test_an_unmodified_trainer_under_the_view_ends_by_slurms_facts_alone(trainer, end, want, rule):
+    """No trainer under the view writes an event of its own (no signal event, no
+    training_finished): the rule reads Slurm's facts and the job's --signal, and the view's
+    own events (the resume prepare resolved, the publisher's publications) say the trainer
+    started, so a crash is the trainer's failure, never a refusal before training."""
+    assert cause(end, VIEW_EVENTS)[0] == want
+    assert ends.before_training(end, VIEW_EVENTS) is None
+    assert rules.RULE_OF[want] == rule

@@ -10,7 +10,8 @@ import tomllib
 
 import pytest
 
-from dispatch_slurm.contract import siteconf
+from dispatch_slurm.contract import layout, names, siteconf
+from dispatch_slurm.errors import EnvError
 from dispatch_slurm.slurm import sitefile
 from support import REPO, build_spank, cli, vectors
 
@@ -98,7 +99,8 @@ def _python(path: str) -> dict | str:
         site = sitefile.load(path)
     except siteconf.SiteConfError as e:
         return str(e)
-    return {"grace": site.grace, "exec_mode": f"{site.exec_mode:04o}", "accounts": site.account_grace}
+    got = {"grace": site.grace, "exec_mode": f"{site.exec_mode:04o}", "accounts": site.account_grace}
+    return {**got, **{k: v for k, v in (("view", site.view), ("dispatch_slurm", site.dispatch_slurm)) if v}}
 
 
 def _c(contract, path: str, must_exist: bool = True) -> dict | str:
@@ -113,6 +115,8 @@ def _c(contract, path: str, must_exist: bool = True) -> dict | str:
         if key == "account":
             name, grace = value.rsplit("=", 1)
             got["accounts"][name] = int(grace)
+        elif key in ("view", "dispatch_slurm"):
+            got[key] = value
         else:
             got[key] = int(value) if key == "grace" else value
     return got
@@ -169,3 +173,68 @@ def test_check_site_report(tmp_path, monkeypatch):
     bad = cli("check-site", conf)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"{conf}:2: grace is already set" in bad.stderr
     assert cli("check-site", conf.with_name("absent.conf")).returncode == 2
+
+
+# ---- the view (--dispatch-view): one rule in Python and C --------------------------------
+
+VIEW = vectors("view.json")
+
+
+def _view_c(contract, root: str, view: str) -> str:
+    got = contract("view", root.encode().hex(), view.encode().hex())
+    return got[len("error: "):] if got.startswith("error: ") else got
+
+
+@pytest.mark.parametrize("impl", ["python", "c"])
+def test_view_vectors(contract, impl):
+    def answer(root, view):
+        if impl == "c":
+            return _view_c(contract, root, view)
+        try:
+            return names.view_relpath(names.normalize_root(root), view)
+        except EnvError as e:
+            return str(e)
+    for case in VIEW["valid"]:
+        assert answer(case["root"], case["view"]) == case["rel"], case
+    for case in VIEW["errors"]:
+        assert answer(case["root"], case["view"]) == case["error"], case
+
+
+def test_the_roots_own_folders_are_one_list_in_python_c_and_the_vectors(contract):
+    own = sorted(layout.VIEW_REFUSED)
+    assert VIEW["own"] == own and contract("protocol") == ", ".join(own)
+    assert {e["view"].split("/")[3] for e in VIEW["errors"] if "dispatch-slurm's own" in e["error"]} == set(own)
+
+
+def _execution(contract, **extra):
+    base = {"SLURM_JOB_ID": "42", "SLURM_CLUSTER_NAME": "linux", "DISPATCH_CHECKPOINT": "/ckpt/run1",
+            "DISPATCH_SUBMISSION": "1"}
+    lines = contract("env", *(f"{k}={v}" for k, v in {**base, **extra}.items()), multiline=True)
+    return lines[0] if lines[0].startswith("error: ") else dict(line.split("=", 1) for line in lines)
+
+
+def test_which_view_an_execution_has(contract):
+    """--dispatch-view, else site.conf's view; `none` turns the site's off; a shared checkpoint
+    has none and refuses one asked for; an array task's view is under its own root."""
+    assert "DISPATCH_VIEW" not in _execution(contract)
+    assert _execution(contract, DISPATCH_VIEW="/ckpt/run1/out")["DISPATCH_VIEW"] == "/ckpt/run1/out"
+    assert _execution(contract, **{"site.view": "runs/out"})["DISPATCH_VIEW"] == "/ckpt/run1/runs/out"
+    mine = _execution(contract, DISPATCH_VIEW="/ckpt/run1//mine/", **{"site.view": "out"})
+    assert mine["DISPATCH_VIEW"] == "/ckpt/run1/mine"
+    assert "DISPATCH_VIEW" not in _execution(contract, DISPATCH_VIEW="none", **{"site.view": "out"})
+    assert "DISPATCH_VIEW" not in _execution(contract, DISPATCH_SHARED_CHECKPOINT="1", **{"site.view": "out"})
+    assert _execution(contract, DISPATCH_SHARED_CHECKPOINT="1", DISPATCH_VIEW="/ckpt/run1/out") == (
+        "error: DISPATCH_VIEW cannot be used with DISPATCH_SHARED_CHECKPOINT: a view gives every execution its "
+        "own folder, which a shared checkpoint cannot have")
+    array = _execution(contract, DISPATCH_CHECKPOINT="/ckpt/sweep/task-%a", SLURM_ARRAY_TASK_ID="3",
+                       DISPATCH_VIEW="/ckpt/sweep/task-%a/out")
+    assert (array["DISPATCH_CHECKPOINT"], array["DISPATCH_VIEW"]) == ("/ckpt/sweep/task-3", "/ckpt/sweep/task-3/out")
+    assert _execution(contract, DISPATCH_VIEW="/ckpt/run1/pub").startswith("error: DISPATCH_VIEW '/ckpt/run1/pub' is in")
+
+
+def test_check_site_shows_the_view_settings(tmp_path):
+    conf = tmp_path / "site.conf"
+    conf.write_text("view = out\ndispatch_slurm = /usr/bin/dispatch-slurm\n")
+    assert sitefile.check(str(conf)).splitlines()[-2:] == [
+        "view = out  (every job's view folder below its root, unless --dispatch-view)",
+        "dispatch_slurm = /usr/bin/dispatch-slurm"]

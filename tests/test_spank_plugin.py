@@ -182,6 +182,22 @@ def test_each_context_exit_leaves_nothing(contexts, context, tmp_path):
     assert (r.returncode, r.stdout) == (0, f"{context}: ok\n"), f"{cmd}\n{r.stdout}\n{r.stderr}"
 
 
+@needs_make
+def test_a_requeued_batch_step_takes_its_restart_count_from_the_job_prolog(tmp_path):
+    """Slurm sets a batch step's SLURM_RESTART_COUNT only in its task, after user_init: the
+    plugin's job Prolog records the count (root's file, 0644), user_init reads it, a record
+    others could write is ignored, the Epilog removes it."""
+    if not Path("/usr/include/slurm/spank.h").exists():
+        pytest.skip("no slurm/spank.h: apt-get install libslurm-dev (tools/setup-host does)")
+    if os.geteuid() != 0:
+        pytest.skip("the record is root's: run as root")
+    driver = build_spank("test_contexts", tmp_path, cppflags=f"-DDSP_RUN_DIR='\"{tmp_path}/run\"'")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run([str(driver), "requeue", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert (r.returncode, r.stdout) == (0, "requeue: ok\n"), f"{r.stdout}\n{r.stderr}"
+    assert not (tmp_path / "run" / "42.restart").exists()
+
+
 # ---- the build flags --------------------------------------------------------------------
 
 def compile_line(*args, env=None) -> str:

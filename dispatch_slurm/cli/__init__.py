@@ -66,6 +66,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                "DISPATCH_CHECKPOINT/GENERATION/SUBMISSION exported to the job."),
     "supersede": ("supervise", "supersede", "Start generation G+1 of ROOT's job: record the supersession, cancel "
                   "generation G's job (its supervisor stops), and carry on as the supervisor of G+1."),
+    "view": ("view", "view", "The view's two halves, run by the SPANK plugin for a job submitted with "
+             "--dispatch-view=DIR, as the job user, on each node before each step's tasks: `prepare`, then "
+             "`publish` (detached)."),
     "watch": ("job", "watch", "Publish each complete save in the exec folder, in step order, at this execution's "
               "epoch; one line per publication on stdout."),
 }

@@ -55,6 +55,7 @@ def env_(fmt, no_mkdir, local):
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
         raise
     _unpublished(values)
+    _no_view(values, local)
     click.echo(envmod.render(values, fmt), nl=False)
 
 
@@ -177,31 +178,15 @@ def _lingering(w):
     """What the watch publishes for once the trainer's process ended: the execution's
     processes that run on on this node (slurm/cessation/node.py), none once its Epilog
     recorded their end here."""
-    from ..contract import layout
     from ..slurm.cessation import node
     ex = envmod.Execution.current()
-    attempt, here, root = ex.attempt, ex.node, ex.root
-    if not attempt or not root:
-        return None
-
-    def linger() -> list[int]:
-        if here and w.fs.has(layout.CEASED, f"{attempt}.{here}"):
-            return []
-        return node.running_on(attempt, root)
-    return linger
+    return node.lingering(w.fs, ex.attempt, ex.root, ex.node)
 
 
 def _unfinished(w, root: str) -> bool:
-    """Name the saves the watch leaves unpublished (stderr, and a ``warning`` event); whether
-    any of them is above the last step published (progress nothing keeps)."""
-    text = w.summary()
-    if text is None:
-        return False
-    lost = w.stranded()
-    click.echo(f"dispatch-slurm watch: {'error' if lost else 'warning'}: {text}", err=True)
-    store.events.record("warning", root=root, kind="never_complete", by="watch", message=text,
-                        paths=[f"{w.rel}/{n}" for n in sorted(w.unfinished)][:20], count=len(w.unfinished))
-    return bool(lost)
+    """Name the saves the watch leaves unpublished (runtime/watch.py's ``unfinished``)."""
+    from ..runtime import watch as watchmod
+    return watchmod.unfinished(w, lambda text: click.echo(f"dispatch-slurm watch: {text}", err=True))
 
 
 @click.command()
@@ -223,6 +208,17 @@ def mark(what):
     (marks.mark_saved if what == "saved" else marks.mark_finished)()
 
 
+
+
+def _no_view(values: dict, local: bool) -> None:
+    """A job that names a view (DISPATCH_VIEW) no plugin made: said in one line, with the way
+    without it (view.py)."""
+    view = envmod.Execution.current().view
+    if view:
+        from ..view import no_view_line
+        line = no_view_line(view, values["DISPATCH_EXEC_DIR"], local)
+        if line:
+            click.echo(f"dispatch-slurm env: warning: {line}", err=True)
 
 
 def _unpublished(values: dict) -> None:

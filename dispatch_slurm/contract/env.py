@@ -277,6 +277,14 @@ class Execution:
         return self._given.get("exec_dir") or self._get("DISPATCH_EXEC_DIR")
 
     @property
+    def view(self) -> str | None:  # DISPATCH_VIEW: the folder the plugin binds the exec folder over (view.py)
+        return self._get("DISPATCH_VIEW")
+
+    @property
+    def marker(self) -> str | None:  # DISPATCH_MARKER: the view's marker of a complete save, for any other trainer
+        return self._get("DISPATCH_MARKER")
+
+    @property
     def job(self) -> str | None:  # SLURM_JOB_ID
         return self._get("SLURM_JOB_ID")
 

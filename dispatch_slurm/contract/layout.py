@@ -19,6 +19,7 @@ JOBS = "jobs"          # jobs/<cluster>.<job id>: the N a plain sbatch job's fir
 PROBES = "dispatch-probe"  # exec/<attempt>/dispatch-probe/<host>.<pid>.jsonl: the handler's probe records
 RESUMES = "dispatch-resume"  # exec/<attempt>/dispatch-resume/<publication name>/<leaf>: the save it resumes from
 HELD = "held"          # held/<publication name>/<leaf>: the publication's own links to its save's files
+VIEW = "dispatch-view"  # exec/<attempt>/dispatch-view: what the view's prepare placed in the folder
 
 #: (entry, who writes it, what it is): the on-disk contract, in the order docs/design.md shows.
 ENTRIES = (
@@ -27,6 +28,12 @@ ENTRIES = (
      "integration's resume)", "the published save the execution resumes from, under its last name: clones "
      "(reflinks) where the filesystem makes them, else hard links to its read-only files; a write there never "
      "reaches the published save; gc removes it once the execution has ceased"),
+    ("exec/<attempt>/dispatch-view", "`view prepare` (the plugin's view, before the execution's first task)",
+     "what the view placed in the folder its trainer sees as its own: the latest publication under the path the "
+     "trainer looks for (as the resume copy is made) and the framework's pointer file (DeepSpeed's `latest`, "
+     "Megatron's tracker), written fresh; one JSON line, whole when it appears. Its presence makes every later "
+     "prepare of the execution a no-op; its publisher never publishes what it names, gc and the report count it "
+     "as a copy"),
     ("pub/<epoch>-<step>-<b32>", "publish", "publications: empty, never renamed, rewritten or appended to"),
     ("held/<epoch>-<step>-<b32>/<leaf>", "publish", "the publication's own hard links to its save's files, made "
      "read-only when it publishes: a trainer's rotation or an `rm` of the save cannot take what the latest "
@@ -55,6 +62,9 @@ ENTRIES = (
 
 #: entries a save may never be: publishing or adopting one of them is refused
 PROTOCOL = frozenset({PUB, SUB, EPOCHS, JOBS, EVENTS, CEASED, RECORD, CLAIMS, REQUESTS, RETIRED, PINNED, HELD})
+#: where the SPANK plugin's view (the folder a trainer writes, bound to exec/<attempt>/) may not
+#: be below a root: its own folders and exec/ itself (spank_env/layout.c holds the same names)
+VIEW_REFUSED = PROTOCOL | {EXEC}
 
 
 def exec_relpath(attempt: str) -> str:

@@ -16,6 +16,7 @@ from operator import itemgetter, mod
 from typing import NamedTuple
 
 from ..errors import BadName, BadPath, DispatchError, EnvError
+from . import layout
 from .epoch import EPOCH_MAX, Epoch, decompose
 
 #: the greatest step: a signed 64-bit integer's, which every framework counts steps in (torch's
@@ -338,6 +339,37 @@ def normalize_root(root: str) -> str:
     if any("%a" in p for p in parts[:-1]):
         raise EnvError(f"checkpoint root {root!r}: %a may only appear in the last component")
     return "/" + "/".join(parts)
+
+PATH_MAX = 4095  # bytes of a path the plugin holds (DSP_PATH less its NUL)
+
+
+def view_relpath(root: str, view: str, label: str = "view folder") -> str:
+    """The view folder ``view`` of the job whose normalized POSIX root is ``root``, as the
+    path below the root: absolute, normalized like the root, neither the root itself nor
+    outside it nor in one of the root's own folders. The plugin's dsp_view_rel, word for word
+    (tests/vectors/view.json); ``label`` names it in messages."""
+    if "\0" in view:
+        raise EnvError(f"{label} contains a NUL byte")
+    if not view.startswith("/"):
+        raise EnvError(f"{label} '{view}' must be an absolute path")
+    parts = [p for p in view.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise EnvError(f"{label} '{view}' must not contain '..'")
+    norm = "/" + "/".join(parts)
+    if len(norm.encode("utf-8", "surrogateescape")) > PATH_MAX:
+        raise EnvError(f"{label} '{view}' is too long")
+    inside = f"name a folder inside it (e.g. {root}/out)"
+    if norm == root:
+        raise EnvError(f"{label} '{view}' is the checkpoint root itself: {inside}")
+    prefix = "/" if root == "/" else f"{root}/"
+    if not norm.startswith(prefix):
+        raise EnvError(f"{label} '{view}' is not inside the checkpoint root {root}: {inside}")
+    rel = norm[len(prefix):]
+    if rel.split("/")[0] in layout.VIEW_REFUSED:
+        raise EnvError(f"{label} '{view}' is in {root}/{rel.split('/')[0]}, dispatch-slurm's own folder: "
+                       f"name another folder inside the root (e.g. {root}/out)")
+    return rel
+
 
 # --- bulk validation: the same rules as parse(), for a whole listing at once ---
 # Readers must parse every entry of pub/ (a skipped entry could be the latest), and

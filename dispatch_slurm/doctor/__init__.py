@@ -62,9 +62,11 @@ class Diagnosis:
     findings: list[rules.Finding]
     table: list[rules.Row] = field(default_factory=list)
     run: Optional[Run] = None
+    mode: Optional[str] = None  # --job: which way the job came in (running.mode)
 
     def _parts(self) -> tuple:
-        return (self.sig, self.stack, self.conf, self.partition, self.windows, self.table, self.findings, self.run)
+        return (self.sig, self.stack, self.conf, self.partition, self.windows, self.table, self.findings, self.run,
+                self.mode)
 
     def text(self) -> str:
         return report.render(*self._parts())
@@ -102,6 +104,7 @@ def _rehearse(a: Ask, d: Diagnosis) -> None:
         assert a.job_id is not None  # diagnose() rehearses with a command or a job
         d.run, d.table = running.rehearse(a.job_id, sig, d.conf, a.ranks, a.ready_timeout, a.preempt, a.probe_dir,
                                           a.root)
+        d.mode = running.mode(a.root, a.job_id) if a.root else None
     _judge(a, d, window, d.run.exit_code, None if a.preempt else sig.seconds)
 
 

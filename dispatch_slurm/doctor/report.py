@@ -16,7 +16,7 @@ def _fmt(v: Optional[float], unit: str = " s", sign: bool = False) -> str:
 
 
 def render(sig: Optional[Signal], stack: Stack, conf: SlurmConf, partition: Optional[str], wins: dict,
-           table: list[Row], findings: list[Finding], run: Optional[Run] = None) -> str:
+           table: list[Row], findings: list[Finding], run: Optional[Run] = None, mode: Optional[str] = None) -> str:
     where = "an srun step" if stack.where == "step" else "the batch shell"
     lines = [f"doctor: {sig or 'no --signal'}; the trainer in {where}"
              f"{' under ' + stack.launcher if stack.launcher else ''}{' (dispatch-slurm launch)' if stack.wrapped else ''}",
@@ -24,6 +24,8 @@ def render(sig: Optional[Signal], stack: Stack, conf: SlurmConf, partition: Opti
              f"{f' (partition {partition})' if partition else ''}, GraceTime {conf.grace_time:g} s, "
              f"send_user_signal {'yes' if conf.send_user_signal else 'no'}",
              "windows (signal to SIGKILL): " + ", ".join(f"{k} {v:g} s" for k, v in wins.items())]
+    if mode is not None:
+        lines.append(f"mode: {mode}")
     lines += _hooks(conf)
     if run is not None:
         lines.append(f"rehearsal: {run.ready} handler(s) installed when the signal was sent; the command "
@@ -54,8 +56,9 @@ def _hooks(conf: SlurmConf) -> list[str]:
 
 
 def as_json(sig: Optional[Signal], stack: Stack, conf: SlurmConf, partition: Optional[str], wins: dict,
-            table: list[Row], findings: list[Finding], run: Optional[Run] = None) -> str:
+            table: list[Row], findings: list[Finding], run: Optional[Run] = None, mode: Optional[str] = None) -> str:
     return json.dumps({"signal": str(sig) if sig else None, "stack": asdict(stack), "slurm": asdict(conf),
+                       "mode": mode,
                        "partition": partition, "windows": wins, "ranks": [asdict(r) for r in table],
                        "run": None if run is None else asdict(run),
                        "findings": [asdict(f) for f in findings]}, indent=1)

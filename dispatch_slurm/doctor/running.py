@@ -8,8 +8,10 @@ import os
 import time
 from typing import Any, Callable, Optional
 
+from ..contract import names
 from ..errors import DispatchError
 from ..runtime import probe
+from ..store import events
 from ..slurm.client import Slurm
 from . import rules
 from .rehearse import Run
@@ -30,6 +32,28 @@ def _job_probes(root: str, job_id: int) -> list[str]:
         if any(str(p.get("installed", {}).get("job")) == str(job_id) for p in probe.read(where).values()):
             found.append(where)
     return found
+
+
+#: how a save was published or a resume resolved (an event's ``by``) -> the way the job came in
+SCRIPT_BY = frozenset({"latest --resume", "watch", "publish"})
+
+
+def mode(root: str, job_id: int) -> str:
+    """Which way the job's executions came in, from their own events under the root: the view
+    (the plugin's --dispatch-view: `view prepare` resolved the resume, `view` published), the
+    README's job script (`latest --resume`, `watch`), an integration (its name), or unknown."""
+    mine = [e for e in events.read(root)
+            if (parts := names.attempt_parts(str(e.get("attempt") or ""))) is not None and parts[1] == job_id]
+    by = {str(e.get("by")) for e in mine if e.get("type") in ("resumed", "published")}
+    if by & {"view prepare", "view"}:
+        published = sum(1 for e in mine if e.get("type") == "published" and e.get("by") == "view")
+        return (f"view: the plugin bound each execution's folder over the trainer's own (--dispatch-view), "
+                f"`view prepare` placed its resume point, the view's publisher published {published} save(s)")
+    if by & SCRIPT_BY:
+        return "job script: eval \"$(dispatch-slurm env)\", latest --resume, watch (no view)"
+    if by:
+        return f"integration: {', '.join(sorted(by))} (no view)"
+    return "unknown: no event of the job says how it resumed or published"
 
 
 def rehearse(job_id: int, sig: rules.Signal, conf: rules.SlurmConf, ranks: int, ready_timeout: float, preempt: bool,

@@ -184,7 +184,7 @@ def _interruption(i: dict) -> str:
 
 WARNINGS = {
     "unpublished_saves": "started from step 0 while earlier executions had left saves nothing published",
-    "never_complete": "watch ended with saves it never published",
+    "never_complete": "its publisher (watch, or the view's) ended with saves it never published",
     "lightning_auto_requeue": "ran with Lightning's SLURMEnvironment(auto_requeue=True): its hpc_ckpt saves are "
                               "never published",
 }

@@ -87,6 +87,15 @@ class Layout:
     def complete(self, path: str, is_dir: bool, fs: store.Store) -> bool:
         return self.missing(path, is_dir, fs) is None
 
+    def listing(self, fs: store.Store, exec_dir: str):
+        """The entries of the exec folder that may be saves: (name under it, is a folder). Here
+        its own entries; the view's layout (view.py) also looks into the trainer's subfolders."""
+        return fs.entries(exec_dir)
+
+    def folders(self) -> set[str]:
+        """The subfolders the last listing looked into (watched besides the exec folder)."""
+        return set()
+
     def missing(self, path: str, is_dir: bool, fs: store.Store) -> str | None:
         """What the save still lacks to be complete, or None when it is. On a store whose PUTs
         are all or nothing (S3) a marker object is never seen half-written; a
@@ -141,8 +150,8 @@ class Watcher:
     session of the root."""
 
     def __init__(self, exec_dir: str, root: str, epoch: int, layout: Layout, sync: bool = True,
-                 on_publish=None):
-        self.exec_dir, self.root, self.epoch, self.layout = exec_dir, root, epoch, layout
+                 on_publish=None, by: str = "watch"):
+        self.exec_dir, self.root, self.epoch, self.layout, self.by = exec_dir, root, epoch, layout, by
         self.sync, self.on_publish = sync, on_publish or (lambda pub: None)
         self.fs = store.at(root)
         if not self.fs.local:  # a prefix exists once something is written under it
@@ -163,6 +172,11 @@ class Watcher:
         """The unfinished saves that are folders: watched for what is written into them."""
         return [n for n, u in self.unfinished.items() if u.is_dir]
 
+    def watched(self) -> set[str]:
+        """The folders whose changes wake the watch: the exec folder, the subfolders its layout
+        looked into, each unfinished save folder."""
+        return {self.exec_dir} | {os.path.join(self.exec_dir, n) for n in [*self.layout.folders(), *self.pending]}
+
     def describe(self) -> str:
         """What this watch does, in one line (watch says it when it starts)."""
         m = self.layout.marker
@@ -173,9 +187,8 @@ class Watcher:
 
     def _published_before(self) -> None:
         """Saves this execution published before (an earlier watch, the trainer)."""
-        mine = [p for p in self.fs.publications()
-                if p.epoch == self.epoch and p.path.rsplit("/", 1)[0] == self.rel]
-        self.done = {p.path.rsplit("/", 1)[-1] for p in mine}
+        mine = [p for p in self.fs.publications() if p.epoch == self.epoch and p.path.startswith(f"{self.rel}/")]
+        self.done = {p.path[len(self.rel) + 1:] for p in mine}
         self.kept = set(self.done)
         self.top = max((p.step for p in mine), default=None)
 
@@ -186,7 +199,7 @@ class Watcher:
             self._published_before()
             self._first = False
         found, seen, here = [], {}, set()
-        for name, is_dir in self.fs.entries(self.exec_dir):
+        for name, is_dir in self.layout.listing(self.fs, self.exec_dir):
             here.add(name)
             if name in self.done or (step := self.layout.step(name)) is None:
                 continue
@@ -215,14 +228,14 @@ class Watcher:
         report says who removed what, and when; the publication's held links still keep it."""
         for name in sorted(self.kept - here):
             self.kept.discard(name)
-            store.events.record("removed", root=self.fs, path=f"{self.rel}/{name}", by="watch")
+            store.events.record("removed", root=self.fs, path=f"{self.rel}/{name}", by=self.by)
 
     def _publish(self, name: str, step: int) -> names.Publication | str | None:
         """Publish one complete save: its publication (None: published before, or rotated
         away meanwhile), or why it cannot be yet (a torn file)."""
         path = os.path.join(self.exec_dir, name)
         try:
-            res = store.publish(path, step, root=self.fs, epoch=self.epoch, by="watch", sync=self.sync)
+            res = store.publish(path, step, root=self.fs, epoch=self.epoch, by=self.by, sync=self.sync)
         except TornSave as e:
             return e.detail
         except BadPath as e:
@@ -265,6 +278,19 @@ class Watcher:
         return (f"{len(self.unfinished)} save{'s' if len(self.unfinished) != 1 else ''} in {self.exec_dir} never "
                 f"became publishable: {each}; {after}. {self.layout.rule()}; a whole save can be published by hand: "
                 "dispatch-slurm publish PATH")
+
+
+def unfinished(w: Watcher, say) -> bool:
+    """Name the saves the watch leaves unpublished (``say``, and a ``warning`` event the report
+    shows); whether any of them is above the last step published (progress nothing keeps)."""
+    text = w.summary()
+    if text is None:
+        return False
+    lost = w.stranded()
+    say(f"{'error' if lost else 'warning'}: {text}")
+    store.events.record("warning", root=w.fs, kind="never_complete", by=w.by, message=text,
+                        paths=[f"{w.rel}/{n}" for n in sorted(w.unfinished)][:20], count=len(w.unfinished))
+    return bool(lost)
 
 
 class Inotify:
@@ -332,7 +358,7 @@ def _open_inotify(w: Watcher, interval: float, say) -> Inotify | None:
     try:
         return Inotify()
     except OSError as e:
-        say(f"dispatch-slurm watch: inotify unavailable ({e}); polling every {interval}s")
+        say(f"dispatch-slurm {w.by}: inotify unavailable ({e}); polling every {interval}s")
         return None
 
 
@@ -357,7 +383,7 @@ def _scan(w: Watcher, ino: Inotify | None, timeout: float | None) -> None:
     try:
         while True:
             w.scan()
-            if ino is None or not ino.watch_only({w.exec_dir} | {os.path.join(w.exec_dir, n) for n in w.pending}):
+            if ino is None or not ino.watch_only(w.watched()):
                 return
     except _Expired:
         raise ScanTimeout("a scan did not finish within --timeout (is the filesystem or the "
@@ -372,22 +398,38 @@ class Ending:
     the end of the execution's processes that run on after it, as ``linger()`` finds them: a
     step whose ``srun`` ended (slurmd frozen on a hung mount: the controller took the node for
     dead) while its tasks train, save and rotate on. The watch publishes until they are gone,
-    woken by each one's exit (a pidfd) or the rescan."""
+    woken by each one's exit (a pidfd) or the rescan. With ``linger`` and no ``pid`` (the
+    view's publisher, which no job script starts beside a trainer) those processes are all it
+    lasts for, from the start: it waits ``first_within`` seconds for the first of them to
+    appear, and looks for new ones every ``every`` seconds (an exit is seen at once)."""
 
-    def __init__(self, pid: int | None, linger, say):
-        self.pid, self.linger, self.say = pid, linger, say
+    def __init__(self, pid: int | None, linger, say, first_within: float = 0.0, every: float = 1.0):
+        self.pid, self.linger, self.say, self.every = pid, linger, say, every
         self.pidfd, self.alive = _open_pidfd(pid)
+        if pid is None and linger is not None:
+            self.alive = False
+        self.first_by = time.monotonic() + first_within
+        self.seen = False  # whether linger() ever found one
         self.pidfds: dict[int, int] = {}  # the processes that run on, once the trainer's ended
-        self.said = False
+        self.said = pid is None  # the view's publisher has no trainer's end to speak of
         self.due = 0.0  # the next look for them (a /proc scan): at most once a second, or when one exits
 
     def over(self) -> bool:
         if self.alive:
             return False
-        if self.pidfds and time.monotonic() < self.due:
+        now = time.monotonic()
+        if self.pidfds and now < self.due:
             return False
-        self.due = time.monotonic() + 1.0
-        return not self._runs_on()
+        self.due = now + self.every
+        if self._runs_on():
+            self.seen = True
+            return False
+        return self.seen or now >= self.first_by
+
+    def wait(self, wait: float) -> float:
+        """How long to wait for a change: ``wait`` while the trainer lives, else 5 s at most
+        (1 s while the first of the execution's processes is awaited)."""
+        return wait if self.alive else min(wait, 5.0 if self.seen or self.pid is not None else 1.0)
 
     def fds(self) -> list[int]:
         if self.alive:
@@ -403,15 +445,18 @@ class Ending:
         pids = set(self.linger()) if self.linger is not None else set()
         for pid in [p for p in self.pidfds if p not in pids]:
             os.close(self.pidfds.pop(pid))
-        for pid in sorted(pids - set(self.pidfds)):
-            fd, _ = _open_pidfd(pid)
+        live = set(self.pidfds)
+        for pid in sorted(pids - live):
+            fd, alive = _open_pidfd(pid)
             if fd is not None:
                 self.pidfds[pid] = fd
-        if self.pidfds and not self.said:
+            if alive:  # without a pidfd (an old kernel) it counts until a look finds it gone
+                live.add(pid)
+        if live and not self.said:
             self.said = True
             self.say(f"dispatch-slurm watch: the trainer's step ended, but its processes "
-                     f"{', '.join(map(str, sorted(self.pidfds)[:5]))} run on on this node: publishing until they are gone")
-        return bool(self.pidfds)
+                     f"{', '.join(map(str, sorted(live)[:5]))} run on on this node: publishing until they are gone")
+        return bool(live)
 
     def close(self) -> None:
         for fd in [*self.pidfds.values(), *([self.pidfd] if self.pidfd is not None else [])]:
@@ -422,15 +467,17 @@ class Ending:
 
 def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
         once: bool = False, until_pid: int | None = None, timeout: float | None = 300.0,
-        say=lambda text: print(text, file=sys.stderr), incomplete_after: float = 300.0, linger=None) -> None:
+        say=lambda text: print(text, file=sys.stderr), incomplete_after: float = 300.0, linger=None,
+        first_within: float = 0.0, every: float = 1.0) -> None:
     """Scan, then wait for a change and scan again, until ``once`` or ``until_pid``'s exit
     (after one final scan) and, with ``linger`` (a callable: the pids of the execution's
-    processes still on this node), until those are gone too (Ending). Errors raise; a
+    processes still on this node), until those are gone too (Ending, with ``first_within``
+    and ``every``). Errors raise; a
     scan longer than ``timeout`` raises ScanTimeout (enforced with SIGALRM, so only from the
     main thread). A save unfinished for ``incomplete_after`` seconds is said once, with what
     it lacks (a save being written is not a problem; one that never completes is)."""
     ino = _open_inotify(w, interval, say) if not poll and not once and w.fs.local else None  # local writes only
-    end = Ending(until_pid, linger, say)
+    end = Ending(until_pid, linger, say, first_within, every)
     if threading.current_thread() is not threading.main_thread():
         timeout = None
     old = signal.signal(signal.SIGALRM, _alarm) if timeout is not None else None
@@ -441,11 +488,11 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
         while True:
             _scan(w, ino, timeout)
             for line in w.overdue(incomplete_after):
-                say(f"dispatch-slurm watch: warning: {line}")
+                say(f"dispatch-slurm {w.by}: warning: {line}")
             if once or end.over():
                 return
             ready, _, _ = select.select(([ino.fd] if ino else []) + end.fds(), [], [],
-                                        _until_due(w, wait if end.alive else min(wait, 5.0), incomplete_after))
+                                        _until_due(w, end.wait(wait), incomplete_after))
             if ino is not None and ino.fd in ready:
                 ino.drain()
             end.woken(ready)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import ceased, epochs, events, execdir, jobs, once, unpublished, whole
-    from .base import Store
+    from .base import SaveMoved, Store
     from .durable import write_all
     from .inventory import Folder, Inventory, Save, markers, retired_by, retirement_record
     from .once import AlreadySaved
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 # public name -> the module that defines it
 _NAMES = {
-    "Store": "base", "write_all": "durable", "AlreadySaved": "once", "latest_of": "protocol",
+    "SaveMoved": "base", "Store": "base", "write_all": "durable", "AlreadySaved": "once", "latest_of": "protocol",
     **dict.fromkeys(("Folder", "Inventory", "Save", "markers", "retired_by", "retirement_record"), "inventory"),
     **dict.fromkeys(("Published", "SaveGone", "env_epoch", "env_root", "publish", "sync"), "publish"),
     **dict.fromkeys(("VanishedSave", "latest_save", "located", "resume_from", "resume_path", "resume_point", "resumed",
@@ -42,7 +42,8 @@ _NAMES = {
 }
 _MODULES = ("ceased", "epochs", "events", "execdir", "jobs", "once", "unpublished", "whole")
 
-__all__ = ["at", "backend", "Store", "publish", "Published", "SaveGone", "latest", "publications", "allocate_submission",
+__all__ = ["at", "backend", "Store", "SaveMoved",
+           "publish", "Published", "SaveGone", "latest", "publications", "allocate_submission",
            "make_exec_dir", "Root", "env_root", "env_epoch", "sync", "latest_save", "located", "resume_from", "resume_path",
            "resume_point",
            "resumed", "save_exists", "VanishedSave",

@@ -13,13 +13,16 @@ store (s3.py) through conditional PUTs, which are durable when they return."""
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from ..contract import layout, names
 from ..contract.names import Publication
 from ..errors import BadPath, StoreError
 from . import inventory, protocol
 from .inventory import Folder, Inventory
+
+if TYPE_CHECKING:
+    from .durable import Linker
 
 
 class SaveMoved(StoreError):
@@ -139,6 +142,18 @@ class Store:
         (its path under the root, None) or (None, why the store makes none: the caller loads
         ``rel`` itself). SaveMoved when the save changed while it was copied."""
         return None, f"a {self.kind} store keeps no copies"
+
+    def place(self, rel: str, attempt: str, name: str, where: str) -> tuple[Optional[str], Optional[Linker]]:
+        """``hold``'s copy of the published save ``rel`` for execution ``attempt``, under
+        ``exec/<attempt>/<where>`` (the view: where its trainer looks for it): (None when it is
+        in place, made now or by another maker, or why none was made; what was made, as a
+        Linker counts it). SaveMoved when the save changed while it was copied."""
+        return f"a {self.kind} store makes no copies: the view needs a POSIX root", None
+
+    def write_new(self, rel: str, data: bytes) -> bool:
+        """A small file ``rel`` in an execution's folder (the view's pointer file, its record),
+        whole when it appears, never written over one that is there: whether this call made it."""
+        raise StoreError(f"a {self.kind} store has no view: it needs a POSIX root")
 
     def keep(self, rel: str, name: str) -> tuple[Optional[str], list[str]]:
         """The publication ``name``'s own reference to the files of the save ``rel``

@@ -12,7 +12,8 @@ later execution loads. gc removes the held links with the save; an execution's o
 links go when it publishes a newer save (``release``): the trainer's own rotation keeps
 deciding what its folder holds, and only the newest publication of each epoch is held.
 
-An execution resumes from a copy in its own folder (``hold``), made from the held links:
+An execution resumes from a copy in its own folder (``hold``; the view's prepare: ``place``,
+under the name its trainer looks for), made from the held links:
 clones (reflinks: a write to one lands in that file alone) where the filesystem makes them
 (XFS, btrfs, OCFS2, bcachefs, NFS 4.2 over one of those), else hard links to the held,
 read-only files (a write fails, for every user but root).
@@ -24,14 +25,16 @@ files changed while they were linked."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
+import stat
 from typing import Optional
 
 from ..contract import layout, names
 from ..errors import BadName
 from .base import SaveMoved
-from .durable import DirFds, Linker, ensure_dir, link_tree, open_dir, remove_tree, tree_names, walk_to
+from .durable import DirFds, Linker, create_new, ensure_dir, link_tree, open_dir, remove_tree, tree_names, walk_to
 
 
 def _tmp(name: str) -> str:
@@ -133,23 +136,107 @@ def hold(root_fd: int, rel: str, attempt: str, name: str) -> tuple[Optional[str]
             return None, f"{rel} could not be linked into {copy}: {e.strerror or e}"
 
 
-def _link(source: str, source_leaf: str, leaf: str, root_fd: int, tmp_fd: int, fds: DirFds) -> None:
+def place(root_fd: int, rel: str, attempt: str, name: str, where: str) -> tuple[Optional[str], Linker]:
+    """Make ``exec/<attempt>/<where>`` a copy of the published save ``rel`` (publication
+    ``name``), as ``hold`` makes a resume copy (from the held links while they exist: clones,
+    else hard links to the read-only files, for root a copy of the data), for a trainer that
+    resumes from its own folder (the view): made under a hidden name beside ``where``, then
+    renamed (a folder) or linked (a file) into place, never over what is there, so the first
+    of several makers wins and a later one changes nothing. (None when it is in place, or why
+    none was made; what the Linker made.) SaveMoved when the save changed while it was linked."""
+    source, source_leaf = (f"{layout.HELD}/{name}", name) if held_here(name, root_fd) else (rel, rel.rsplit("/", 1)[-1])
+    *folders, leaf = where.split("/")
+    how = Linker(clone=True)
+    with DirFds() as fds:
+        try:
+            parent = fds.add(walk_to(f"{layout.EXEC}/{attempt}/-", root_fd))
+            for part in folders:  # the trainer's own subfolders (Lightning's dirpath): as it would make them
+                parent = fds.add(ensure_dir(part, parent)[0])
+            if _present(leaf, parent):
+                return None, how
+        except OSError as e:
+            return f"{layout.EXEC}/{attempt}/{where}: {e.strerror or e}", how
+        tmp = _tmp(leaf)
+        try:
+            _link(source, source_leaf, tmp, root_fd, parent, fds, how)
+            if not _into_place(tmp, leaf, parent, replace=False):
+                remove_tree(tmp, parent)  # another maker's is in place
+            return None, how
+        except SaveMoved:
+            remove_tree(tmp, parent)
+            raise SaveMoved(f"{rel} changed while it was linked into {layout.EXEC}/{attempt}/{where}") from None
+        except OSError as e:
+            remove_tree(tmp, parent)
+            return f"{rel} could not be linked into {layout.EXEC}/{attempt}/{where}: {e.strerror or e}", how
+
+
+def write_new(root_fd: int, rel: str, data: bytes, mode: int = 0o644) -> bool:
+    """A real file ``rel`` under the root holding ``data`` (the view's pointer file, its
+    record), whole when it appears (written under a hidden name, then linked into place) and
+    never over one that is there: whether this call made it. Never through a symlink."""
+    folder, _, name = rel.rpartition("/")
+    tmp = _tmp(name)
+    with DirFds() as fds:
+        parent = fds.add(walk_to(f"{folder}/-", root_fd))
+        create_new(tmp, parent, data, mode=mode, sync=False)
+        try:
+            os.link(tmp, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp, dir_fd=parent)
+
+
+def view_record(pub: Optional[str], placed: Optional[str], pointer: Optional[str], made: dict) -> bytes:
+    """What the view's prepare placed in an execution's folder (``layout.VIEW``): the
+    publication (None: nothing published), the path it placed it under (relative to the
+    folder), the pointer file it wrote: what its publisher must never publish, and what gc
+    and the report count as a copy, not a save of the execution's."""
+    return (json.dumps({"v": 1, "publication": pub, "placed": placed, "pointer": pointer, "made": made},
+                       separators=(",", ":")) + "\n").encode()
+
+
+def placed_in(data: bytes) -> tuple[Optional[str], Optional[str]]:
+    """(the placed path, the pointer file) a ``view_record`` names; (None, None) for none, or
+    for a record that does not parse (nothing placed is then taken for a copy)."""
+    try:
+        rec = json.loads(data)
+    except ValueError:
+        return None, None
+    if not isinstance(rec, dict):
+        return None, None
+    placed, pointer = rec.get("placed"), rec.get("pointer")
+    return placed if isinstance(placed, str) else None, pointer if isinstance(pointer, str) else None
+
+
+def _link(source: str, source_leaf: str, leaf: str, root_fd: int, tmp_fd: int, fds: DirFds,
+          how: Optional[Linker] = None) -> None:
     try:
         src = fds.add(walk_to(source, root_fd))
-        linked = link_tree(source_leaf, src, leaf, tmp_fd, Linker(clone=True))
+        linked = link_tree(source_leaf, src, leaf, tmp_fd, how or Linker(clone=True))
         if tree_names(source_leaf, src) != linked:  # a name gone while they were linked: a rotation's removal
             raise SaveMoved(source)
     except FileNotFoundError:
         raise SaveMoved(source) from None
 
 
-def _into_place(tmp: str, name: str, dir_fd: int) -> None:
+def _into_place(tmp: str, name: str, dir_fd: int, replace: bool = True) -> bool:
+    """Rename ``tmp`` to ``name``; False (``tmp`` removed, unless ``replace=False``, which also
+    refuses to rename a file over one: it is linked) when another maker's is in place."""
     try:
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        if replace or stat.S_ISDIR(os.stat(tmp, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        else:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            os.unlink(tmp, dir_fd=dir_fd)
+        return True
     except OSError as e:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
-        remove_tree(tmp, dir_fd)  # another maker's copy is in place
+        if replace:
+            remove_tree(tmp, dir_fd)  # another maker's copy is in place
+        return False
 
 
 def _present(name: str, dir_fd: int) -> bool:

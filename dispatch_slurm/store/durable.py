@@ -58,6 +58,13 @@ def open_root(root: str) -> int:
         raise StoreError(f"checkpoint root {root}: permission denied") from None
 
 
+def check_owner(root: str, fd: int) -> None:
+    """The root ``fd`` is this user's: nothing of another user's is written into."""
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise StoreError(f"checkpoint root {root} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
+
+
 def open_entry(root: str, root_fd: int, name: str, create: bool = False) -> int | None:
     """A protocol folder under the root (pub/, sub/, ceased/...), never through a
     symlink; None when it does not exist and ``create`` is false. The message names

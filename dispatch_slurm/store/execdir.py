@@ -89,3 +89,4 @@ def current(root: str | None = None, epoch: int | None = None) -> tuple[str, str
     root, exec_dir, epoch = ex.need("root", "exec_dir", "epoch")
     check(exec_dir, root, epoch, ex.attempt, local=at(root).local)
     return root, exec_dir, epoch
+

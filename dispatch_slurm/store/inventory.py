@@ -80,6 +80,7 @@ class Folder:
     last: Optional[float] = None
     newest: float = 0.0
     entries: dict[str, bool] = field(default_factory=dict)
+    placed: set[str] = field(default_factory=set)  # what the view's prepare placed there (a copy, layout.VIEW)
 
 
 @dataclass
@@ -142,7 +143,8 @@ def leftover_step(entry: str, pattern: re.Pattern) -> Optional[int]:
 def add_leftovers(saves: dict[str, Save], folders: dict[str, Folder], pattern: re.Pattern) -> None:
     """The unpublished leftovers: entries of an execution's folder named like a save, or
     like a save ``saving()`` never finished, that are folders (a file is no save to collect)
-    and hold no known save; and its folder of copies it resumed from."""
+    and hold no known save; and its copies of what it resumed from (its folder of resume
+    copies, the save the view placed)."""
     known = {"/".join(p.split("/")[:3]) for p in saves}  # exec/<attempt>/<entry> holding a known save
     for attempt, f in folders.items():
         if names.attempt_epoch(attempt) is None:
@@ -152,7 +154,7 @@ def add_leftovers(saves: dict[str, Save], folders: dict[str, Folder], pattern: r
             if not is_dir or rel in known:
                 continue
             step = leftover_step(entry, pattern)
-            if entry == RESUMES:
+            if entry == RESUMES or entry in f.placed:
                 saves[rel] = Save(rel, attempt, copy=True)
             elif step is not None:
                 saves[rel] = Save(rel, attempt, step=step)

@@ -21,23 +21,16 @@ from ..contract import layout, names
 from ..contract.names import Publication
 from ..contract.env import Execution
 from ..errors import BadPath, StoreError, TornSave
-from . import copies, scan, whole
+from . import copies, makeexec, scan, whole
 from .inventory import Folder, Inventory
 from .base import Store
-from .links import symlink_on_the_way
-from .durable import (DirFds, append, append_kept, create_new, ensure_dir, ensure_entry, in_the_way, open_append,
+from .durable import (Linker, append, append_kept, check_owner, create_new, ensure_entry, in_the_way, open_append,
                       open_below, open_entry, open_root, read_upto, remove_tree, rmdir_empty, sync_open,
                       sync_tree, truncate, walk, walk_to)
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: root -> its filesystem's NAME_MAX: asked once per process (a publication asks on every call)
 _name_max: dict[str, int] = {}
-
-
-def _check_owner(root: str, fd: int) -> None:
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
-        raise StoreError(f"checkpoint root {root} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
 
 
 class PosixStore(Store):
@@ -134,7 +127,7 @@ class PosixStore(Store):
         a root someone else controls could be rearranged under the job's feet."""
         with self:
             fd = self._root_fd
-            _check_owner(self.root, fd)
+            check_owner(self.root, fd)
 
     # -- entries of protocol folders ----------------------------------------------------
 
@@ -318,6 +311,20 @@ class PosixStore(Store):
         with self:
             return copies.hold(self._root_fd, rel, attempt, name)
 
+    def place(self, rel: str, attempt: str, name: str, where: str) -> tuple[Optional[str], Optional[Linker]]:
+        """The resume copy's way (copies.py), under the path the trainer looks for: the view's
+        prepare places the latest publication there, where a trainer that was not changed
+        resumes from it by its own rule (its highest checkpoint-<step>, its `latest`)."""
+        with self:
+            return copies.place(self._root_fd, rel, attempt, name, where)
+
+    def write_new(self, rel: str, data: bytes) -> bool:
+        """Written under a hidden name, then linked into place (copies.py): a reader on any
+        node sees the whole file or none, never a torn pointer or record, and a second
+        writer (another node's prepare) finds the first one's and changes nothing."""
+        with self:
+            return copies.write_new(self._root_fd, rel, data)
+
     def keep(self, rel: str, name: str) -> tuple[Optional[str], list[str]]:
         with self:
             return copies.keep(self._root_fd, rel, name)
@@ -393,37 +400,9 @@ class PosixStore(Store):
             return None
 
     def make_exec_dir(self, attempt: str, mode: int = 0o700, create_root: bool = False) -> str:
-        """Create <root>/exec/<attempt>/ (mode 0700 unless a site sets a group mode).
-
-        Runs as the job user. exec/ and the attempt folder are opened with O_NOFOLLOW:
-        a symlink planted there is refused, never followed. An existing attempt folder
-        is fine (several steps of one execution) if it is a real directory we own."""
+        """Create <root>/exec/<attempt>/ (makeexec.make: never through a symlink)."""
         self.check_attempt(attempt)
-        root = self.root
-        path = f"{root}/{layout.exec_relpath(attempt)}"
-        with DirFds() as fds:
-            try:
-                if create_root:
-                    parent, leaf = os.path.split(root)
-                    parent_fd = fds.add(open_root(parent))
-                    _check_owner(parent, parent_fd)
-                    root_fd = fds.add(ensure_dir(leaf, parent_fd)[0])
-                else:
-                    root_fd = fds.add(open_root(root))
-                _check_owner(root, root_fd)
-                exec_fd = fds.add(ensure_dir(layout.EXEC, root_fd)[0])
-                att_fd = fds.add(ensure_dir(attempt, exec_fd, mode)[0])
-            except NotADirectoryError:
-                why = symlink_on_the_way(root, layout.exec_relpath(attempt)) or f"{path}: not a folder"
-                raise BadPath(f"{why}; refusing to follow it") from None
-            except PermissionError:
-                raise StoreError(f"{path}: permission denied") from None
-            st = os.fstat(att_fd)
-            if st.st_uid != os.geteuid():
-                raise BadPath(f"{path} exists and belongs to uid {st.st_uid}, not to this user")
-            if stat.S_IMODE(st.st_mode) != mode:
-                os.fchmod(att_fd, mode)  # umask may have removed bits a group mode asks for
-        return path
+        return makeexec.make(self.root, attempt, mode, create_root)
 
     # -- events: one file per process, appended without fsync ---------------------------
 

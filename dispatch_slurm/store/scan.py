@@ -10,16 +10,32 @@ from typing import Optional
 
 from ..contract import layout
 from ..errors import StoreError
-from . import inventory
+from . import copies, inventory
 from .durable import in_the_way, open_dir, times, usage, walk
 from .inventory import Save
 
 
 def folder(fd: int) -> inventory.Folder:
-    """An exec folder as the inventory sees it; the copies it resumed from are no write of it."""
+    """An exec folder as the inventory sees it; the copies it resumed from (its resume copies,
+    what the view placed there) are no write of it."""
     entries: dict[str, bool] = {}
-    first, last, newest = times(fd, entries, unwritten=(layout.RESUMES,))
-    return inventory.Folder(first, last, newest if newest is not None else os.fstat(fd).st_mtime, entries)
+    placed = _placed(fd)
+    first, last, newest = times(fd, entries, unwritten=(layout.RESUMES, layout.VIEW, *placed))
+    return inventory.Folder(first, last, newest if newest is not None else os.fstat(fd).st_mtime, entries,
+                            set(placed))
+
+
+def _placed(fd: int) -> tuple[str, ...]:
+    """The top-level entries the view's prepare placed in the exec folder (its record names them)."""
+    try:
+        rfd = os.open(layout.VIEW, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return ()
+    try:
+        placed, pointer = copies.placed_in(os.read(rfd, 1 << 16))
+    finally:
+        os.close(rfd)
+    return tuple(p for p in (placed, pointer) if p is not None and "/" not in p)  # the inventory sees the top level
 
 
 def folders(exec_fd: Optional[int], where: str) -> dict[str, inventory.Folder]:

@@ -197,3 +197,32 @@ def workdir(slurm_cluster, request):
     host.mkdir()
     host.chmod(0o1777)
     return f"/checkpoints/{name}", host
+
+
+@pytest.fixture
+def etc(slurm_cluster):
+    """put(path, text, on=hosts): write a file on those containers (default: all); afterwards
+    every container gets back exactly what it had (usually no /etc/dispatch-slurm at all)."""
+    from testbed.bed import CONTROLLER
+    c = slurm_cluster
+    saved: dict[tuple[str, str], str | None] = {}  # (host, path) -> what it held, None: nothing
+    made: list[tuple[str, str]] = []  # (host, directory) created here
+
+    def put(path: str, text: str, on: list[str] | None = None) -> None:
+        folder = os.path.dirname(path)
+        for h in on or [CONTROLLER, *c.node_names]:
+            if (h, path) not in saved:
+                old = c.exec(h, ["cat", path], check=False)
+                saved[h, path] = old.stdout if old.returncode == 0 else None
+                if c.exec(h, ["test", "-d", folder], check=False).returncode:
+                    made.append((h, folder))
+            c.exec(h, f"install -d -m 0755 {folder} && cat > {path}", input=text)
+
+    yield put
+    for (h, path), old in saved.items():
+        if old is None:
+            c.exec(h, ["rm", "-f", path])
+        else:
+            c.exec(h, f"cat > {path}", input=old)
+    for h, folder in made:
+        c.exec(h, ["rm", "-rf", folder])

@@ -6,7 +6,6 @@ says, never takes the site down: a bad file refuses only the jobs that use
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -49,7 +48,7 @@ def test_plugin_is_hardened_and_versioned(cluster: Cluster):
     helps = re.findall(r"(--dispatch-[a-z-]+)(?:=\S+)?\s+(\S[^\n]*)", c.exec(CONTROLLER, ["sbatch", "--help"]).stdout)
     print("sbatch --help:", *helps, sep="\n  ")
     assert [o for o, _ in helps] == ["--dispatch-checkpoint", "--dispatch-generation", "--dispatch-submission",
-                                     "--dispatch-shared-checkpoint", "--dispatch-grace"], helps
+                                     "--dispatch-shared-checkpoint", "--dispatch-grace", "--dispatch-view"], helps
     assert all(h.startswith("[dispatch] ") for _, h in helps), helps
 
 
@@ -76,34 +75,6 @@ def test_make_install_uninstall(cluster: Cluster):
 
 
 # ---- site.conf on the cluster --------------------------------------------------------
-
-@pytest.fixture
-def etc(slurm_cluster: Cluster):
-    """put(path, text, on=hosts): write a file on those containers (default: all); afterwards
-    every container gets back exactly what it had (usually no /etc/dispatch-slurm at all)."""
-    c = slurm_cluster
-    saved: dict[tuple[str, str], str | None] = {}  # (host, path) -> what it held, None: nothing
-    made: list[tuple[str, str]] = []  # (host, directory) created here
-
-    def put(path: str, text: str, on: list[str] | None = None) -> None:
-        folder = os.path.dirname(path)
-        for h in on or [CONTROLLER, *c.node_names]:
-            if (h, path) not in saved:
-                old = c.exec(h, ["cat", path], check=False)
-                saved[h, path] = old.stdout if old.returncode == 0 else None
-                if c.exec(h, ["test", "-d", folder], check=False).returncode:
-                    made.append((h, folder))
-            c.exec(h, f"install -d -m 0755 {folder} && cat > {path}", input=text)
-
-    yield put
-    for (h, path), old in saved.items():
-        if old is None:
-            c.exec(h, ["rm", "-f", path])
-        else:
-            c.exec(h, f"cat > {path}", input=old)
-    for h, folder in made:
-        c.exec(h, ["rm", "-rf", folder])
-
 
 def make_root(c: Cluster, path: str) -> str:
     c.exec("c1", f"mkdir -p {path} && chmod 700 {path}", user="alice")

@@ -17,6 +17,19 @@ def main():
     """dispatch-slurm's test bed (run from a source checkout)."""
 
 
+@main.command("view")
+@click.option("--trainer", "kinds", multiple=True, help="repeat for several  [default: every one]")
+def view_(kinds):
+    """The unmodified trainers of testbed/unmodified/ under the view, beside the same trainers in
+    one shared folder, overlapped by their own old execution (root, on this machine: the
+    schedule of testbed/viewbed.py); the table of what each side did."""
+    from . import viewbed
+    bad = sorted(set(kinds) - set(viewbed.TRAINERS))
+    if bad:
+        raise click.UsageError(f"no trainer {', '.join(bad)} (there are {', '.join(sorted(viewbed.TRAINERS))})")
+    click.echo(viewbed.run_all(list(kinds or viewbed.TRAINERS), log=lambda m: click.echo(m, err=True)))
+
+
 @main.command()
 @click.option("--scenario", "scenarios", multiple=True, default=("cancel", "preempt", "partition"),
               type=click.Choice(["cancel", "preempt", "partition", "expedite", "local"]), show_default=True,

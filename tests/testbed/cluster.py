@@ -283,7 +283,9 @@ class Cluster(Bed):
                 # namespace (nodes): cgroup tracking makes the node's own cgroup mounts
                 # writable and builds its hierarchy there, never in the host's view.
                 # SYS_NICE: task/affinity binds the job user's tasks to their CPUs
-                # (sched_setaffinity on another user's process).
+                # (sched_setaffinity on another user's process). The view (--dispatch-view)
+                # needs SYS_ADMIN and no AppArmor too: each task unshares its mount namespace
+                # and bind-mounts (Docker's default seccomp profile allows both to SYS_ADMIN).
                 node = role == "node"
                 caps = ["NET_ADMIN"] + (["SYS_ADMIN", "SYS_NICE"] if node else [])
                 security = ["apparmor=unconfined"] if node else []

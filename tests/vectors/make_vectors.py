@@ -176,9 +176,65 @@ CLAIMS = {
     ],
 }
 
+# The view (--dispatch-view=DIR of the SPANK plugin): DIR as the path below the job's root, or
+# the refusal. The root's own entries, by the contract's wording (docs/design.md's table), never
+# a view; a test compares this list with dispatch_slurm/contract/layout.py and spank_env/layout.c.
+OWN = ["ceased", "epochs", "events", "exec", "held", "jobs", "pinned", "pub", "record.jsonl", "requests",
+       "retired", "sub", "supervisor"]
+
+
+def view_error(view, kind, root="/ckpt/run1", own=None):
+    inside = f"name a folder inside it (e.g. {root}/out)"
+    return {"absolute": f"view folder '{view}' must be an absolute path",
+            "dotdot": f"view folder '{view}' must not contain '..'",
+            "long": f"view folder '{view}' is too long",
+            "root": f"view folder '{view}' is the checkpoint root itself: {inside}",
+            "outside": f"view folder '{view}' is not inside the checkpoint root {root}: {inside}",
+            "own": f"view folder '{view}' is in {root}/{own}, dispatch-slurm's own folder: name another folder "
+                   f"inside the root (e.g. {root}/out)"}[kind]
+
+
+LONG = "/ckpt/run1/" + "/".join(["d" * 200] * 19) + "/" + "e" * 170  # 4,000 bytes: a view that fits
+VIEW = {
+    "own": OWN,
+    "valid": [{"root": r, "view": v, "rel": rel} for r, v, rel in [
+        ("/ckpt/run1", "/ckpt/run1/out", "out"),
+        ("/ckpt/run1", "//ckpt/./run1//out/./", "out"),
+        ("//ckpt/run1/", "/ckpt/run1/a/b/c", "a/b/c"),
+        ("/ckpt/run1", "/ckpt/run1/out/exec", "out/exec"),
+        ("/ckpt/run1", "/ckpt/run1/exec2", "exec2"),
+        ("/ckpt/run1", "/ckpt/run1/.pub", ".pub"),
+        ("/ckpt/run1", "/ckpt/run1/a\tb", "a\tb"),
+        ("/ckpt/run1", "/ckpt/run1/$(touch x)", "$(touch x)"),
+        ("/ckpt/run1", "/ckpt/run1/it's \"q\"", "it's \"q\""),
+        ("/ckpt/run1", "/ckpt/run1/caf\u00e9", "caf\u00e9"),
+        ("/ckpt/sweep/task-%a", "/ckpt/sweep/task-%a/out", "out"),
+        ("/", "/scratch/out", "scratch/out"),
+        ("/ckpt/run1", LONG, LONG[len("/ckpt/run1/"):]),
+    ]],
+    "errors": [
+        {"root": "/ckpt/run1", "view": "out", "error": view_error("out", "absolute")},
+        {"root": "/ckpt/run1", "view": "", "error": view_error("", "absolute")},
+        {"root": "/ckpt/run1", "view": "/ckpt/run1/../etc", "error": view_error("/ckpt/run1/../etc", "dotdot")},
+        {"root": "/ckpt/run1", "view": "/ckpt/run1", "error": view_error("/ckpt/run1", "root")},
+        {"root": "/ckpt/run1", "view": "/ckpt/run1/./", "error": view_error("/ckpt/run1/./", "root")},
+        {"root": "/ckpt/run1", "view": "/ckpt/run10/out", "error": view_error("/ckpt/run10/out", "outside")},
+        {"root": "/ckpt/run1", "view": "/ckpt/out", "error": view_error("/ckpt/out", "outside")},
+        {"root": "/ckpt/run1", "view": "/etc", "error": view_error("/etc", "outside")},
+        {"root": "/ckpt/sweep/task-%a", "view": "/ckpt/sweep/task-1/out",
+         "error": view_error("/ckpt/sweep/task-1/out", "outside", root="/ckpt/sweep/task-%a")},
+        {"root": "/ckpt/run1", "view": LONG + "x" * 96, "error": view_error(LONG + "x" * 96, "long")},
+        *({"root": "/ckpt/run1", "view": f"/ckpt/run1/{own}/out", "error": view_error(f"/ckpt/run1/{own}/out",
+                                                                                    "own", own=own)}
+          for own in OWN),
+        {"root": "/ckpt/run1", "view": "/ckpt/run1/exec", "error": view_error("/ckpt/run1/exec", "own", own="exec")},
+    ],
+}
+
 if __name__ == "__main__":
     dump("claims.json", CLAIMS)
     dump("epochs.json", EPOCHS)
     dump("names.json", NAMES)
     dump("tokens.json", TOKENS)
     dump("env.json", {"valid": ENV, "errors": ENV_ERRORS})
+    dump("view.json", VIEW)

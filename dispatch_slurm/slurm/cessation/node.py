@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
+from ...contract import layout
 from . import cgroup
 
 WAIT_S = 30.0  # how long an Epilog waits for the execution's processes to go
 POLL_S = 0.2
+STEPD = b"slurmstepd:"  # its process title, in the task's process until it execs the program
 
 
 def lineage() -> frozenset[int]:
@@ -66,15 +68,44 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def running_on(attempt: str, root: str) -> list[int]:
+def _stepd(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(len(STEPD)) == STEPD
+    except OSError:
+        return False
+
+
+def _task_of(pid: int) -> int:
+    """The task a TaskProlog (or a process of it) runs for: Slurm's task process, a fork of
+    slurmstepd titled as it, runs the TaskProlog as its child, then execs the program in that
+    same pid. Counted alone, the prolog's exit would end the publisher in the gap before the
+    exec; the task's process lasts."""
+    p: int | None = pid
+    for _ in range(64):
+        if p is None or p <= 1:
+            break
+        parent = _parent(p)
+        if parent is not None and _stepd(p) and _stepd(parent):
+            return p
+        p = parent
+    return pid
+
+
+def running_on(attempt: str, root: str, mine: Optional[set[int]] = None) -> list[int]:
     """The execution's processes on this node (its token and its root in their environment)
     that this process's parent did not start (its job script's own commands, this process
     itself): a step's tasks, children of their slurmstepd, which run on when the step's
     ``srun`` ended (a frozen slurmd: the controller took the node for dead, nothing here
-    killed them). What `watch` publishes for."""
-    mine = {os.getpid(), os.getppid()}
-    out = []
+    killed them). What `watch` publishes for. ``mine``: the processes whose descendants are
+    not counted (default this one and its parent; the view's publisher, which no job
+    script started, passes itself alone)."""
+    mine = {os.getpid(), os.getppid()} if mine is None else mine
+    out: list[int] = []
     for pid in processes_with(attempt, root=root):
+        pid = _task_of(pid)
+        if pid in out:
+            continue
         p: int | None = pid
         for _ in range(64):  # up the tree to init (or a subreaper), bounded
             if p is None or p in mine or p <= 1:
@@ -83,6 +114,21 @@ def running_on(attempt: str, root: str) -> list[int]:
         if p not in mine:
             out.append(pid)
     return out
+
+
+def lingering(st, attempt: Optional[str], root: Optional[str], here: Optional[str],
+              mine: Optional[set[int]] = None) -> Optional[Callable[[], list[int]]]:
+    """What a publisher on this node lasts for (runtime/watch.py's Ending): the execution's
+    processes here (``running_on``), none once its Epilog recorded their end here (in the
+    root's store ``st``); None outside an execution."""
+    if not attempt or not root:
+        return None
+
+    def linger() -> list[int]:
+        if here and st.has(layout.CEASED, f"{attempt}.{here}"):
+            return []
+        return running_on(attempt, root, mine)
+    return linger
 
 
 def wait_ceased(attempt: str, job: str, sluid: Optional[str], wait: float = WAIT_S) -> tuple[Optional[dict], str]:

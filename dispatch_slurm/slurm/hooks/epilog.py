@@ -4,6 +4,9 @@ user: one entry per execution and node, naming every node of the execution. It n
 the job's output: Slurm hands its path over unexpanded (``slurm-%j.out``), and an appended
 log holds other executions' lines; how an execution ended is the supervisor's to tell.
 
+For an execution the view prepared, the Epilog first runs its publisher once more, as the job
+user: what was complete at the end is published before the cessation is recorded.
+
 The sweep: record the cessation of executions on this node that Slurm ran no Epilog for.
 
 A batch script that ends while its node is cut off from slurmctld gets none: its
@@ -21,12 +24,14 @@ has not started yet has no process either."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import traceback
 from collections.abc import Mapping
 from typing import Optional
 
 from ...contract import epoch as epochmod
-from ...contract import names
+from ...contract import layout, names
 from ...errors import DispatchError
 from ...store import ceased, events
 from ..cessation import answer
@@ -93,6 +98,7 @@ def run(environ: Mapping[str, str], site_conf: Optional[str] = None) -> int:
     nodes = facts.get("nodes") if isinstance(facts.get("nodes"), list) else None
     if nodes is None and not rejoined:  # an older Prolog's record: Slurm's list (the whole job's here)
         nodes = job.nodes(environ, here)[0]
+    _view(node.as_job_user(user_env, publish_view, values, here))
     result = node.as_job_user(user_env, record_cessation, values, here, sluid, found, nodes,
                               "epilog (rejoined)" if rejoined else "epilog")
     if "ok" not in result:
@@ -100,6 +106,37 @@ def run(environ: Mapping[str, str], site_conf: Optional[str] = None) -> int:
     if node.recorded(job_id) == rec:  # a later execution's own files (requeued here) stay
         node.forget(job_id)
     return 0
+
+
+VIEW_TIMEOUT = 50  # within node.CHILD_TIMEOUT: the fsyncs of the saves it publishes
+
+
+def publish_view(values: Mapping[str, str], here: str) -> dict:
+    """As the job user, once the execution's processes on this node are gone and before its
+    cessation is recorded: the view's publisher once more (``dispatch-slurm view publish
+    --once``, view.py), for what was complete at the end, which the publisher, killed with the
+    step, may have had no time for. Only for an execution the view prepared (its record in the
+    exec folder); the hooks start the command rather than import it: it is a layer above them."""
+    exec_dir = values["DISPATCH_EXEC_DIR"]
+    if not os.path.lexists(os.path.join(exec_dir, layout.VIEW)):
+        return {"view": False}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}, **values,
+           "DISPATCH_VIEW": exec_dir, "SLURMD_NODENAME": here}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "dispatch_slurm", "view", "publish", "--once"], env=env,
+                              capture_output=True, text=True, timeout=VIEW_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"view": True, "rc": None, "said": f"view publish --once did not end within {VIEW_TIMEOUT} s"}
+    return {"view": True, "rc": proc.returncode, "said": (proc.stdout + proc.stderr)[-4000:]}
+
+
+def _view(result: dict) -> None:
+    """Log what the view's last publishing said (the node's log: the job's output is gone)."""
+    answer = result.get("ok") or {}
+    if "ok" not in result:
+        node.log(f"view publish --once: {result.get('bug') or result.get('user_error')}")
+    elif answer.get("view") and (answer.get("rc") != 0 or answer.get("said")):
+        node.log(f"view publish --once (exit {answer.get('rc')}): {answer.get('said', '').strip()}")
 
 
 def sweep(environ: Mapping[str, str], skip: Optional[str] = None) -> None:

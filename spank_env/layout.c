@@ -1,0 +1,32 @@
+#include "layout.h"
+
+#include <string.h>
+
+static const char *const protocol[] = { "ceased", "epochs", "events", "exec", "held", "jobs", "pinned", "pub",
+					"record.jsonl", "requests", "retired", "sub", "supervisor" };
+
+int dsp_protocol_entry(const char *name, size_t len)
+{
+	for (size_t i = 0; i < sizeof(protocol) / sizeof(protocol[0]); i++)
+		if (strlen(protocol[i]) == len && !memcmp(protocol[i], name, len))
+			return 1;
+	return 0;
+}
+
+int dsp_protocol_names(char *out, size_t outsz)
+{
+	size_t o = 0;
+	for (size_t i = 0; i < sizeof(protocol) / sizeof(protocol[0]); i++) {
+		size_t len = strlen(protocol[i]);
+		if (o + len + 3 > outsz)
+			return -1;
+		if (i) {
+			memcpy(out + o, ", ", 2);
+			o += 2;
+		}
+		memcpy(out + o, protocol[i], len);
+		o += len;
+	}
+	out[o] = '\0';
+	return 0;
+}
