@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -40,6 +41,16 @@ def pytest_collection_modifyitems(config, items):
         server = getattr(item, "callspec", None) and item.callspec.params.get("server")  # test_s3.server's
         if S3_FIXTURES & set(getattr(item, "fixturenames", ())) or server in ("moto", "ceph"):
             item.add_marker(pytest.mark.xdist_group("s3"))
+
+
+@pytest.fixture
+def bed():
+    """The view's bed (tests/testbed/viewbed.py): a root, a job user, mount namespaces."""
+    from testbed import viewbed
+    b = viewbed.Bed()
+    yield b
+    b.close()
+    shutil.rmtree(b.base, ignore_errors=True)
 
 
 @pytest.fixture

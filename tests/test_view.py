@@ -26,14 +26,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
                                 reason="the view needs root for its mount namespace and a job user to drop to")
 
 
-@pytest.fixture
-def bed():
-    b = viewbed.Bed()
-    yield b
-    b.close()
-    shutil.rmtree(b.base, ignore_errors=True)
-
-
 def _torch_save(path: pathlib.Path, obj) -> None:
     import torch
     path.parent.mkdir(parents=True, exist_ok=True)

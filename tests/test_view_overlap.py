@@ -32,14 +32,6 @@ NEEDS = {"huggingface": "transformers", "lightning": "lightning", "torchtitan": 
          "deepspeed": "deepspeed", "deepspeed-2": "deepspeed"}
 
 
-@pytest.fixture
-def bed():
-    b = viewbed.Bed()
-    yield b
-    b.close()
-    shutil.rmtree(b.base, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def digests(tmp_path_factory):
     """Each trainer's final weights, run once from start to end (computed when first asked)."""
