@@ -249,6 +249,36 @@ def test_a_grace_save_of_the_step_just_published_is_a_kept_stop(shared):
     assert kinds.count("checkpoint_complete") == 1, kinds
 
 
+def test_a_grace_save_refused_while_the_root_cannot_be_read_is_a_failed_stop_in_one_line(shared):
+    """As above, but the root's pub/ cannot be read when the handler asks whether the refused
+    file is a published one: the stop is the failed save it is (exit 1, no sentinel), said in
+    the handler's one line, not a traceback out of the handler."""
+    root = shared
+    (root / "exec" / OLD).mkdir(parents=True)
+    chown_tree(root)
+    trainer = """
+        import os, signal, sys
+        from dispatch_slurm import install_preemption_handler, preemption_point, store
+        def save(step):
+            d = os.path.join(os.environ["DISPATCH_EXEC_DIR"], f"checkpoint-{step}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "model.pt"), "wb") as f:
+                f.write(b"w%d" % step)
+            return d
+        install_preemption_handler(lambda left: save(10), defer=True)
+        store.publish(save(10))
+        os.chmod(os.path.join(os.environ["DISPATCH_CHECKPOINT"], "pub"), 0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        preemption_point()
+        sys.exit(3)
+    """
+    run = as_nobody(trainer, job_env(root, OLD))
+    os.chmod(root / "pub", 0o755)
+    assert run.returncode == 1 and "dispatch-checkpoint-complete" not in run.stdout, run
+    assert "dispatch-slurm: preemption checkpoint failed: PermissionError" in run.stderr, run.stderr
+    assert (root / "exec" / OLD / "checkpoint-10" / "model.pt").read_bytes() == b"w10"
+
+
 @pytest.mark.parametrize("write", sorted(WRITES))
 def test_as_root_the_resume_copy_is_the_data_so_a_write_lands_in_it_alone(root, write):
     """Root ignores a file's mode: where the filesystem makes no clone (ext4), root's resume copy

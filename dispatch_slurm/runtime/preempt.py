@@ -332,7 +332,10 @@ def _run(fn: Callable[[float], object]) -> None:
     try:
         result = fn(time_remaining())
     except PermissionError as e:
-        kept = _published_already(e)
+        try:
+            kept = _published_already(e)
+        except Exception:  # noqa: BLE001 -- the root unreadable now: the save's own error is told
+            kept = None
         if kept is not None:
             _write(2, f"\ndispatch-slurm: step {kept[1]} is already published ({kept[0]}): the save at the "
                       "signal wrote into it again, which its read-only files refuse; nothing more to save\n")
