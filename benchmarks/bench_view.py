@@ -44,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 REPO = str(HERE.parent)
 sys.path.insert(0, str(HERE.parent / "tests"))  # the test bed
 sys.path.insert(0, REPO)
+sys.path.insert(0, str(HERE))  # bench_hooks, beside it
 from bench_hooks import JOB as HOOKS_JOB  # noqa: E402
 from support import build_spank  # noqa: E402
 from testbed.cluster import CONTROLLER, Cluster  # noqa: E402

@@ -219,11 +219,12 @@ def plan(suite: str, seed: int, runs: Optional[int], faults: Optional[int], fixe
 
 
 def readme_job_script(readme: Path) -> str:
-    """The README's job script: the first sh block with ``#SBATCH --time=`` and train.py."""
-    for block in re.findall(r"```sh\n(.*?)```", readme.read_text(), re.S):
-        if "#SBATCH --time=" in block and "train.py" in block:
-            return block
-    raise ClusterError(f"{readme} has no sh block with `#SBATCH --time=` and train.py")
+    """The README's job script without the plugin's view (its ``job-script`` snippet): the one
+    the tests of the protocol run; the view's one-line form has a test of its own."""
+    found = re.search(r"<!-- snippet: job-script -->\n```sh\n(.*?)```", readme.read_text(), re.S)
+    if found is None:
+        raise ClusterError(f"{readme} has no `<!-- snippet: job-script -->` sh block")
+    return found[1]
 
 
 def wrapper(trainer: str, args: list[str], site: Optional[str] = None) -> str:
