@@ -66,8 +66,11 @@ int dsp_job_prolog(void)
 	}
 	len = snprintf(line, sizeof(line), "%s\n", count);
 	fd = openat(dir, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (fd < 0 || fchmod(fd, 0644) || write(fd, line, (size_t)len) != len)
+	if (fd < 0 || fchmod(fd, 0644) || write(fd, line, (size_t)len) != len) {
 		slurm_error("%s: job %s: cannot write %s/%s: %s", DSP_PLUGIN, job, DSP_RUN_DIR, name, strerror(errno));
+		goto out;
+	}
+out:
 	if (fd >= 0)
 		close(fd);
 	close(dir);
