@@ -55,15 +55,11 @@ int dsp_remote_exit(spank_t sp);
 const struct dsp_out *dsp_remote_view(void);
 /* task.c: slurmstepd, each task as root before exec: the view's mount namespace */
 int dsp_task_init_privileged(spank_t sp);
-/* jobscript.c: the job's Prolog and Epilog (root): this node's record of the job's restart
- * count, which a batch step's environment lacks before its task runs */
+/* the hooks' root folder on the node, where the Prolog records the job's restart count
+ * (remote.c reads it) */
 #ifndef DSP_RUN_DIR
 #define DSP_RUN_DIR "/run/dispatch-slurm"	/* root's folder of the hooks (dispatch_slurm/slurm/hooks/node.py) */
 #endif
-int dsp_job_prolog(void);
-int dsp_job_epilog(void);
-/* The recorded restart count of job (digits) into out: 1, or 0 when there is none. */
-int dsp_job_restart(const char *job, char *out, size_t outsz);
 /* slurmd.c: slurmd */
 int dsp_slurmd_init(spank_t sp, int ac, char **av);
 int dsp_slurmd_exit(spank_t sp);

@@ -14,9 +14,15 @@
  * plugstack.conf: required /usr/local/lib/slurm/dispatch_env.so [conf=/etc/dispatch-slurm/site.conf]
  *
  * This file only dispatches on spank_context(), init to exit: alloc.c (sbatch, salloc,
- * srun), remote.c (slurmstepd; task.c its tasks' mount namespace), jobscript.c (the job's Prolog
- * and Epilog), slurmd.c; each has its own exit, which clears its own state
- * and frees what its init loaded (options.c, config.c own that state).
+ * srun), remote.c (slurmstepd; task.c its tasks' mount namespace), slurmd.c; each has its own
+ * exit, which clears its own state and frees what its init loaded (options.c, config.c own
+ * that state).
+ *
+ * No slurm_spank_job_prolog/epilog, ever: where a plugin has one, slurmd runs it and then
+ * unsets the SPANK option variables in the environment it hands the Prolog and Epilog scripts
+ * (spank_clear_remote_options_env after _run_spank_job_script, prep_script_slurmd.c, every
+ * release since 2012; it unsets while iterating, so one or two survive at random), and the
+ * hooks (prolog/, epilog/) know a dispatch job by --dispatch-checkpoint there.
  */
 #include "dispatch.h"
 
@@ -85,22 +91,6 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	(void)ac;
 	(void)av;
 	return spank_context() == S_CTX_REMOTE ? dsp_remote_task_init(sp) : 0;
-}
-
-int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
-{
-	(void)sp;
-	(void)ac;
-	(void)av;
-	return dsp_job_prolog();
-}
-
-int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
-{
-	(void)sp;
-	(void)ac;
-	(void)av;
-	return dsp_job_epilog();
 }
 
 int slurm_spank_task_exit(spank_t sp, int ac, char **av)

@@ -17,11 +17,14 @@
  * sees the step's tasks end (task_exit) and stops it, its last pass given DSP_PUBLISH_STOP_MS;
  * exit kills what is left. Each task then binds exec/<attempt>/ over the view (task.c).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dispatch.h"
@@ -71,6 +74,61 @@ int dsp_remote_task_init(spank_t sp)
 	return -1;
 }
 
+#define RECORD_MAX 16
+
+/* "<job>.restart" for a job id of digits only; -1 otherwise. */
+static int record_name(const char *job, char *out, size_t outsz)
+{
+	size_t len = job ? strlen(job) : 0;
+	if (!len || len > 20 || strspn(job, "0123456789") != len)
+		return -1;
+	return snprintf(out, outsz, "%s.restart", job) >= (int)outsz ? -1 : 0;
+}
+
+/* RUN_DIR, root's and writable by root alone, never through a symlink. */
+static int run_dir(void)
+{
+	struct stat st;
+	int fd = open(DSP_RUN_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) || st.st_uid != 0 || (st.st_mode & 022)) {
+		close(fd);
+		errno = EPERM;
+		return -1;
+	}
+	return fd;
+}
+
+/* The job's restart count as the Prolog recorded it on this node (dispatch_slurm/slurm/hooks/
+ * prolog.py: DSP_RUN_DIR/<job>.restart, root's, 0644, "N\n"), for the batch step: Slurm puts
+ * SLURM_RESTART_COUNT into its environment only in the task itself (exec_task's setup_env,
+ * after user_init, 22.05 to 26.05) and S_SLURM_RESTART_COUNT is always 0, so without it a
+ * requeued batch step would compute the first execution's epoch, attempt and view. 1 with
+ * the count in out; 0 without a record only root could have written. */
+static int prolog_restart(const char *job, char *out, size_t outsz)
+{
+	char name[32], buf[RECORD_MAX];
+	struct stat st;
+	ssize_t n;
+	int dir, fd;
+	if (record_name(job, name, sizeof(name)) || (dir = run_dir()) < 0)
+		return 0;
+	fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	close(dir);
+	if (fd < 0)
+		return 0;
+	n = fstat(fd, &st) || st.st_uid != 0 || (st.st_mode & 022) || !S_ISREG(st.st_mode) ? -1 :
+	    read(fd, buf, sizeof(buf));
+	close(fd);
+	if (n < 2 || n >= (ssize_t)sizeof(buf) || buf[n - 1] != '\n' || strspn(buf, "0123456789") != (size_t)n - 1 ||
+	    (size_t)n > outsz)
+		return 0;	/* not root's record of a count: never trusted */
+	memcpy(out, buf, (size_t)n - 1);
+	out[n - 1] = '\0';
+	return 1;
+}
+
 /* The execution's values, from the options and the job env, in out; a user's mistake goes
  * to user_error. -1 only for a broken node (Slurm cannot say the job id). */
 static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *site, struct dsp_out *out)
@@ -89,13 +147,13 @@ static int compute(spank_t sp, const char *checkpoint, const struct dsp_site *si
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		env[i] = job_env(sp, names[i]);
 	/* S_SLURM_RESTART_COUNT is unreliable (always 0): read the job's own env, or for the batch
-	 * step the job Prolog's record (jobscript.c) */
+	 * step the Prolog's record (prolog_restart) */
 	dsp_opts_in(&in);
 	in.job_id = (struct dsp_arg){ job_id, "SLURM_JOB_ID" };
 	in.cluster = (struct dsp_arg){ env[0], names[0] };
 	in.restart = (struct dsp_arg){ env[1], names[1] };
 	/* the batch step's env has no SLURM_RESTART_COUNT before its task runs: the Prolog's record */
-	if (!env[1] && dsp_job_restart(job_id, restart, sizeof(restart)))
+	if (!env[1] && prolog_restart(job_id, restart, sizeof(restart)))
 		in.job_restart = (struct dsp_arg){ restart, "SLURM_JOB_RESTART_COUNT" };
 	in.array_task = (struct dsp_arg){ env[2], names[2] };
 	in.account = (struct dsp_arg){ env[3], names[3] };

@@ -143,6 +143,30 @@ def test_prolog_and_epilog_exit_0_and_record_for_any_root(tmp_path, shared, monk
 
 
 @needs_root
+@pytest.mark.parametrize("leaf", ["ck", "task-%a"], ids=["job", "array"])
+def test_the_prolog_records_the_restart_count_for_the_batch_step_and_the_epilog_drops_it(
+        tmp_path, shared, monkeypatch, leaf):
+    """The plugin's user_init in a requeued batch step has no SLURM_RESTART_COUNT yet: it
+    reads the Prolog's record (root's, 0644, "N\\n"; spank_env/remote.c), an array task's
+    too. The plugin cannot write it in a job_prolog of its own: slurmd would then take the
+    job's options out of these hooks' environment (plugin.c)."""
+    monkeypatch.setattr(node, "RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(node, "LOG", str(tmp_path / "hooks.log"))
+    root = shared / "ck"
+    root.mkdir()
+    os.chown(root, 65534, 65534)
+    env = {**NOBODY, "SLURM_JOB_ID": "79", "SLURM_CLUSTER_NAME": "linux", "SLURMD_NODENAME": "n1",
+           "SLURM_JOB_RESTART_COUNT": "2", OPT + "checkpoint": str(shared / leaf), OPT + "submission": "1"}
+    assert node.as_job_user(env, store.allocate_submission, str(root)) == {"ok": 1}
+    assert prolog.run(env) == 0
+    record = tmp_path / "run" / "79.restart"
+    st = record.stat()
+    assert (record.read_bytes(), st.st_uid, st.st_mode & 0o777) == (b"2\n", 0, 0o644)
+    assert epilog.run(env) == 0
+    assert not record.exists()
+
+
+@needs_root
 def test_a_missing_root_with_a_non_utf8_byte_is_logged_not_raised(tmp_path, shared, monkeypatch):
     monkeypatch.setattr(node, "RUN_DIR", str(tmp_path / "run"))
     monkeypatch.setattr(node, "LOG", str(tmp_path / "hooks.log"))

@@ -142,6 +142,18 @@ def test_each_context_file_has_its_own_exit_and_frees_only_its_own_state():
         "plugin.c: slurm_spank_slurmd_exit (what slurmd calls) does not call dsp_slurmd_exit"]
 
 
+def test_the_plugin_defines_no_job_prolog_or_epilog():
+    """Where a plugin defines slurm_spank_job_prolog/epilog, slurmd runs it and then unsets
+    the SPANK option variables in what the Prolog and Epilog scripts get (seen on 26.05: of
+    --dispatch-checkpoint, --dispatch-grace and the submission one survived), and those hooks
+    know a dispatch job by its --dispatch-checkpoint: they would skip it, no cessation
+    recorded (tests/cluster/test_hooks.py shows it on Slurm)."""
+    defined = re.compile(r"^int\s+(slurm_spank_\w+)\s*\(", re.M)
+    names = {n for text in sources().values() for n in defined.findall(text)}
+    assert "slurm_spank_user_init" in names  # the pattern sees the plugin's callbacks
+    assert not names & {"slurm_spank_job_prolog", "slurm_spank_job_epilog"}
+
+
 def test_no_include_circle():
     """contract.c <-> siteconf.c through dsp_fail was one: dsp_fail now lives in fail.c."""
     src = sources()
@@ -183,10 +195,10 @@ def test_each_context_exit_leaves_nothing(contexts, context, tmp_path):
 
 
 @needs_make
-def test_a_requeued_batch_step_takes_its_restart_count_from_the_job_prolog(tmp_path):
+def test_a_requeued_batch_step_takes_its_restart_count_from_the_prologs_record(tmp_path):
     """Slurm sets a batch step's SLURM_RESTART_COUNT only in its task, after user_init: the
-    plugin's job Prolog records the count (root's file, 0644), user_init reads it, a record
-    others could write is ignored, the Epilog removes it."""
+    Prolog records the count (root's file, 0644; test_hooks_local.py), user_init reads it, a
+    record others could write is ignored."""
     if not Path("/usr/include/slurm/spank.h").exists():
         pytest.skip("no slurm/spank.h: apt-get install libslurm-dev (tools/setup-host does)")
     if os.geteuid() != 0:

@@ -75,11 +75,13 @@ def run(environ: Mapping[str, str], site_conf: Optional[str] = None) -> int:
     sweep(environ, skip=job_id)
     inputs = job.spank_inputs(environ)
     if inputs is not None and "%a" in inputs["DISPATCH_CHECKPOINT"]:
+        node.forget(job_id)  # the restart count alone (prolog.py)
         return 0
     rec = node.recorded(job_id)
     if rec is None:
         if inputs is not None:
             node.log("no record of the execution the Prolog started here; no cessation recorded")
+        node.forget(job_id)
         return 0
     values, facts = rec
     rejoined = inputs is None
@@ -117,7 +119,8 @@ def publish_view(values: Mapping[str, str], here: str) -> dict:
     --once``, view.py), for what was complete at the end, which the publisher, killed with the
     step, may have had no time for. Only for an execution the view prepared (its record in the
     exec folder); the hooks start the command rather than import it: it is a layer above them."""
-    exec_dir = values["DISPATCH_EXEC_DIR"]
+    exec_dir = values.get("DISPATCH_EXEC_DIR") or os.path.join(
+        values["DISPATCH_CHECKPOINT"], layout.exec_relpath(values["DISPATCH_ATTEMPT"]))  # an older Prolog's record
     if not os.path.lexists(os.path.join(exec_dir, layout.VIEW)):
         return {"view": False}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}, **values,

@@ -125,6 +125,14 @@ def record_file(job_id: str) -> str:
     return f"{RUN_DIR}/{job_id}.json"
 
 
+def restart_file(job_id: str) -> str:
+    """The job's restart count, ``N\n``, for the SPANK plugin's user_init in the batch step
+    (spank_env/remote.c), whose environment lacks SLURM_RESTART_COUNT until its task runs.
+    The Prolog writes it, not the plugin: a plugin with a job_prolog makes slurmd take the
+    job's options out of the Prolog's and Epilog's environment."""
+    return f"{RUN_DIR}/{job_id}.restart"
+
+
 def write_root_file(path: str, data: bytes) -> None:
     """One of root's own files, in root's own folder (never through a symlink)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -181,7 +189,7 @@ def recorded_ids() -> list[str]:
 
 def forget(job_id: str) -> None:
     """Remove the Prolog's files of ``job_id`` on this node."""
-    for path in (env_file(job_id), record_file(job_id)):
+    for path in (env_file(job_id), record_file(job_id), restart_file(job_id)):
         try:
             os.unlink(path)
         except OSError:

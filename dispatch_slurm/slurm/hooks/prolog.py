@@ -41,11 +41,28 @@ def _enter(inputs: Mapping[str, str], site: Site, facts: dict) -> dict[str, str]
     return values
 
 
+def _record_restart(environ: Mapping[str, str]) -> bool:
+    """The job's restart count for the plugin's user_init (node.restart_file), array tasks'
+    too; a Slurm that gives none: nothing (user_init keeps 0). False: the node is broken."""
+    count = environ.get("SLURM_JOB_RESTART_COUNT", "")
+    if not (count.isascii() and count.isdigit() and len(count) < 15):
+        return True
+    try:
+        os.makedirs(node.RUN_DIR, mode=0o755, exist_ok=True)
+        node.write_root_file(node.restart_file(environ["SLURM_JOB_ID"]), f"{count}\n".encode())
+    except OSError as e:
+        node.log(f"broken node: cannot write {node.RUN_DIR}: {e}")
+        return False
+    return True
+
+
 def run(environ: Mapping[str, str], site_conf: Optional[str] = None) -> int:
     sweep(environ)  # a record of this job id here too is an earlier execution's: ours comes below
     inputs = job.spank_inputs(environ)
     if inputs is None:
         return 0
+    if not _record_restart(environ):
+        return 1
     if "%a" in inputs["DISPATCH_CHECKPOINT"]:
         # Slurm gives the node Prolog no SLURM_ARRAY_TASK_ID, so an array task's root
         # is unknown here; the plugin's user_init / the TaskProlog create it per task.
