@@ -18,6 +18,9 @@ slurmctld of that checkout's tests/test_supervisor_rules.py):
               FAILS, the resubmission COMPLETES (13 facts); per fact
   watch       `watch --once` (the CLI, in this process) publishing one save; then one
               scan that publishes a save, and one scan with nothing new
+  local       without Slurm, one execution published a save: `env --local` (a second
+              execution), `resume_point()` in it, `gc` and `report` of the root (the CLI,
+              in this process)
 
     PYTHONPATH=CHECKOUT:CHECKOUT/tests python benchmarks/bench_store_opens.py
 """
@@ -161,12 +164,54 @@ def watch(tmp: str) -> dict:
     return out
 
 
+def _cli(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    from dispatch_slurm.cli import main as cli
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            cli(argv)
+        except SystemExit as e:
+            assert not e.code, (argv, e, out.getvalue())
+    return out.getvalue()
+
+
+def local(tmp: str) -> dict:
+    from dispatch_slurm import store
+
+    root = os.path.join(tmp, "local")
+    for k in [k for k in os.environ if k.startswith("DISPATCH_")]:  # the watch scenario's execution
+        del os.environ[k]
+    os.environ["DISPATCH_CHECKPOINT"] = root
+    os.mkdir(root)
+    first = json.loads(_cli(["env", "--local", "--format", "json"]))
+    os.environ.update(first)
+    _hf_save(first["DISPATCH_EXEC_DIR"], 10)
+    _cli(["watch", "--once"])
+    out = {}
+    reset()
+    second = json.loads(_cli(["env", "--local", "--format", "json"]))
+    out["env --local"] = snapshot()
+    os.environ.update(second)
+    reset()
+    found = store.resume_point()
+    assert found is not None and found[1] == 10, found
+    out["resume_point"] = snapshot()
+    for name, argv in (("gc", ["gc", "--keep-last", "1", root]), ("report", ["report", root])):
+        reset()
+        _cli(argv)
+        out[name] = snapshot()
+    return out
+
+
 def main() -> None:
     instrument()
     import dispatch_slurm
     print(f"dispatch_slurm from {os.path.dirname(dispatch_slurm.__file__)}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-store-opens-") as tmp:
-        report = {"supervisor": supervisor(tmp), **watch(tmp)}
+        report = {"supervisor": supervisor(tmp), **watch(tmp), **local(tmp)}
     for name, r in report.items():
         extra = f"  facts {r['facts']}  per fact: {r['per_fact']}" if "facts" in r else ""
         print(f"{name:26} objects {r['objects']:4}  sessions {r['sessions']:4}  env {r['env']:3}{extra}")

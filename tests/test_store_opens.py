@@ -6,6 +6,10 @@ prints the same counts for any checkout, before and after."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 from support import claim
 from test_supervisor_rules import Clock, FakeSlurm, defn
@@ -87,3 +91,43 @@ def test_a_watch_opens_its_store_once_and_its_root_once_a_publication(root, open
     hf_save(ex, 3)
     assert [p.step for p in w.scan()] == [3] and opens == {"objects": 1, "sessions": 4}
     assert w.scan() == [] and opens == {"objects": 1, "sessions": 4}, "nothing new: the root is not opened"
+
+
+def _cli(argv: list[str], capsys) -> str:
+    from dispatch_slurm.cli import main
+    capsys.readouterr()
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert not e.code, (argv, e.code, capsys.readouterr())
+    return capsys.readouterr().out
+
+
+def test_env_local_resume_point_gc_and_report_each_open_one_store(root, opens, monkeypatch, capsys):
+    """A command that has only the root's name opens its store once and hands it to every
+    reader below it (the look-up's checks, its event, the unpublished-saves warning; gc's
+    record, pins and verdicts; the report's goodput): a reopening is a new fd of the root,
+    on S3 a new client."""
+    from dispatch_slurm import store
+    for k in [k for k in os.environ if k.startswith("DISPATCH_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("DISPATCH_CHECKPOINT", str(root))
+    first = json.loads(_cli(["env", "--local", "--format", "json"], capsys))
+    for k, v in first.items():
+        monkeypatch.setenv(k, v)
+    hf_save(Path(first["DISPATCH_EXEC_DIR"]), 10)
+    _cli(["watch", "--once"], capsys)
+    counted = {}
+    opens.update(objects=0, sessions=0)
+    second = json.loads(_cli(["env", "--local", "--format", "json"], capsys))
+    counted["env --local"] = opens["objects"]
+    for k, v in second.items():
+        monkeypatch.setenv(k, v)
+    opens.update(objects=0, sessions=0)
+    assert store.resume_point() is not None
+    counted["resume_point"] = opens["objects"]
+    for name, argv in (("gc", ["gc", "--keep-last", "1", str(root)]), ("report", ["report", str(root)])):
+        opens.update(objects=0, sessions=0)
+        _cli(argv, capsys)
+        counted[name] = opens["objects"]
+    assert counted == {"env --local": 1, "resume_point": 1, "gc": 1, "report": 1}

@@ -47,14 +47,14 @@ def env_(fmt, no_mkdir, local):
         st, inputs = _local_inputs() if local else (epochs.job_store(os.environ), os.environ)
         values = epochs.enter(st, inputs, site, create=not no_mkdir)
         if local and not no_mkdir:
-            _started_here(values)
+            _started_here(st, values)
     except (DispatchError, OSError):
         if local and inputs is not os.environ:
             _unallocate(st, inputs)
         if fmt == "sh" and not sys.stdout.isatty():
             click.echo("echo 'dispatch-slurm env failed (see above): stopping the job script' >&2; exit 2")
         raise
-    _unpublished(values)
+    _unpublished(st, values)
     _no_view(values, local)
     click.echo(envmod.render(values, fmt), nl=False)
 
@@ -221,13 +221,13 @@ def _no_view(values: dict, local: bool) -> None:
             click.echo(f"dispatch-slurm env: warning: {line}", err=True)
 
 
-def _unpublished(values: dict) -> None:
+def _unpublished(st: store.Store, values: dict) -> None:
     """Nothing published: this execution starts from step 0, so say it if earlier ones left
     saves (a root `latest` cannot read is `latest`'s to report, with its fix)."""
     try:
-        if not store.unpublished.nothing_published(values["DISPATCH_CHECKPOINT"]):
+        if not store.unpublished.nothing_published(st):
             return
-        store.unpublished.check(values["DISPATCH_CHECKPOINT"], by="env", attempt=values["DISPATCH_ATTEMPT"])
+        store.unpublished.check(st, by="env", attempt=values["DISPATCH_ATTEMPT"])
     except (DispatchError, OSError):
         return
 
@@ -255,12 +255,12 @@ def _unallocate(st: store.Store, inputs: Mapping[str, str]) -> None:
         pass  # the error being reported is the one that matters
 
 
-def _started_here(values: dict) -> None:
+def _started_here(st: store.Store, values: dict) -> None:
     """A local execution's start, with the shell that evals `env --local` (the job script:
     its parent): no Slurm and no Epilog will say when it ended, its processes on this host
     will (gc, report: slurm/cessation/local.py)."""
     from ..store import events
-    events.record("execution_started", root=values["DISPATCH_CHECKPOINT"], attempt=values["DISPATCH_ATTEMPT"],
+    events.record("execution_started", root=st, attempt=values["DISPATCH_ATTEMPT"],
                   epoch=int(values["DISPATCH_EPOCH"]), source="env --local", shell_pid=os.getppid())
 
 

@@ -17,19 +17,18 @@ from ..supervisor.record import Record
 from . import common, options
 
 
-def _say_pins(root: str, pin: tuple, unpin: tuple) -> None:
+def _say_pins(st: store.Store, pin: tuple, unpin: tuple) -> None:
     """Every path checked before any pin is written or dropped: one bad path changes nothing."""
-    st = store.at(root)
     with st:
         for save in pin:
             st.save_relpath(save)
         for save in unpin:
             st.relpath(save)
     for save in pin:
-        rel, new = retention.pin(root, save)
+        rel, new = retention.pin(st, save)
         click.echo(f"dispatch-slurm: {'pinned' if new else 'already pinned'}: {common.text(rel)}", err=True)
     for save in unpin:
-        rel, was = retention.unpin(root, save)
+        rel, was = retention.unpin(st, save)
         click.echo(f"dispatch-slurm: {'unpinned' if was else 'was not pinned'}: {common.text(rel)}", err=True)
 
 
@@ -79,13 +78,14 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
     if keep_last is None and not (pin or unpin or dry_run):
         raise click.UsageError("say how many saves to keep: --keep-last K (and --keep-every N to keep milestones); "
                                "--dry-run alone shows the root's own policy")
-    facts = Record(root).read()
+    st = store.at(root)  # the one store every look at the root goes through
+    facts = Record(st).read()
     shown = keep_last is None and dry_run
     if shown:  # the dry run shows the root's own policy: the supervisor's `run --keep-last`, else none
         keep_last = retention.recorded_keep_last(facts)
     # every option checked before anything is pinned: bad input changes nothing
     policy = Policy(keep_last=keep_last, keep_every=keep_every, min_age=min_age, pattern=pattern)
-    _say_pins(root, pin, unpin)
+    _say_pins(st, pin, unpin)
     if keep_last is None and not shown:
         return
     if shown:
@@ -93,13 +93,13 @@ def gc(root, keep_last, keep_every, min_age, pin, unpin, said, pattern, dry_run,
             f"the root's own policy (`run --keep-last {keep_last}`)" if keep_last else
             "the default: every published save kept (no --keep-last), unpublished saves of ceased executions "
             "removed") + "; pass --keep-last K to choose", err=True)
-    _show(root, retention.gc(root, policy, said=said, dry_run=dry_run, facts=facts), dry_run, as_json)
+    _show(st, retention.gc(st, policy, said=said, dry_run=dry_run, facts=facts), dry_run, as_json)
 
 
-def _show(root: str, verdicts, dry_run: bool, as_json: bool) -> None:
+def _show(st: store.Store, verdicts, dry_run: bool, as_json: bool) -> None:
     """gc's answer: every save's verdict (a table, or JSON), then the summary on stderr."""
     if as_json:
-        latest = store.latest(root)
+        latest = st.latest()
         click.echo(json.dumps([v.as_dict(latest) for v in verdicts], indent=2))
     else:
         did = {KEEP: "keep", REMOVE: "would remove" if dry_run else "removed"}

@@ -286,7 +286,7 @@ def build(root: store.Root, slurm: Any = None, ask_slurm: bool = True) -> dict[s
             "finished": next((f for f in reversed(facts) if f["type"] == "finished"), None),
             "warnings": _warnings(evs) + ([] if pubs else _left_unpublished(st, evs, execs)),
             "retention": status(st, ask=False, facts=every_fact, inv=inv)}
-    r["goodput"] = goodput.of_report(r, every_fact)
+    r["goodput"] = goodput.of_report(r, every_fact, st, evs)
     return r
 
 

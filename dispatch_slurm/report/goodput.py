@@ -87,9 +87,8 @@ def young_daly(tau: float, delta: float, restart: float, mtbf: float) -> dict:
 # -- the estimate from the root and the record -----------------------------------------------
 
 
-def _save_times(root: str, r: dict) -> dict[str, float]:
+def _save_times(st: store.Store, r: dict) -> dict[str, float]:
     """save path -> the span of its files' mtimes, for the saves still in the root."""
-    st = store.at(root)
     out = {}
     for e in r["executions"]:
         for s in e.get("saves") or []:
@@ -164,13 +163,16 @@ def _execution(r: dict, e: dict, rate: Optional[float], upto: Optional[int], sav
     return out + [(p["t"] - saves.get(p["path"], mean_save), p["t"], "save") for p in ps]
 
 
-def estimate(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
+def estimate(r: dict, facts: Iterable[dict] = (), root: Optional[store.Root] = None,
+             evs: Optional[list[dict]] = None) -> Optional[dict]:
     """The buckets of a run from its report (``report.build``) and the supervisor's facts;
-    None while no execution has published."""
+    None while no execution has published. ``root``: the store the report read (default:
+    the report's root, opened here), ``evs``: the events it read (default: read again)."""
     execs = [e for e in r["executions"] if e["started_at"] is not None]
     if not any(e["publications"] for e in execs):
         return None
-    saves = _save_times(r["root"], r)
+    st = store.at(root if root is not None else r["root"])
+    saves = _save_times(st, r)
     mean_save = statistics.mean(saves.values()) if saves else 0.0
     rates = [x for x in (_rate(_published(e)) for e in execs) if x]
     median_rate = statistics.median(rates) if rates else None
@@ -178,7 +180,7 @@ def estimate(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
     intervals: list[tuple[float, float, str]] = []
     for e in execs:
         intervals += _execution(r, e, median_rate, kept.get(e["attempt"]), saves, mean_save)
-    intervals += _grace_saves(r["root"])
+    intervals += _grace_saves(eventsmod.read(st) if evs is None else evs)
     intervals += [(a, b, "queue") for a, b in _queued(list(facts))]
     out = summary(split(min(a for a, _, _ in intervals), max(_end(e) for e in execs), intervals))
     out["source"] = "estimate from the root and the record"
@@ -186,9 +188,9 @@ def estimate(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
     return out
 
 
-def _grace_saves(root: str) -> list[tuple[float, float, str]]:
+def _grace_saves(evs: list[dict]) -> list[tuple[float, float, str]]:
     """The grace saves the handler measured (``checkpoint_complete``: elapsed since the signal)."""
-    return [(e["t"] - e["elapsed"], e["t"], "save") for e in eventsmod.read(root)
+    return [(e["t"] - e["elapsed"], e["t"], "save") for e in evs
             if e["type"] == "checkpoint_complete" and isinstance(e.get("elapsed"), (int, float))]
 
 
@@ -209,10 +211,11 @@ def _queued(facts: list[dict]) -> list[tuple[float, float]]:
     return out
 
 
-def of_report(r: dict, facts: Iterable[dict] = ()) -> Optional[dict]:
+def of_report(r: dict, facts: Iterable[dict] = (), root: Optional[store.Root] = None,
+              evs: Optional[list[dict]] = None) -> Optional[dict]:
     """``estimate`` that never stops the report: a root whose names cannot be read has none."""
     try:
-        return estimate(r, facts)
+        return estimate(r, facts, root, evs)
     except (OSError, DispatchError, ZeroDivisionError, ValueError):
         return None
 

@@ -84,13 +84,13 @@ def scan_state(root: store.Root, policy: Optional[Policy] = None, ceased: Option
     return inv, [v.as_dict(inv.latest) for v in verdicts]
 
 
-def pin(root: str, save) -> tuple[str, bool]:
+def pin(root: store.Root, save) -> tuple[str, bool]:
     """Pin ``save`` (a save or a folder of saves under the root): gc never removes it; (its
     path under the root, whether the pin is new). A ``pinned/`` entry, the store's."""
     return store.at(root).pin(save)
 
 
-def unpin(root: str, save) -> tuple[str, bool]:
+def unpin(root: store.Root, save) -> tuple[str, bool]:
     """Drop the pin of ``save`` (which may be gone); (its path, whether a pin was there)."""
     return store.at(root).unpin(save)
 

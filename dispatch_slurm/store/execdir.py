@@ -23,7 +23,7 @@ from ..errors import DispatchError
 from . import epochs
 from .links import NODE_LOCAL, symlink_on_the_way
 from .publish import owner
-from .roots import at
+from .roots import Root, at, name_of
 
 def _relpath(exec_dir: str, root: str, local: bool) -> str:
     """``exec_dir`` under ``root``: lexically, or (POSIX) through another alias of the root;
@@ -67,15 +67,16 @@ def check(exec_dir: str, root: str, epoch: int, attempt: str | None, local: bool
     return rel
 
 
-def check_current(root: str) -> None:
+def check_current(root: Root) -> None:
     """``check`` of this execution's folder when ``root`` is its root (every resume call,
     ``latest --resume``), and its epoch not claimed by another execution (a made-up
     ``DISPATCH_ATTEMPT``), before anything is copied into it or recorded of it."""
     ex = Execution.current()
-    if not (ex.exec_dir and ex.epoch is not None and root == ex.root):
+    name = name_of(root)
+    if not (ex.exec_dir and ex.epoch is not None and name == ex.root):
         return
     st = at(root)
-    check(ex.exec_dir, root, ex.epoch, ex.attempt, local=st.local)
+    check(ex.exec_dir, st.root, ex.epoch, ex.attempt, local=st.local)
     claimed = epochs.claimant(st, ex.epoch) if ex.attempt else None
     if claimed is not None and claimed != ex.attempt:
         raise DispatchError(f"epoch {ex.epoch} of {root} is claimed by execution {claimed}, not by this one "

@@ -24,7 +24,7 @@ from ..contract import layout, names
 from ..contract.env import Execution
 from ..errors import DispatchError
 from . import events
-from .roots import Root, at
+from .roots import Root, at, name_of
 
 SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".distcp", ".pkl", ".npz", ".h5")
 DEPTH = 4  # Lightning's own ModelCheckpoint: <exec>/lightning_logs/version_0/checkpoints/<file>.ckpt
@@ -89,7 +89,7 @@ def find(root: Root, pattern: str = names.STEP_PATTERN) -> list[Found]:
     return out
 
 
-def nothing_published(root: str) -> bool:
+def nothing_published(root: Root) -> bool:
     """Whether ``pub/`` is empty: one entry listed at most (a caller that need not know which
     publication is the latest, such as `env`, must not list a million of them)."""
     st = at(root)
@@ -133,21 +133,22 @@ def message(root: str, found: list[Found]) -> str:
     return text
 
 
-def check(root: str, by: str, attempt: str | None = None, say: Callable[[str], None] | None = None) -> list[Found]:
+def check(root: Root, by: str, attempt: str | None = None, say: Callable[[str], None] | None = None) -> list[Found]:
     """When nothing is published under ``root`` (the caller knows): the saves left in its
     exec folders, said on stderr (``say``) and, inside an execution (``attempt``, else
     $DISPATCH_ATTEMPT) by its first rank, recorded as a ``warning`` event (``by``: who
     looked: latest, env, resume)."""
     say = say or (lambda t: print(t, file=sys.stderr, flush=True))
+    name = name_of(root) or ""
     try:
         found = find(root)
     except (OSError, DispatchError) as e:  # a warning's look must never stop the resume it warns about
-        say(f"dispatch-slurm: warning: nothing is published under {root}/{layout.PUB}, and the exec folders could "
+        say(f"dispatch-slurm: warning: nothing is published under {name}/{layout.PUB}, and the exec folders could "
             f"not be listed to tell whether earlier executions left saves ({e})")
         return []
     if not found:
         return found
-    text = message(root, found)
+    text = message(name, found)
     say(f"dispatch-slurm: warning: {text}")
     ex = Execution.current()
     attempt = attempt or ex.attempt
