@@ -1,4 +1,4 @@
-"""The fault campaign's seeded draws and commands, without a cluster (tests/testbed/campaign.py):
+"""The fault campaign's seeded draws and commands, without a cluster (tests/testbed/campaign/):
 one seed is one run (its setup and its fault schedule), fixing a setup axis leaves the other
 draws as they were, the documented commands parse and cover what they claim, and the
 trainer's state is a pure function of the steps applied."""
