@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from test_supervisor import Sup, describe
+from testbed import campaign
 from testbed.cluster import CONTROLLER
 from dispatch_slurm.supervisor.record import Record
 
@@ -37,11 +38,8 @@ SLOW = os.environ.get("DISPATCH_SLOW") == "1"
 
 
 def readme_job_script() -> str:
-    """The README's job script: the first sh block that sets a time limit and runs train.py."""
-    for block in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S):
-        if "#SBATCH --time=" in block and "train.py" in block:
-            return block
-    raise AssertionError("README.md has no sh block with `#SBATCH --time=` and train.py")
+    """The README's job script (its `job-script` snippet, the one without the view)."""
+    return campaign.readme_job_script(README)
 
 
 def chain(c, cdir: str, hdir: Path, name: str, train_args: list[str], *, signal: bool) -> Sup:
