@@ -215,6 +215,27 @@ def test_the_trainer_writing_again_into_a_save_it_published_fails_as_a_user(shar
     assert (d / "model.pt").read_bytes() == b"w" * 100
 
 
+#: a loop that saves and publishes step 10, then on the signal saves step 10 again into the
+#: same folder; ``between``: a line run between the publication and the signal
+RESAVE = """
+    import os, signal, sys
+    from dispatch_slurm import install_preemption_handler, preemption_point, store
+    def save(step):
+        d = os.path.join(os.environ["DISPATCH_EXEC_DIR"], f"checkpoint-{{step}}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "model.pt"), "wb") as f:
+            f.write(b"w%d" % step)
+        return d
+    install_preemption_handler(lambda left: save(10), defer=True)
+    store.publish(save(10))
+    {between}
+    os.kill(os.getpid(), signal.SIGTERM)
+    preemption_point()
+    sys.exit(3)
+"""
+NO_PUB = 'os.chmod(os.path.join(os.environ["DISPATCH_CHECKPOINT"], "pub"), 0)'
+
+
 @needs_root
 def test_a_grace_save_of_the_step_just_published_is_a_kept_stop(shared):
     """The loop saves and publishes step 10, the signal comes, and the handler saves step 10
@@ -225,22 +246,7 @@ def test_a_grace_save_of_the_step_just_published_is_a_kept_stop(shared):
     root = shared
     (root / "exec" / OLD).mkdir(parents=True)
     chown_tree(root)
-    trainer = """
-        import os, signal, sys
-        from dispatch_slurm import install_preemption_handler, preemption_point, store
-        def save(step):
-            d = os.path.join(os.environ["DISPATCH_EXEC_DIR"], f"checkpoint-{step}")
-            os.makedirs(d, exist_ok=True)
-            with open(os.path.join(d, "model.pt"), "wb") as f:
-                f.write(b"w%d" % step)
-            return d
-        install_preemption_handler(lambda left: save(10), defer=True)
-        store.publish(save(10))
-        os.kill(os.getpid(), signal.SIGTERM)
-        preemption_point()
-        sys.exit(3)
-    """
-    run = as_nobody(trainer, job_env(root, OLD))
+    run = as_nobody(RESAVE.format(between=""), job_env(root, OLD))
     assert run.returncode == 0 and "dispatch-checkpoint-complete" in run.stdout, run.stderr
     assert "already published" in run.stderr and "PermissionError" not in run.stderr, run.stderr
     assert len(os.listdir(root / "pub")) == 1
@@ -256,23 +262,7 @@ def test_a_grace_save_refused_while_the_root_cannot_be_read_is_a_failed_stop_in_
     root = shared
     (root / "exec" / OLD).mkdir(parents=True)
     chown_tree(root)
-    trainer = """
-        import os, signal, sys
-        from dispatch_slurm import install_preemption_handler, preemption_point, store
-        def save(step):
-            d = os.path.join(os.environ["DISPATCH_EXEC_DIR"], f"checkpoint-{step}")
-            os.makedirs(d, exist_ok=True)
-            with open(os.path.join(d, "model.pt"), "wb") as f:
-                f.write(b"w%d" % step)
-            return d
-        install_preemption_handler(lambda left: save(10), defer=True)
-        store.publish(save(10))
-        os.chmod(os.path.join(os.environ["DISPATCH_CHECKPOINT"], "pub"), 0)
-        os.kill(os.getpid(), signal.SIGTERM)
-        preemption_point()
-        sys.exit(3)
-    """
-    run = as_nobody(trainer, job_env(root, OLD))
+    run = as_nobody(RESAVE.format(between=NO_PUB), job_env(root, OLD))
     os.chmod(root / "pub", 0o755)
     assert run.returncode == 1 and "dispatch-checkpoint-complete" not in run.stdout, run
     assert "dispatch-slurm: preemption checkpoint failed: PermissionError" in run.stderr, run.stderr
