@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,14 @@ def test_a_seed_is_one_run_and_fixing_an_axis_keeps_the_other_draws():
         assert (fixed.trainer, fixed.ranks, fixed.launcher, fixed.signal) == \
             (free.trainer, free.ranks, free.launcher, free.signal)
         assert campaign.schedule_for(s, P) == campaign.schedule_for(s, P)  # a setup never moves the faults
+
+
+def test_the_runs_take_the_checkouts_readme_job_script():
+    """A run's dispatch side submits the README's job script (its `job-script` snippet, without
+    the view): the campaign finds this checkout's README wherever its own module lives."""
+    assert campaign.README == Path(__file__).resolve().parents[1] / "README.md"
+    script = campaign.readme_job_script(campaign.README)
+    assert "#SBATCH --time=" in script and "dispatch-slurm latest --resume" in script
 
 
 def test_setups_that_cannot_be_run_are_redrawn_or_refused():

@@ -67,6 +67,7 @@ from .runs import (  # noqa: F401
     HOST_SITE,
     IMAGE_TESTBED,
     NAIVE_SCRIPT,
+    README,
     USER,
     Campaign,
     readme_job_script,

@@ -23,6 +23,7 @@ from .report import plot_run
 from .schedule import GIVE_UP, Fault, Params, Setup, replay_command, schedule_for, setup_for
 
 
+README = Path(__file__).resolve().parents[3] / "README.md"  # the checkout's, whose job script the runs use
 IMAGE_TESTBED = "/src/dispatch-slurm/tests/testbed"  # the test bed's copy in docker-slurm's image
 
 
@@ -306,7 +307,7 @@ class Campaign:
                  suite: str = "trixie", readme: Optional[Path] = None):
         self.bed, self.params, self.say, self.keep, self.suite = bed, params, say, keep, suite
         self.hf = HOST_SITE in getattr(bed, "volumes", {}).values()
-        self.job_script = readme_job_script(readme or Path(__file__).resolve().parents[2] / "README.md")
+        self.job_script = readme_job_script(readme or README)
         ok = bed.exec("db", ["sinfo", "-h"], user=USER, check=False).returncode == 0
         self.login = "db" if ok else "ctl"  # a login node of its own, when Slurm's clients work there
         conf = bed.slurm.config()
