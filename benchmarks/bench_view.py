@@ -50,6 +50,8 @@ from support import build_spank  # noqa: E402
 from testbed.cluster import CONTROLLER, Cluster  # noqa: E402
 
 from dispatch_slurm import store, view  # noqa: E402
+from dispatch_slurm.store import epochs  # noqa: E402
+from dispatch_slurm.contract import epoch as epochmod  # noqa: E402
 from dispatch_slurm.contract import names  # noqa: E402
 from dispatch_slurm.contract.env import Execution  # noqa: E402
 
@@ -66,13 +68,25 @@ assert JOB != HOOKS_JOB
 
 
 def publications(root: Path, n: int) -> None:
-    """n publications in root/pub/, as alice (names of saves of earlier executions)."""
+    """n publications in root/pub/, alice's (names of saves of earlier executions, one
+    earlier submission per 1,000, each with its epoch claimed, as publish claims it first):
+    made as root on a root that is root's for the while, then all given to alice."""
+    os.chown(root, 0, 0)
     pub = root / "pub"
-    pub.mkdir()
+    pub.mkdir(exist_ok=True)
+    st = store.at(str(root))
+    olds = [epochmod.compose(0, st.allocate_submission(), 0) for _ in range((n + 999) // 1000)]
+    for k, e in enumerate(olds):
+        epochs.claim(st, f"old.{k}.{e}")
     for i in range(n):
-        (pub / names.encode(1_000_000 + i // 1000, i, f"exec/old.{i // 1000}/checkpoint-{i}")).touch()
-    for p in (root, pub, *pub.iterdir()):
-        os.chown(p, 2001, 2001)
+        (pub / names.encode(olds[i // 1000], i, f"exec/old.{i // 1000}.{olds[i // 1000]}/checkpoint-{i}")).touch()
+    latest = root / "exec" / f"old.{(n - 1) // 1000}.{olds[-1]}" / f"checkpoint-{n - 1}"  # the save prepare places
+    latest.mkdir(parents=True)
+    (latest / "model.safetensors").write_bytes(b"w" * 4096)
+    (latest / "trainer_state.json").write_text(json.dumps({"global_step": n - 1}))
+    for d, dirs, files in os.walk(root):
+        for p in [d, *(os.path.join(d, x) for x in dirs + files)]:
+            os.chown(p, 2001, 2001)
 
 
 def run_variant(c: Cluster, name: str, steps: int, i: int, root: str) -> float:
