@@ -9,7 +9,9 @@ cluster  `srun -n1 true` steps inside one job whose root holds ``--pubs`` public
          nodes' `dispatch-slurm view prepare` run and waited for, `view publish` started and
          stopped at the step's end, and each task's mount namespace and bind); goal <= 50 ms
          more per task. ``--commands none`` names a do-nothing command as site.conf's
-         dispatch_slurm instead: the plugin's own cost
+         dispatch_slurm instead: the plugin's own cost. ``--steps-on other``: a 2-node job,
+         its steps on the node without the batch step (whose publisher covers steps on its own
+         node only)
 prepare  a Hugging Face-shaped save of ``--mb`` MiB (6 files) published by execution A; with
          ``--pubs`` more publications in pub/, execution B's prepare, as the job user (nobody:
          root would get a copy of the data, whom a file's mode does not stop): the disk it
@@ -22,7 +24,8 @@ publisher a CPU training loop (``--steps`` steps of a matmul, a ``--save-mb`` Mi
          publishes each save); the median wall time of each way and their ratio (goal: <= 1%)
 
     python benchmarks/bench_view.py [--parts mount,cluster,prepare,publisher] [--suite trixie]
-        [--steps-per-job 50] [--rounds 2] [--pubs 10000] [--commands installed|none] [--mounts 200]
+        [--steps-per-job 50] [--rounds 2] [--pubs 10000] [--commands installed|none]
+        [--steps-on batch|other] [--mounts 200]
         [--mb 1024] [--steps 300] [--save-every 30] [--save-mb 64] [--n 3] [--dir DIR]
 
 Run as root from the checkout (the prepare part drops to the job user, nobody, as
@@ -65,6 +68,11 @@ exit 0
 # bench_hooks.py's job (its srun steps timed), the last step showing the view instead
 JOB = HOOKS_JOB.replace("attempt=${{DISPATCH_ATTEMPT", "view=${{DISPATCH_VIEW")
 assert JOB != HOOKS_JOB
+# --steps-on other: a two-node job whose steps run on the node without the batch step (srun's
+# relative node 1), where no batch step's publisher covers them
+JOB_OTHER = JOB.replace("#SBATCH -N1 -n1", "#SBATCH -N2 --ntasks-per-node=1").replace(
+    "srun -n1 --quiet true", "srun -N1 -n1 -r1 --quiet true")
+assert JOB_OTHER.count("-r1") == 1 and "-N2" in JOB_OTHER
 
 
 def publications(root: Path, n: int) -> None:
@@ -89,10 +97,10 @@ def publications(root: Path, n: int) -> None:
             os.chown(p, 2001, 2001)
 
 
-def run_variant(c: Cluster, name: str, steps: int, i: int, root: str) -> float:
+def run_variant(c: Cluster, name: str, steps: int, i: int, root: str, on: str = "batch") -> float:
     out = f"/checkpoints/bench/{name}-{i}.out"
     opts = [f"--dispatch-checkpoint={root}"] + ([f"--dispatch-view={root}/out"] if name == "view" else [])
-    job = c.submit("alice", JOB.format(out=out, steps=steps), args=opts)
+    job = c.submit("alice", (JOB if on == "batch" else JOB_OTHER).format(out=out, steps=steps), args=opts)
     c.wait_job(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=900)
     text = c.read(out)
     if "failed" in text or "elapsed" not in text:
@@ -283,9 +291,10 @@ def cluster(a) -> None:
         per: dict[str, list[float]] = {"spank": [], "view": []}
         for i in range(a.rounds):
             for name in (per if i % 2 == 0 else reversed(list(per))):
-                per[name].append(run_variant(c, name, a.steps_per_job, i, root))
+                per[name].append(run_variant(c, name, a.steps_per_job, i, root, a.steps_on))
         base, viewed = statistics.median(per["spank"]), statistics.median(per["view"])
-        print(f"per-task start-up of `srun -n1 true`, {a.steps_per_job} steps x {a.rounds} rounds, {a.pubs} "
+        print(f"per-task start-up of `srun -n1 true` on the {a.steps_on} node, {a.steps_per_job} steps x "
+              f"{a.rounds} rounds, {a.pubs} "
               f"publications in the root, view commands: {a.commands}, Slurm {c.slurm_release} (docker-slurm, "
               f"{os.cpu_count()}-core host)")
         print(f"  spank  {base * 1000:7.1f} ms/step")
@@ -303,6 +312,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--pubs", type=int, default=10_000)
     ap.add_argument("--commands", default="installed", choices=["installed", "none"])
+    ap.add_argument("--steps-on", default="batch", choices=["batch", "other"],
+                    help="the cluster part's steps: on the batch step's node, or on another node of a 2-node job")
     ap.add_argument("--mounts", type=int, default=200, help="times the mount alone is timed")
     ap.add_argument("--mb", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=300)

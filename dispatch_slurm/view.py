@@ -27,7 +27,8 @@ framework's own resume finds exactly the latest publication, and its own rotatio
 names in the execution's folder. Nothing published: nothing placed, said once.
 
 ``publisher``: one per node and execution publishes (a later step's finds it running and waits
-as its standby, taking over if it ends first), it
+as its standby, taking over if it ends first; the plugin starts none for an srun step on a node
+where the batch step's publisher runs, which it asks by the second name that one binds), it
 publishes each save of the execution's folder once its framework completed it, the rule told
 from the save's layout (``KINDS``), and never what prepare placed. It lasts as long as the
 execution's processes on this node (ignoring SIGTERM, so a save made in the grace window is
@@ -41,15 +42,16 @@ own execution's late saves, at its own, lower epoch.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import pickle
 import re
+import select
 import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import zipfile
 from typing import Callable, NamedTuple, Optional
@@ -431,9 +433,10 @@ def publisher(ex: Execution, once: bool = False, say: Callable[[str], None] = _s
     the Epilog's); 1 when it leaves saves unpublished above the last one published, else 0."""
     root, exec_dir, epoch, attempt = ex.need("root", "exec_dir", "epoch", "attempt")
     st = _posix(root)
-    claim = None if once else _claim(attempt, root, say)
+    told = None if once or not ex.view_step_end else sys.stdin.fileno()  # the plugin's pipe
+    claim = None if once else _claim(attempt, root, say, batch=ex.view_batch)
     if claim is False:
-        claim = _standby(st, ex, say)
+        claim = _standby(st, ex, say, told)
         if claim is False:
             return 0  # the execution's processes here are gone: the claim's holder published them
     rel = execdir.check(exec_dir, root, epoch, attempt)
@@ -448,7 +451,7 @@ def publisher(ex: Execution, once: bool = False, say: Callable[[str], None] = _s
     if not once:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Slurm signals the step: its last save comes after
     linger = None if once else cessation.lingering(w.fs, attempt, root, ex.node, mine={os.getpid()})
-    watch.run(w, once=once, linger=linger, first_within=FIRST_S, every=30.0, say=say)
+    watch.run(w, once=once, linger=linger, first_within=FIRST_S, every=30.0, say=say, told=told)
     return 1 if watch.unfinished(w, say) else 0
 
 
@@ -465,17 +468,21 @@ def _prepared(st: store.Store, exec_dir: str, rel: str, wait: float) -> Optional
         time.sleep(0.5)
 
 
-def _standby(st: store.Store, ex: Execution, say: Callable[[str], None]) -> Optional[bool]:
+def _standby(st: store.Store, ex: Execution, say: Callable[[str], None], told: Optional[int]) -> Optional[bool]:
     """Another step's publisher holds the claim on this node: wait as its standby, and take the
     claim once it went while the execution's processes here live (the step that claimed first
-    may end first: an srun step inside the batch script). False once they are gone."""
+    may end first: an srun step inside the batch script). False once they are gone (the first
+    of them awaited ``FIRST_S``, unless ``told`` said this step's tasks here are gone)."""
     attempt, root = ex.need("attempt", "root")
     linger = cessation.lingering(st, attempt, root, ex.node, mine={os.getpid()})
     quiet_by = time.monotonic() + FIRST_S  # the first of them may not have started yet
     say(f"another step's publisher of {attempt} runs on this node: standing by while the execution's processes "
         "here live, to publish if it ends first")
     while True:
-        time.sleep(1.0)
+        if told is not None and select.select([told], [], [], 1.0)[0] and watch.told_over(told):
+            told, quiet_by = None, 0.0
+        elif told is None:
+            time.sleep(1.0)
         claim = _claim(attempt, root, say)
         if claim is not False:
             return claim
@@ -483,23 +490,55 @@ def _standby(st: store.Store, ex: Execution, say: Callable[[str], None]) -> Opti
             return False
 
 
-def _claim(attempt: str, root: str, say: Callable[[str], None]) -> Optional[bool]:
-    """One publisher per node and execution: an abstract socket bound in its name (the kernel
-    lets it go with the process, so nothing is left to clean). True: this one publishes; False:
-    another process of this user holds it. A name held by another user is said and ignored
-    (it cannot stop the publishing)."""
-    key = hashlib.sha256(f"{root}\0{attempt}".encode()).hexdigest()[:40]
+def claim_name(root: str, attempt: str, batch: bool = False) -> str:
+    """The abstract socket's name by which the publisher of (root, attempt) holds its claim on
+    a node (``batch``: the second name the batch step's binds, which the plugin asks before it
+    starts one for an srun step). FNV-1a 64 of ``root NUL attempt``: the plugin computes the same
+    in C (spank_env/layout.c, tests/test_spank_contract.py)."""
+    h = 0xCBF29CE484222325
+    for byte in os.fsencode(root) + b"\0" + os.fsencode(attempt):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"dispatch-slurm-view-{h:016x}" + (".batch" if batch else "")
+
+
+def _bind(name: str) -> bool:
+    """Bind the abstract ``name`` for this process's life (the kernel lets it go with the
+    process: nothing left to clean); False when another process holds it. Each probe of it is
+    accepted and dropped at once, so no asker ever waits on a full queue."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.bind(f"\0dispatch-slurm-view-{key}")
-        sock.listen(1)
-        _CLAIMS.append(sock)  # held for the process's life
-        return True
+        sock.bind(f"\0{name}")
+        sock.listen(8)
     except OSError as e:
         sock.close()
         if e.errno != errno.EADDRINUSE:
             raise
-    peer = _holder(key)
+        return False
+    _CLAIMS.append(sock)
+    threading.Thread(target=_answer, args=(sock,), name=f"claim {name}", daemon=True).start()
+    return True
+
+
+def _answer(sock: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        conn.close()
+
+
+def _claim(attempt: str, root: str, say: Callable[[str], None], batch: bool = False) -> Optional[bool]:
+    """One publisher per node and execution: an abstract socket bound in its name. True: this
+    one publishes (``batch``: the batch step's, which binds the batch name too); False: another
+    process of this user holds it. A name held by another user is said and ignored (it cannot
+    stop the publishing)."""
+    name = claim_name(root, attempt)
+    if _bind(name):
+        if batch:
+            _bind(claim_name(root, attempt, batch=True))
+        return True
+    peer = _holder(name)
     if peer in (None, os.getuid()):
         return False
     say(f"the publisher's claim for {attempt} on this node is held by uid {peer}, not this job's user: publishing "
@@ -507,11 +546,15 @@ def _claim(attempt: str, root: str, say: Callable[[str], None]) -> Optional[bool
     return None
 
 
-def _holder(key: str) -> Optional[int]:
-    """The uid of the process holding the claim ``key`` (None: it went meanwhile)."""
+def _holder(name: str) -> Optional[int]:
+    """The uid of the process holding the claim ``name`` (None: it went meanwhile, or does not
+    answer within a second)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+        # blocking, bounded as the plugin's probe is: a holder's full queue is waited for (a
+        # non-blocking connect would be refused at once), one that never answers is none
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 1, 0))
         try:
-            probe.connect(f"\0dispatch-slurm-view-{key}")
+            probe.connect(f"\0{name}")
         except OSError:
             return None
         creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))

@@ -1,5 +1,7 @@
 #include "layout.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char *const protocol[] = { "ceased", "epochs", "events", "exec", "held", "jobs", "pinned", "pub",
@@ -29,4 +31,16 @@ int dsp_protocol_names(char *out, size_t outsz)
 	}
 	out[o] = '\0';
 	return 0;
+}
+
+int dsp_view_claim_name(const char *root, const char *attempt, int batch, char *out, size_t outsz)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;	/* FNV-1a: the same in Python with no library */
+	size_t rlen = strlen(root), alen = strlen(attempt);
+	for (size_t i = 0; i <= rlen + alen; i++) {
+		unsigned char c = i < rlen ? (unsigned char)root[i] : i == rlen ? 0 : (unsigned char)attempt[i - rlen - 1];
+		h = (h ^ c) * 0x100000001b3ULL;
+	}
+	int n = snprintf(out, outsz, "dispatch-slurm-view-%016llx%s", (unsigned long long)h, batch ? ".batch" : "");
+	return n < 0 || (size_t)n >= outsz ? -1 : 0;
 }

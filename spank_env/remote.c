@@ -16,6 +16,10 @@
  * one per step per node: each step's slurmstepd keeps track of its own publisher, which
  * sees the step's tasks end (task_exit) and stops it, its last pass given DSP_PUBLISH_STOP_MS;
  * exit kills what is left. Each task then binds exec/<attempt>/ over the view (task.c).
+ * A step pays for neither command where it has nothing to do (each is a Python start, ~50 ms
+ * a task; benchmarks/bench_view.py): the prepare when the execution's folder already holds its
+ * record (an earlier step, or another node, prepared it), the publisher for an srun step on a
+ * node where the batch step's publisher runs (the batch step outlives every step it starts).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +31,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <slurm/slurm.h>
+
 #include "dispatch.h"
+#include "layout.h"
 #include "spawn.h"
 #include "viewfs.h"
 
@@ -48,7 +55,7 @@ static char *job_env(spank_t sp, const char *name)
 
 static char user_error[DSP_ERR];	/* this step's reason to fail its tasks; "" when none */
 static struct dsp_out viewed;		/* the execution, once its view is ready; view[0] "" when none */
-static struct dsp_child publisher = { -1, -1 };	/* this step's `dispatch-slurm view publish` */
+static struct dsp_child publisher = { -1, -1, -1 };	/* this step's `dispatch-slurm view publish` */
 static uint32_t tasks_ended;		/* of this step, on this node */
 static pid_t stepd;			/* slurmstepd's pid, as its init saw it */
 
@@ -184,20 +191,33 @@ static int view_start(spank_t sp, const struct dsp_out *out)
 	struct dsp_view_fds fds;
 	/* slurmstepd's own main thread (not the clone a ContainSpank site runs user_init in,
 	 * which exits at once): the publisher may die with it */
-	int main_thread = getpid() == stepd && gettid() == stepd;
+	int main_thread = getpid() == stepd && gettid() == stepd, prepared, batch, publish = 1;
+	uint32_t step = 0;
+	struct stat record;
 	if (dsp_view_open(out->checkpoint, out->view_rel, out->attempt, DSP_VIEW_CREATE, geteuid(), &fds, user_error,
 			  sizeof(user_error)))
 		return 0;
+	/* as the user, on the folder just opened without following a symlink: prepare writes the
+	 * record last, so a record (a file, never followed) means the placing is done */
+	prepared = !fstatat(fds.exec, DSP_VIEW_RECORD, &record, AT_SYMLINK_NOFOLLOW) && S_ISREG(record.st_mode);
 	dsp_view_close(&fds);
 	if (spank_setenv(sp, "DISPATCH_VIEW", out->view, 1) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS) {
-		slurm_error("%s: cannot set DISPATCH_VIEW or read the job's environment", DSP_PLUGIN);
+	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS) {
+		slurm_error("%s: cannot set DISPATCH_VIEW or read the job's environment or step", DSP_PLUGIN);
 		return -1;
 	}
+	batch = step == SLURM_BATCH_SCRIPT;
+	if (!batch && prepared && dsp_batch_publisher_runs(out->checkpoint, out->attempt, geteuid())) {
+		slurm_debug("%s: step %u: the batch step's publisher of %s runs on this node", DSP_PLUGIN, step, out->attempt);
+		publish = 0;
+	}
 	if (dsp_command(cmd ? cmd : DSP_DISPATCH_SLURM, env, path, sizeof(path), user_error, sizeof(user_error)) ||
-	    dsp_run_prepare(path, env, DSP_PREPARE_TIMEOUT_MS, prepare_said, user_error, sizeof(user_error)) ||
-	    dsp_start_publisher(path, env, STDERR_FILENO, main_thread, &publisher, user_error, sizeof(user_error)))
+	    (!prepared && dsp_run_prepare(path, env, DSP_PREPARE_TIMEOUT_MS, prepare_said, user_error, sizeof(user_error))) ||
+	    (publish && dsp_start_publisher(path, env, batch, STDERR_FILENO, main_thread, &publisher, user_error,
+					   sizeof(user_error))))
 		return 0;
+	if (prepared)	/* at debug: a job of many steps would write a line a step into slurmd's log */
+		slurm_debug("%s: %s is prepared already", DSP_PLUGIN, out->attempt);
 	viewed = *out;
 	return 0;
 }

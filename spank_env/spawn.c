@@ -4,17 +4,21 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "fail.h"
+#include "layout.h"
 #include "siteconf.h"
 
 #ifndef P_PIDFD
@@ -29,8 +33,8 @@ struct failure {
 enum { AT_IDS = 1, AT_STDIO, AT_EXEC };
 
 /* After fork, in a process that may have had threads: only async-signal-safe calls. */
-static void child(const char *path, char *const argv[], char *const envp[], int out_fd, int report, int max_fd,
-		  pid_t parent)
+static void child(const char *path, char *const argv[], char *const envp[], int in_fd, int out_fd, int report,
+		  int max_fd, pid_t parent)
 {
 	struct sigaction dfl = { .sa_handler = SIG_DFL };
 	struct failure f = { AT_IDS, 0 };
@@ -52,7 +56,7 @@ static void child(const char *path, char *const argv[], char *const envp[], int 
 		goto fail;
 	f.stage = AT_STDIO;
 	null = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (null < 0 || dup2(null, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 ||
+	if (null < 0 || dup2(in_fd >= 0 ? in_fd : null, STDIN_FILENO) < 0 || dup2(out_fd, STDOUT_FILENO) < 0 ||
 	    dup2(out_fd, STDERR_FILENO) < 0 || chdir("/"))
 		goto fail;
 	/* slurmstepd's descriptors (its sockets to slurmd, the job's files) stay behind; one by
@@ -117,6 +121,10 @@ static void reap(const struct dsp_child *c, int *status)
 
 void dsp_stop_child(struct dsp_child *c, int grace_ms)
 {
+	if (c->tell >= 0) {	/* its stdin ends: the step's tasks here are gone (the package's publisher's word) */
+		close(c->tell);
+		c->tell = -1;
+	}
 	if (c->pid <= 0)
 		return;
 	if (!ended(c, 0)) {
@@ -131,7 +139,9 @@ void dsp_stop_child(struct dsp_child *c, int grace_ms)
 	reap(c, NULL);
 	if (c->pidfd >= 0)
 		close(c->pidfd);
-	c->pid = c->pidfd = -1;
+	if (c->tell >= 0)
+		close(c->tell);
+	c->pid = c->pidfd = c->tell = -1;
 }
 
 static const char *stage_text(int stage)
@@ -141,7 +151,7 @@ static const char *stage_text(int stage)
 }
 
 /* fork, the child as above; -1 with err when the child did not get to exec. */
-static int spawn(const char *path, char *const argv[], char *const envp[], int out_fd, int with_parent,
+static int spawn(const char *path, char *const argv[], char *const envp[], int in_fd, int out_fd, int with_parent,
 		 struct dsp_child *c, char *err, size_t errsz)
 {
 	struct failure f;
@@ -149,13 +159,13 @@ static int spawn(const char *path, char *const argv[], char *const envp[], int o
 	ssize_t n;
 	int report[2], max_fd = getrlimit(RLIMIT_NOFILE, &nofile) || nofile.rlim_cur > 1 << 20 ? 1 << 20 :
 									(int)nofile.rlim_cur;
-	c->pid = c->pidfd = -1;
+	c->pid = c->pidfd = c->tell = -1;
 	if (pipe2(report, O_CLOEXEC))
 		return dsp_fail(err, errsz, "%s view %s: pipe: %s", path, argv[2], strerror(errno));
 	pid_t parent = with_parent ? getpid() : 0;
 	c->pid = fork();
 	if (c->pid == 0)
-		child(path, argv, envp, out_fd, report[1], max_fd, parent);
+		child(path, argv, envp, in_fd, out_fd, report[1], max_fd, parent);
 	close(report[1]);
 	if (c->pid < 0) {
 		close(report[0]);
@@ -252,7 +262,7 @@ int dsp_run_prepare(const char *path, char *const envp[], int timeout_ms, void (
 		free(buf);
 		return dsp_fail(err, errsz, "%s view prepare: %s", path, strerror(errno));
 	}
-	rc = spawn(path, argv, envp, out[1], 0, &c, err, errsz);
+	rc = spawn(path, argv, envp, -1, out[1], 0, &c, err, errsz);
 	close(out[1]);
 	if (!rc && collect(&c, out[0], now_ms() + timeout_ms, buf, &len))
 		rc = dsp_fail(err, errsz, "%s view prepare did not finish in %d s (killed)", path, timeout_ms / 1000);
@@ -285,9 +295,57 @@ int dsp_run_prepare(const char *path, char *const envp[], int timeout_ms, void (
 	return -1;
 }
 
-int dsp_start_publisher(const char *path, char *const envp[], int out_fd, int with_parent, struct dsp_child *c,
-			char *err, size_t errsz)
+#define BATCH_VAR "DISPATCH_VIEW_BATCH="
+#define END_VAR "DISPATCH_VIEW_STEP_END="
+
+int dsp_start_publisher(const char *path, char *const envp[], int batch, int out_fd, int with_parent,
+			struct dsp_child *c, char *err, size_t errsz)
 {
-	char *argv[] = { (char *)path, "view", "publish", NULL };
-	return spawn(path, argv, envp, out_fd, with_parent, c, err, errsz);
+	char *argv[] = { (char *)path, "view", "publish", NULL }, flag[] = BATCH_VAR "1", end[] = END_VAR "stdin";
+	char **env;
+	size_t n = 0, k = 0;
+	int rc, tell[2];
+	while (envp && envp[n])
+		n++;
+	if (!(env = calloc(n + 3, sizeof(*env))) || pipe2(tell, O_CLOEXEC)) {
+		free(env);
+		return dsp_fail(err, errsz, "%s view publish: %s", path, strerror(errno));
+	}
+	/* both are the plugin's word alone: a user's own value (srun would carry it into every
+	 * step) never reaches the publisher */
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(envp[i], BATCH_VAR, sizeof(BATCH_VAR) - 1) && strncmp(envp[i], END_VAR, sizeof(END_VAR) - 1))
+			env[k++] = envp[i];
+	if (batch)
+		env[k++] = flag;
+	env[k++] = end;
+	rc = spawn(path, argv, env, tell[0], out_fd, with_parent, c, err, errsz);
+	close(tell[0]);
+	if (rc || c->pid <= 0)
+		close(tell[1]);
+	else
+		c->tell = tell[1];	/* closed by dsp_stop_child: the publisher's stdin ends */
+	free(env);
+	return rc;
+}
+
+int dsp_batch_publisher_runs(const char *root, const char *attempt, uid_t uid)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct timeval limit = { 1, 0 };	/* a holder too busy to be asked is taken as none */
+	struct ucred peer;
+	socklen_t len = sizeof(peer);
+	int fd, runs = 0;
+	/* abstract: sun_path[0] is NUL, the name follows, not NUL-terminated */
+	if (dsp_view_claim_name(root, attempt, 1, addr.sun_path + 1, sizeof(addr.sun_path) - 1))
+		return 0;
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+		return 0;
+	if (!setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit)) &&
+	    !connect(fd, (struct sockaddr *)&addr,
+		     (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(addr.sun_path + 1))) &&
+	    !getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len))
+		runs = peer.uid == uid;	/* another user's socket of that name stops nothing */
+	close(fd);
+	return runs;
 }

@@ -28,6 +28,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <slurm/slurm.h>
+
 #include "dispatch.h"
 
 /* ---- Slurm's side -------------------------------------------------------------------- */
@@ -37,6 +39,7 @@ static struct spank_option *registered[16];
 static int nregistered;
 static uid_t job_uid;
 static gid_t job_gid;
+static uint32_t step_id = SLURM_BATCH_SCRIPT;	/* S_JOB_STEPID: the batch step unless a scenario says */
 /* The job's env in slurmstepd (spank_setenv adds to it, S_JOB_ENV hands it out): a cluster,
  * no restart yet, a PATH. */
 static char *job_env[64] = { "SLURM_CLUSTER_NAME=harness", "SLURM_RESTART_COUNT=0", "PATH=/usr/bin:/bin" };
@@ -65,6 +68,9 @@ spank_err_t spank_get_item(spank_t sp, spank_item_t item, ...)
 	case S_JOB_ID:
 	case S_JOB_LOCAL_TASK_COUNT:
 		*va_arg(ap, uint32_t *) = item == S_JOB_ID ? 42 : 1;
+		break;
+	case S_JOB_STEPID:
+		*va_arg(ap, uint32_t *) = step_id;
 		break;
 	case S_JOB_UID:
 		*va_arg(ap, uid_t *) = job_uid;
@@ -205,12 +211,14 @@ struct scenario {
 	int swap_before_task;	/* swap it between user_init and the task */
 	int other_fs;		/* the view is a mount point of its own */
 	int stepd_dies;		/* "slurmstepd" ends without task_exit or exit (killed) */
+	int srun_step;		/* step 0 (srun's), its env carrying the user's own DISPATCH_VIEW_BATCH=1 */
 };
 
 static const struct scenario scenarios[] = {
-	{ "plain", 0, 0, 0, 0, 0 }, { "old-kernel", ENOSYS, 0, 0, 0, 0 }, { "container-seccomp", EPERM, 0, 0, 0, 0 },
-	{ "race", 0, 1, 0, 0, 0 }, { "race-old-kernel", ENOSYS, 1, 0, 0, 0 }, { "swap-before-task", 0, 0, 1, 0, 0 },
-	{ "other-fs", 0, 0, 0, 1, 0 }, { "stepd-killed", 0, 0, 0, 0, 1 },
+	{ "plain", 0, 0, 0, 0, 0, 0 }, { "old-kernel", ENOSYS, 0, 0, 0, 0, 0 },
+	{ "container-seccomp", EPERM, 0, 0, 0, 0, 0 }, { "race", 0, 1, 0, 0, 0, 0 },
+	{ "race-old-kernel", ENOSYS, 1, 0, 0, 0, 0 }, { "swap-before-task", 0, 0, 1, 0, 0, 0 },
+	{ "other-fs", 0, 0, 0, 1, 0, 0 }, { "stepd-killed", 0, 0, 0, 0, 1, 0 }, { "srun-step", 0, 0, 0, 0, 0, 1 },
 };
 
 /* The filter: refuse open_tree and move_mount with e (0: allow), and stop the bind (move_mount,
@@ -369,6 +377,10 @@ static int view_step(const char *dir, const char *view, const char *name)
 			     mount("viewfs", view, "tmpfs", 0, NULL) || chown(view, job_uid, job_gid)))
 		return 2;
 	context = S_CTX_REMOTE;
+	if (sc->srun_step) {
+		step_id = 0;
+		spank_setenv(NULL, "DISPATCH_VIEW_BATCH", "1", 1);
+	}
 	printf("init: %d\n", slurm_spank_init(NULL, 1, av));
 	printf("options: %d\n", give("dispatch-checkpoint", root, 1) || give("dispatch-submission", "1", 1) ||
 	       give("dispatch-view", view, 1));

@@ -17,6 +17,8 @@
  *   view <hex root> <hex view>    -> dsp_view_rel("view folder", the root normalized, view): the
  *                                    path below the root, or "error: ..." (hex: a path may hold a tab)
  *   protocol                      -> the root's own entries (layout.c), ", "-separated
+ *   view-claim <hex root> <attempt> <0|1>  -> the publisher's claim name on a node (layout.c;
+ *                                    1: the batch step's second name)
  * (env: DISPATCH_VIEW=<the view folder> after the DISPATCH_* lines when the execution has one;
  *  site.view=DIR and site.dispatch_slurm=PATH become site.conf lines too)
  */
@@ -89,6 +91,10 @@ static void claim_requests(char **f, int nf, char *err, size_t errsz)
 			printf("error: %s\n", err);
 		else
 			printf("%s\n", rel);
+	} else if (!strcmp(f[0], "view-claim") && nf == 4) {
+		char name[64];
+		unhex(f[1]);
+		printf("%s\n", dsp_view_claim_name(f[1], f[2], atoi(f[3]), name, sizeof(name)) ? "error: name" : name);
 	} else if (!strcmp(f[0], "protocol") && nf == 1) {
 		char names[256];
 		printf("%s\n", dsp_protocol_names(names, sizeof(names)) ? "error: names" : names);

@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 
+from dispatch_slurm import view
 from dispatch_slurm.contract import layout, names, siteconf
 from dispatch_slurm.errors import EnvError
 from dispatch_slurm.slurm import sitefile
@@ -204,6 +205,18 @@ def test_the_roots_own_folders_are_one_list_in_python_c_and_the_vectors(contract
     own = sorted(layout.VIEW_REFUSED)
     assert VIEW["own"] == own and contract("protocol") == ", ".join(own)
     assert {e["view"].split("/")[3] for e in VIEW["errors"] if "dispatch-slurm's own" in e["error"]} == set(own)
+
+
+@pytest.mark.parametrize("root, attempt", [("/ckpt/run1", "linux.42.1000000"), ("/scratch/me/a\tb/é", "c.7.2000001"),
+                                           ("/" + "x" * 4000, "a.1.1")])
+def test_the_publishers_claim_names_agree_in_python_and_c(contract, root, attempt):
+    """The plugin asks for the batch step's publisher by the name view.py binds: one hash, two
+    implementations (a root may hold any byte but NUL, and be long)."""
+    for batch in (False, True):
+        want = view.claim_name(root, attempt, batch)
+        assert contract("view-claim", root.encode().hex(), attempt, str(int(batch))) == want
+        assert len(want) < 107, "an abstract socket's name fits sun_path"
+    assert view.claim_name(root, attempt) != view.claim_name(root + "x", attempt) != view.claim_name(root, attempt + "1")
 
 
 def _execution(contract, **extra):

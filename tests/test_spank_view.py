@@ -23,6 +23,8 @@ import pytest
 
 from support import REPO, build_spank
 
+from dispatch_slurm import view as viewmod
+
 USER, OTHER = 54321, 54322  # the job user and another user: ids no account here has
 ATTEMPT = "harness.42.1000000"  # the driver's job 42 on cluster "harness", N = 1
 STAND_IN = REPO / "tests" / "stubs" / "view-commands"
@@ -155,6 +157,8 @@ def test_the_task_and_its_children_see_the_execution_folder(driver, bed):
     for line in (prepare, publish):  # each in a session of its own, with DISPATCH_VIEW set
         assert re.search(r"pid=(\d+) sid=\1 ", line) and f"view={view} exec={bed.exec} " in line, line
         assert int(re.search(r"fds=(\d+)", line)[1]) <= 5, f"slurmstepd's descriptors reached it: {line}"
+    assert " batch= " in prepare and " batch=1 " in publish, "the batch step's publisher is told it is that"
+    assert " stepend= " in prepare and " stepend=stdin " in publish, "the publisher is told how its step's end comes"
     assert log.index(prepare) < log.index(publish)
     assert "prepared the latest save for" in err  # its output, at the info level
     # the step's last task ended: the publisher got SIGTERM for its last pass, nothing of it is left
@@ -368,6 +372,23 @@ def test_a_publisher_that_ignores_sigterm_is_killed_with_its_session(driver, bed
     assert gone(publisher, child)
 
 
+def test_the_publisher_is_told_by_its_stdin_that_the_steps_tasks_are_gone(driver, bed):
+    """Slurm's own signals reach the publisher (scancel signals the step), so the package's
+    ignores SIGTERM; the end of its stdin is the plugin's word alone: the step's last task here
+    ended. A step waits for its publisher's end (task_exit comes before srun is told), so a
+    publisher that waited on for the first of the execution's processes made every short step
+    on a node without the batch step 5 s longer (benchmarks/bench_view.py --steps-on other)."""
+    (bed.cmd / "publish.mode").write_text("told")
+    got, err = step(driver, bed, bed.root / "out")
+    assert got["task_init"] == "0" and got["task_exit"] == "0", err
+    log = bed.log()
+    told = [line for line in log if line.startswith("publish told ")]
+    assert len(told) == 1, log
+    publisher = int(re.search(r"pid=(\d+)", told[0])[1])
+    child = int(next(line for line in log if line.startswith("publish child "))[14:])
+    assert gone(publisher, child)
+
+
 def test_a_publisher_whose_slurmstepd_is_killed_is_told_at_once(driver, bed):
     """slurmstepd gone without its task_exit or exit (killed, crashed): the kernel sends the
     publisher SIGTERM (PR_SET_PDEATHSIG), so it never runs on for a step that is no more."""
@@ -377,3 +398,69 @@ def test_a_publisher_whose_slurmstepd_is_killed_is_told_at_once(driver, bed):
     while not any(line.startswith("publish term ") for line in bed.log()):
         assert time.monotonic() < deadline, f"the publisher was not told: {bed.log()}"
         time.sleep(0.05)
+
+
+def prepared_before(bed: Bed, record: str = "file") -> None:
+    """The execution's folder as an earlier step (or another node's prepare) left it: its
+    record written last, the user's; ``symlink``: a link of that name the user planted."""
+    for d in (bed.root / "exec", bed.exec):
+        d.mkdir(exist_ok=True)
+        os.chown(d, USER, USER)
+    rec = bed.exec / "dispatch-view"
+    if record == "file":
+        rec.write_text('{"pub": null}\n')
+    else:
+        rec.symlink_to(bed.target / "passwd")
+    os.lchown(rec, USER, USER)
+
+
+@pytest.mark.parametrize("record", ["file", "symlink"])
+def test_a_step_of_a_prepared_execution_runs_no_prepare(driver, bed, record):
+    """Each `view prepare` is a Python start before the step's tasks: the plugin looks for the
+    record itself (as the user, never following a link) and runs none once it is there."""
+    prepared_before(bed, record)
+    got, err = step(driver, bed, bed.root / "out")
+    assert (got["user_init"], got["task_init"], got["view is the exec folder"]) == ("0", "0", "yes"), err
+    ran = [line.split()[0] for line in bed.log() if re.match(r"(prepare|publish) pid=", line)]
+    assert ran == (["publish"] if record == "file" else ["prepare", "publish"]), bed.log()
+
+
+class Holder:
+    """A process of ``uid`` bound to the batch step's publisher's claim name, as that publisher
+    binds it (view.py): what an srun step's plugin asks before starting one of its own."""
+
+    def __init__(self, bed: Bed, uid: int):
+        name = viewmod.claim_name(str(bed.root), ATTEMPT, batch=True)
+        code = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\n"
+                f"s.bind({chr(0) + name!r}); s.listen(8)\nprint('bound', flush=True)\nsys.stdin.read()\n")
+        # the system's Python: the job user cannot reach this checkout's venv under /root
+        self.proc = subprocess.Popen(["/usr/bin/python3", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, user=uid, group=uid, extra_groups=[])
+        assert self.proc.stdout.readline() == "bound\n"
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+@pytest.mark.parametrize("holder", ["batch publisher", "another user", "none"])
+def test_an_srun_step_where_the_batch_steps_publisher_runs_starts_none(driver, bed, holder):
+    """The batch step lives longest, so its publisher covers every srun step on its node: the
+    step starts none of its own (and no prepare). A name held by another user stops nothing,
+    and the user's own DISPATCH_VIEW_BATCH (srun carries the user's env) never reaches one."""
+    prepared_before(bed)
+    held = Holder(bed, {"batch publisher": USER, "another user": OTHER}[holder]) if holder != "none" else None
+    try:
+        got, err = step(driver, bed, bed.root / "out", "srun-step")
+    finally:
+        if held:
+            held.close()
+    assert (got["user_init"], got["task_init"], got["view is the exec folder"]) == ("0", "0", "yes"), err
+    assert (got["write by-task"], got["write by-child"]) == ("ok", "ok")
+    started = [line for line in bed.log() if line.startswith("publish pid=")]
+    assert not any(line.startswith("prepare ") for line in bed.log()), bed.log()
+    if holder == "batch publisher":
+        assert started == [], "an srun step started a publisher beside the batch step's"
+    else:
+        assert len(started) == 1 and " batch= " in started[0], started
+    no_mount_left(bed)

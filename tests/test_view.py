@@ -13,6 +13,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import pytest
@@ -270,9 +271,13 @@ def test_the_publishers_listing_looks_into_the_trainers_folders_but_never_at_wha
                            ("global_step10", True)]
 
 
-def _publisher(bed: viewbed.Bed, ex: viewbed.Execution, log: pathlib.Path) -> subprocess.Popen:
-    return bed.as_user([sys.executable, "-m", "dispatch_slurm", "view", "publish"],
-                       {**bed.env, **ex.values, "DISPATCH_VIEW": str(bed.view)}, stderr=open(log, "w"))
+def _publisher(bed: viewbed.Bed, ex: viewbed.Execution, log: pathlib.Path, told: bool = False) -> subprocess.Popen:
+    """``told``: as the plugin starts it, its stdin a pipe whose end says the step's tasks are gone."""
+    env = {**bed.env, **ex.values, "DISPATCH_VIEW": str(bed.view)}
+    if told:
+        env["DISPATCH_VIEW_STEP_END"] = "stdin"
+    return bed.as_user([sys.executable, "-m", "dispatch_slurm", "view", "publish"], env, stderr=open(log, "w"),
+                       stdin=subprocess.PIPE if told else subprocess.DEVNULL)
 
 
 def _trainer(bed: viewbed.Bed, ex: viewbed.Execution, script: str) -> subprocess.Popen:
@@ -363,12 +368,54 @@ def test_a_taskprolog_counts_as_its_task_so_the_gap_before_the_exec_ends_no_publ
         stepd.wait()
 
 
+def test_a_publisher_told_its_steps_tasks_are_gone_waits_for_no_first_process(bed):
+    """A step whose task ended before its publisher looked (`srun true` on a node without the
+    batch step): the end of its stdin, the plugin's word, ends it and its standby after a last
+    scan, instead of waiting two minutes for a first process of the execution that never comes
+    (the step's end waits for it); neither counts the other as such a process."""
+    a = bed.execution("A")
+    assert _prepare(bed, a).returncode == 0
+    first = _publisher(bed, a, bed.base / "first.err", told=True)
+    wait.until(lambda: _listening(a), timeout=60, what="the first publisher's claim")
+    second = _publisher(bed, a, bed.base / "second.err", told=True)
+    wait.until(lambda: "standing by" in (bed.base / "second.err").read_text(), timeout=60,
+               what="the later step's publisher to stand by")
+    for p, name in ((second, "second"), (first, "first")):
+        p.stdin.close()
+        try:
+            assert p.wait(30) == 0, (bed.base / f"{name}.err").read_text()
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the {name} publisher, told, did not end: {(bed.base / f'{name}.err').read_text()}")
+
+
+def test_a_claim_answers_every_probe_and_the_batch_steps_binds_its_second_name(tmp_path):
+    """A standby asks the claim's holder once a second for as long as its step runs: each ask is
+    answered at once (a holder that never accepts fills its queue, and the third ask would
+    wait forever). The batch step's publisher binds the name the plugin asks for an srun step;
+    another step's does not."""
+    root, said = str(tmp_path), []
+    try:
+        assert view._claim("c.1.1000000", root, said.append, batch=True) is True
+        assert view._claim("c.2.1000000", root, said.append) is True
+        for _ in range(20):
+            assert view._holder(view.claim_name(root, "c.1.1000000")) == os.getuid()
+            assert view._claim("c.1.1000000", root, said.append) is False  # a later step's: the standby
+        with open("/proc/net/unix") as f:
+            bound = set(f.read().split())
+        assert f"@{view.claim_name(root, 'c.1.1000000', batch=True)}" in bound
+        assert f"@{view.claim_name(root, 'c.2.1000000', batch=True)}" not in bound
+        assert said == []
+    finally:
+        for sock in view._CLAIMS:  # as the process's exit would (shutdown wakes the accepting thread)
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        view._CLAIMS.clear()
+
+
 def _listening(ex: viewbed.Execution) -> bool:
-    """Whether this execution's publisher holds its claim on this node (view._claim's name)."""
-    import hashlib
-    key = hashlib.sha256(f"{ex.values['DISPATCH_CHECKPOINT']}\0{ex.attempt}".encode()).hexdigest()[:40]
+    """Whether this execution's publisher holds its claim on this node (view.claim_name)."""
     with open("/proc/net/unix") as f:
-        return f"@dispatch-slurm-view-{key}" in f.read()
+        return f"@{view.claim_name(ex.values['DISPATCH_CHECKPOINT'], ex.attempt)}" in f.read().split()
 
 
 def test_the_epilog_publishes_what_was_complete_at_the_end(bed):

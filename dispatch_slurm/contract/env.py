@@ -281,6 +281,14 @@ class Execution:
         return self._get("DISPATCH_VIEW")
 
     @property
+    def view_batch(self) -> bool:  # DISPATCH_VIEW_BATCH: the plugin started this publisher for the batch step
+        return self._on("DISPATCH_VIEW_BATCH")
+
+    @property
+    def view_step_end(self) -> bool:  # DISPATCH_VIEW_STEP_END=stdin: stdin ends when the step's tasks here end
+        return self._get("DISPATCH_VIEW_STEP_END") == "stdin"
+
+    @property
     def marker(self) -> str | None:  # DISPATCH_MARKER: the view's marker of a complete save, for any other trainer
         return self._get("DISPATCH_MARKER")
 

@@ -401,10 +401,14 @@ class Ending:
     woken by each one's exit (a pidfd) or the rescan. With ``linger`` and no ``pid`` (the
     view's publisher, which no job script starts beside a trainer) those processes are all it
     lasts for, from the start: it waits ``first_within`` seconds for the first of them to
-    appear, and looks for new ones every ``every`` seconds (an exit is seen at once)."""
+    appear, and looks for new ones every ``every`` seconds (an exit is seen at once). ``told``:
+    a descriptor whose end says the step's tasks here are gone (the plugin's, view.py), after
+    which none is waited for: the step's end waits for this process's."""
 
-    def __init__(self, pid: int | None, linger, say, first_within: float = 0.0, every: float = 1.0):
-        self.pid, self.linger, self.say, self.every = pid, linger, say, every
+    def __init__(self, pid: int | None, linger, say, first_within: float = 0.0, every: float = 1.0,
+                 told: int | None = None):
+        self.pid, self.linger, self.say, self.every, self.told = pid, linger, say, every, told
+        self.step_over = False
         self.pidfd, self.alive = _open_pidfd(pid)
         if pid is None and linger is not None:
             self.alive = False
@@ -418,13 +422,13 @@ class Ending:
         if self.alive:
             return False
         now = time.monotonic()
-        if self.pidfds and now < self.due:
+        if self.pidfds and now < self.due and not self.step_over:
             return False
         self.due = now + self.every
         if self._runs_on():
             self.seen = True
             return False
-        return self.seen or now >= self.first_by
+        return self.seen or self.step_over or now >= self.first_by
 
     def wait(self, wait: float) -> float:
         """How long to wait for a change: ``wait`` while the trainer lives, else 5 s at most
@@ -432,11 +436,14 @@ class Ending:
         return wait if self.alive else min(wait, 5.0 if self.seen or self.pid is not None else 1.0)
 
     def fds(self) -> list[int]:
+        told = [] if self.told is None else [self.told]
         if self.alive:
-            return [] if self.pidfd is None else [self.pidfd]
-        return list(self.pidfds.values())
+            return told + ([] if self.pidfd is None else [self.pidfd])
+        return told + list(self.pidfds.values())
 
     def woken(self, ready: list) -> None:
+        if self.told is not None and self.told in ready and told_over(self.told):
+            self.told, self.step_over, self.due = None, True, 0.0
         self.alive = self.alive and _still_alive(self.pid, self.pidfd, ready)
         if any(fd in ready for fd in self.pidfds.values()):
             self.due = 0.0  # one of them exited: look again now
@@ -465,19 +472,27 @@ class Ending:
         self.pidfd = None
 
 
+def told_over(fd: int) -> bool:
+    """Whether the readable ``fd`` reached its end (what was written before it is dropped)."""
+    try:
+        return os.read(fd, 4096) == b""
+    except OSError:
+        return True
+
+
 def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 30.0,
         once: bool = False, until_pid: int | None = None, timeout: float | None = 300.0,
         say=lambda text: print(text, file=sys.stderr), incomplete_after: float = 300.0, linger=None,
-        first_within: float = 0.0, every: float = 1.0) -> None:
+        first_within: float = 0.0, every: float = 1.0, told: int | None = None) -> None:
     """Scan, then wait for a change and scan again, until ``once`` or ``until_pid``'s exit
     (after one final scan) and, with ``linger`` (a callable: the pids of the execution's
-    processes still on this node), until those are gone too (Ending, with ``first_within``
-    and ``every``). Errors raise; a
+    processes still on this node), until those are gone too (Ending, with ``first_within``,
+    ``every`` and ``told``). Errors raise; a
     scan longer than ``timeout`` raises ScanTimeout (enforced with SIGALRM, so only from the
     main thread). A save unfinished for ``incomplete_after`` seconds is said once, with what
     it lacks (a save being written is not a problem; one that never completes is)."""
     ino = _open_inotify(w, interval, say) if not poll and not once and w.fs.local else None  # local writes only
-    end = Ending(until_pid, linger, say, first_within, every)
+    end = Ending(until_pid, linger, say, first_within, every, told)
     if threading.current_thread() is not threading.main_thread():
         timeout = None
     old = signal.signal(signal.SIGALRM, _alarm) if timeout is not None else None

@@ -60,6 +60,18 @@ def publishers(c: Cluster) -> dict[str, list[str]]:
     return got
 
 
+def on_batch_node_alone(c: Cluster, seen: Path, batch_publisher: list[str]) -> None:
+    """An srun step on the batch step's node alone starts no publisher (nor prepare) of its
+    own: the batch step's, which outlives it, publishes for it. Its task sees the view."""
+    c.wait_until(lambda: (seen / "alone.running").exists(), timeout=120, what="the srun step on the batch node")
+    now = [line for lines in publishers(c).values() for line in lines]
+    assert now == batch_publisher, f"the srun step on the batch node started a publisher of its own: {now}"
+    (seen / "alone.go").touch()
+    c.wait_until(lambda: (seen / "alone.done").exists(), timeout=120, what="the srun step on the batch node to end")
+    view, exec_dir = ((seen / f"alone.{k}").read_text().strip() for k in ("view", "exec"))
+    assert view == exec_dir, "the srun step's task did not see the execution's folder"
+
+
 SCRIPT = """#!/bin/bash
 #SBATCH --dispatch-checkpoint={root} --dispatch-view={root}/out
 #SBATCH -N2 --ntasks-per-node=1 --requeue -o {cdir}/job.out --open-mode=append -e {cdir}/job.err
@@ -73,6 +85,9 @@ srun bash -c 'h=$(hostname); stat -c %d.%i {root}/out > '$o'/task.$SLURM_PROCID.
   stat -c %d.%i "$DISPATCH_EXEC_DIR" > '$o'/task.$SLURM_PROCID.$h.exec
   touch {root}/out/task.$SLURM_PROCID; bash -c "touch {root}/out/child.$SLURM_PROCID"'
 touch $o/done
+srun -N1 -n1 -w $SLURMD_NODENAME bash -c 'touch '$o'/alone.running; while [ ! -e '$o'/alone.go ]; do sleep 0.2; done
+  stat -c %d.%i {root}/out > '$o'/alone.view; stat -c %d.%i "$DISPATCH_EXEC_DIR" > '$o'/alone.exec'
+touch $o/alone.done
 sleep 600
 """
 @pytest.mark.vm
@@ -110,6 +125,7 @@ def test_every_task_of_every_step_sees_its_own_execution_folder(slurm_cluster: C
     assert len(left) == 1, f"the batch step's publisher is gone: {left}, {(hdir / 'job.err').read_text()[-2000:]}"
     (line,) = left
     assert f"Uid: {ALICE} Gid: {ALICE}" in line and re.search(r" (\d+) \1$", line), line
+    on_batch_node_alone(c, hdir / "seen.0", left)
 
     # a requeue while the first execution runs: the next one sees its own folder only
     before = sorted(p.name for p in first_exec.iterdir())

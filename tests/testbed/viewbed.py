@@ -108,6 +108,18 @@ class Execution:
         return int(self.values["DISPATCH_EPOCH"])
 
 
+
+def _build_deepspeed_op() -> None:
+    """DeepSpeed's shared-memory op, JIT-built as root into its cache (torch's own lock on the
+    build folder lets workers build at once), where DeepSpeed is installed; else nothing."""
+    import importlib.util
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    code = ("from deepspeed.accelerator import get_accelerator\n"
+            "b = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
+            "b is None or b.load(verbose=False)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=600)
+
 class Bed:
     """A root, its view folder and the shared folder, in a folder the job user can reach."""
 
@@ -133,6 +145,8 @@ class Bed:
                 if not k.startswith(("DISPATCH_", "SLURM_", "RANK", "WORLD_", "MASTER_", "LOCAL_RANK", "PYTHON"))}
         ext = self.base / "torch_extensions"  # DeepSpeed's CPU op, built once by root: a copy the user may lock
         cache = pathlib.Path(os.environ.get("TORCH_EXTENSIONS_DIR", pathlib.Path.home() / ".cache/torch_extensions"))
+        if not cache.is_dir():
+            _build_deepspeed_op()  # a fresh machine: no test built it yet (the order is xdist's)
         if cache.is_dir() and not ext.exists():
             shutil.copytree(cache, ext, symlinks=True)
             for d, _, files in os.walk(ext):

@@ -35,10 +35,16 @@ def lineage() -> frozenset[int]:
     return frozenset(out)
 
 
-def processes_with(attempt: str, job: Optional[str] = None, root: Optional[str] = None) -> list[int]:
+#: in the environment of each publisher the plugin starts (spank_env/spawn.c): a process that
+#: publishes the execution's work, not a part of it
+PUBLISHER = b"DISPATCH_VIEW_STEP_END=stdin"
+
+
+def processes_with(attempt: str, job: Optional[str] = None, root: Optional[str] = None,
+                   publishers: bool = True) -> list[int]:
     """Pids on this node, this hook and its ancestors left out, whose environment carries this
     execution's token (and, given, its ``root``) or, given the ``job`` id, that are one of its
-    slurmstepds (``slurmstepd: [<job>.<step>]``)."""
+    slurmstepds (``slurmstepd: [<job>.<step>]``); without the plugin's ``publishers``."""
     needle = f"DISPATCH_ATTEMPT={attempt}".encode()
     rooted = f"DISPATCH_CHECKPOINT={root}".encode() if root else None
     stepd = f"slurmstepd: [{job}.".encode() if job else None
@@ -53,7 +59,7 @@ def processes_with(attempt: str, job: Optional[str] = None, root: Optional[str] 
                             continue
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     env = f.read().split(b"\0")
-                if needle in env and (rooted is None or rooted in env):
+                if needle in env and (rooted is None or rooted in env) and (publishers or PUBLISHER not in env):
                     found.append(int(pid))
             except OSError:
                 pass
@@ -99,10 +105,11 @@ def running_on(attempt: str, root: str, mine: Optional[set[int]] = None) -> list
     ``srun`` ended (a frozen slurmd: the controller took the node for dead, nothing here
     killed them). What `watch` publishes for. ``mine``: the processes whose descendants are
     not counted (default this one and its parent; the view's publisher, which no job
-    script started, passes itself alone)."""
+    script started, passes itself alone). Another step's publisher is none of them: two steps'
+    publishers on one node would each last as long as the other."""
     mine = {os.getpid(), os.getppid()} if mine is None else mine
     out: list[int] = []
-    for pid in processes_with(attempt, root=root):
+    for pid in processes_with(attempt, root=root, publishers=False):
         pid = _task_of(pid)
         if pid in out:
             continue
