@@ -18,14 +18,20 @@ prepare  a Hugging Face-shaped save of ``--mb`` MiB (6 files) published by execu
          takes (free blocks before and after, everything synced; goal: at most 1% of the save),
          the entries it made, and its time (in a child of this process, and the command's wall
          time, Python's start-up included)
+start    a short step's publisher alone (`view publish` with its stdin at its end, as the plugin
+         starts it where the step's task is gone before it looks), ``--starts`` times, beside
+         this Python's bare start: what a short step on a node without the batch step waits for
 publisher a CPU training loop (``--steps`` steps of a matmul, a ``--save-mb`` MiB torch.save
-         every ``--save-every`` steps into its exec folder), ``--n`` times each way in
-         alternation: alone, and with `dispatch-slurm view publish` beside it (which fsyncs and
-         publishes each save); the median wall time of each way and their ratio (goal: <= 1%)
+         every ``--save-every`` steps into its exec folder), ``--n`` pairs of runs, the order
+         alternated: alone, and with `dispatch-slurm view publish` beside it (which fsyncs and
+         publishes each save); the median wall time of each way, their ratio and the median of
+         the pairs' (goal: <= 1%), the publisher's own CPU time, and the same until the saves
+         are on disk (alone, the run then ``os.sync()``: the writes the publisher's fsync brings
+         forward, which the training loop alone leaves in the page cache)
 
-    python benchmarks/bench_view.py [--parts mount,cluster,prepare,publisher] [--suite trixie]
+    python benchmarks/bench_view.py [--parts mount,cluster,prepare,publisher,start] [--suite trixie]
         [--steps-per-job 50] [--rounds 2] [--pubs 10000] [--commands installed|none]
-        [--steps-on batch|other] [--mounts 200]
+        [--steps-on batch|other] [--mounts 200] [--starts 30]
         [--mb 1024] [--steps 300] [--save-every 30] [--save-mb 64] [--n 3] [--dir DIR]
 
 Run as root from the checkout (the prepare part drops to the job user, nobody, as
@@ -250,9 +256,10 @@ def train(exec_dir: str, steps: int, every: int, mb: int, env: dict) -> float:
 
 
 def bench_publisher(base: str, steps: int, every: int, mb: int, n: int) -> None:
-    alone, beside = [], []
+    alone, beside, cpu = [], [], []
+    durable_alone, durable_beside = [], []  # from the trainer's start until its saves are on disk
     for i in range(n):
-        for way in ("alone", "publisher"):
+        for way in (("alone", "publisher") if i % 2 == 0 else ("publisher", "alone")):
             root = os.path.join(base, f"proot-{i}-{way}")  # a root each: nothing to resume, nothing to copy
             os.mkdir(root)
             ex = execution(root)
@@ -263,18 +270,59 @@ def bench_publisher(base: str, steps: int, every: int, mb: int, n: int) -> None:
                                capture_output=True)
                 pub = subprocess.Popen([sys.executable, "-m", "dispatch_slurm", "view", "publish"], env=env,
                                        stderr=subprocess.DEVNULL)
+            t0 = time.perf_counter()
             t = train(ex["DISPATCH_EXEC_DIR"], steps, every, mb, env)
-            if pub is not None:
-                pub.wait(300)
+            if pub is None:
+                os.sync()  # the saves on disk: what a checkpoint is for (the publisher fsyncs each)
+            else:
+                _, status, use = os.wait4(pub.pid, 0)  # its CPU time: the share of a core it took
+                pub.returncode = os.waitstatus_to_exitcode(status)
+                cpu.append((use.ru_utime + use.ru_stime) / t)
                 published = sum(1 for p in store.publications(root) if p.epoch == int(ex["DISPATCH_EPOCH"]))
                 assert published == steps // every, published
             (beside if pub else alone).append(t)
+            (durable_beside if pub else durable_alone).append(time.perf_counter() - t0)
             shutil.rmtree(root)
     a, b = statistics.median(alone), statistics.median(beside)
+    paired = [100 * (y - x) / x for x, y in zip(alone, beside)]
     print(f"the publisher: {steps} steps, a {mb} MiB torch.save every {every} ({steps // every} saves), "
-          f"{n} runs each way:")
+          f"{n} runs each way, in pairs (the order alternated):")
     print(f"  alone {a:.2f} s (runs {', '.join(f'{x:.2f}' for x in alone)}), with the publisher {b:.2f} s "
           f"(runs {', '.join(f'{x:.2f}' for x in beside)}): {100 * (b - a) / a:+.2f}%")
+    print(f"  per pair: median {statistics.median(paired):+.2f}% (pairs {', '.join(f'{x:+.1f}' for x in paired)}); "
+          f"the publisher's own CPU {100 * statistics.median(cpu):.2f}% of a core over the run")
+    da, db = statistics.median(durable_alone), statistics.median(durable_beside)
+    paired = [100 * (y - x) / x for x, y in zip(durable_alone, durable_beside)]
+    print(f"  until the saves are on disk (alone: then os.sync(); with it: its exit, the last save fsynced and "
+          f"published): {da:.2f} s / {db:.2f} s, {100 * (db - da) / da:+.2f}%; per pair median "
+          f"{statistics.median(paired):+.2f}%")
+
+
+def bench_start(base: str, n: int) -> None:
+    """A short step's publisher: started with its stdin at its end already (the plugin's pipe
+    closed before it looked), one scan of an exec folder with nothing new, exit."""
+    root = os.path.join(base, "sroot")
+    os.mkdir(root)
+    ex = execution(root)
+    env = {**os.environ, **ex, "PYTHONPATH": REPO, "DISPATCH_VIEW": os.path.join(root, "out"),
+           "DISPATCH_VIEW_STEP_END": "stdin"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # the package's modules compiled once, as dpkg's are
+    subprocess.run([sys.executable, "-m", "dispatch_slurm", "view", "prepare"], env=env, check=True,
+                   capture_output=True)
+    took = []
+    for _ in range(n + 1):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "dispatch_slurm", "view", "publish"], env=env, check=True,
+                       stdin=subprocess.DEVNULL, capture_output=True)
+        took.append(time.perf_counter() - t)
+    took = took[1:]  # the first compiled what was not yet
+    bare = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+        bare.append(time.perf_counter() - t)
+    print(f"a short step's publisher, told before it began, {n} runs: median {statistics.median(took) * 1e3:.1f} ms, "
+          f"min {min(took) * 1e3:.1f} ms (this Python's bare start: median {statistics.median(bare) * 1e3:.1f} ms)")
 
 
 def cluster(a) -> None:
@@ -301,7 +349,7 @@ def cluster(a) -> None:
         print(f"  view   {viewed * 1000:7.1f} ms/step   {1000 * (viewed - base):+6.1f} ms per task (goal <= +50 ms)")
 
 
-PARTS = ("mount", "cluster", "prepare", "publisher")
+PARTS = ("mount", "cluster", "prepare", "publisher", "start")
 
 
 def main() -> None:
@@ -315,6 +363,7 @@ def main() -> None:
     ap.add_argument("--steps-on", default="batch", choices=["batch", "other"],
                     help="the cluster part's steps: on the batch step's node, or on another node of a 2-node job")
     ap.add_argument("--mounts", type=int, default=200, help="times the mount alone is timed")
+    ap.add_argument("--starts", type=int, default=30, help="times a short step's publisher is timed")
     ap.add_argument("--mb", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--save-every", type=int, default=30)
@@ -334,13 +383,15 @@ def main() -> None:
               f"p90 {sorted(us)[int(len(us) * 0.9)] / 1000:.2f} ms")
     if "cluster" in parts:
         cluster(a)
-    if "prepare" in parts or "publisher" in parts:
+    if {"prepare", "publisher", "start"} & set(parts):
         with tempfile.TemporaryDirectory(dir=a.dir, prefix=".bench-view-") as base:
             os.chmod(base, 0o755)  # the job user's bed is inside
             if "prepare" in parts:
                 bench_prepare(os.path.join(base, "prepare"), a.mb, a.pubs)
             if "publisher" in parts:
                 bench_publisher(base, a.steps, a.save_every, a.save_mb, a.n)
+            if "start" in parts:
+                bench_start(base, a.starts)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,6 @@ import struct
 import sys
 import threading
 import time
-import zipfile
 from typing import Callable, NamedTuple, Optional
 
 from . import store
@@ -262,6 +261,8 @@ class _Shallow(pickle.Unpickler):
 def _world(path: str) -> Optional[tuple[int, int]]:
     """(data-parallel, model-parallel) world size DeepSpeed recorded in a model-states file,
     or None when it cannot be read (another layout: the ranks' files are then counted)."""
+    import zipfile  # here: a save of that layout is rare, and every step's publisher starts
+
     try:
         with zipfile.ZipFile(path) as z:
             member = next(n for n in z.namelist() if n.endswith("/data.pkl"))

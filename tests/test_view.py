@@ -388,6 +388,30 @@ def test_a_publisher_told_its_steps_tasks_are_gone_waits_for_no_first_process(be
             raise AssertionError(f"the {name} publisher, told, did not end: {(bed.base / f'{name}.err').read_text()}")
 
 
+def test_a_short_steps_publisher_told_before_it_began_publishes_says_and_exits_1(bed):
+    """`srun python train.py` whose task ended before its publisher got going (the plugin closed
+    the pipe already): one scan publishes the whole save and names the torn one, and the exit
+    status and stderr survive the publisher's quick exit (no interpreter shutdown, no inotify
+    watch to tear down: the step's end waits for this process)."""
+    a = bed.execution("A")
+    assert _prepare(bed, a).returncode == 0
+    script = (f"import pathlib\nv = pathlib.Path({str(bed.view)!r})\n"
+              "(v / 'checkpoint-6').mkdir(); (v / 'checkpoint-6/w.bin').write_bytes(b'w')\n"
+              "(v / 'checkpoint-6/trainer_state.json').write_text('{}')\n"
+              "(v / 'checkpoint-8').mkdir(); (v / 'checkpoint-8/w.bin').write_bytes(b'w')\n")
+    trainer = _trainer(bed, a, script)
+    assert trainer.wait(60) == 0, trainer.stderr.read()
+    log = bed.base / "short.err"
+    env = {**bed.env, **a.values, "DISPATCH_VIEW": str(bed.view), "DISPATCH_VIEW_STEP_END": "stdin"}
+    pub = bed.as_user([sys.executable, "-m", "dispatch_slurm", "view", "publish"], env, stderr=open(log, "w"),
+                      stdin=subprocess.DEVNULL)  # at its end from the start: told before it began
+    assert pub.wait(60) == 1, log.read_text()
+    said = log.read_text()
+    assert f"published step 6: exec/{a.attempt}/checkpoint-6" in said, said
+    assert "error: 1 save in" in said and "checkpoint-8 (no trainer_state.json" in said, said
+    assert [p.step for p in store.publications(str(bed.root)) if p.epoch == a.epoch] == [6]
+
+
 def test_a_claim_answers_every_probe_and_the_batch_steps_binds_its_second_name(tmp_path):
     """A standby asks the claim's holder once a second for as long as its step runs: each ask is
     answered at once (a holder that never accepts fills its queue, and the third ask would

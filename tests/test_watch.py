@@ -275,6 +275,37 @@ def test_layout_and_vanished_saves(root, ex, monkeypatch):
     assert steps(root) == [1]
 
 
+def test_a_watch_told_before_it_began_scans_once_without_inotify(root, ex, monkeypatch):
+    """A short step's publisher, told at its start that the step's tasks are gone, makes its
+    one scan and returns without an inotify watch: closing one waits for the kernel's SRCU
+    grace period, and the step's end waits for the publisher."""
+    hf_save(ex, 3)
+    r, w_end = os.pipe()
+    os.close(w_end)
+
+    def no_inotify(*a, **k):
+        raise AssertionError("an inotify watch for a step already over")
+    monkeypatch.setattr(watch, "_open_inotify", no_inotify)
+    try:
+        watch.run(watch.Watcher(str(ex), str(root), E1, watch.Layout()), linger=lambda: [], first_within=60.0,
+                  told=r, say=lambda s: None)
+    finally:
+        os.close(r)
+    assert steps(root) == [3]
+    monkeypatch.undo()
+    r, w_end = os.pipe()  # not told yet: it watches (and ends once told)
+    opened = []
+    real = watch._open_inotify
+    monkeypatch.setattr(watch, "_open_inotify", lambda *a, **k: opened.append(1) or real(*a, **k))
+    threading.Timer(0.2, os.close, (w_end,)).start()
+    try:
+        watch.run(watch.Watcher(str(ex), str(root), E1, watch.Layout()), linger=lambda: [], first_within=60.0,
+                  told=r, say=lambda s: None)
+    finally:
+        os.close(r)
+    assert opened == [1]
+
+
 # ---- bad arguments refused at start; a rotation race is not an error -------------------------
 
 @pytest.mark.parametrize("args, message", [

@@ -409,6 +409,8 @@ class Ending:
                  told: int | None = None):
         self.pid, self.linger, self.say, self.every, self.told = pid, linger, say, every, told
         self.step_over = False
+        if told is not None and select.select([told], [], [], 0)[0] and told_over(told):
+            self.told, self.step_over = None, True  # told before it began: a short step's publisher
         self.pidfd, self.alive = _open_pidfd(pid)
         if pid is None and linger is not None:
             self.alive = False
@@ -491,8 +493,12 @@ def run(w: Watcher, poll: bool = False, interval: float = 0.5, rescan: float = 3
     scan longer than ``timeout`` raises ScanTimeout (enforced with SIGALRM, so only from the
     main thread). A save unfinished for ``incomplete_after`` seconds is said once, with what
     it lacks (a save being written is not a problem; one that never completes is)."""
-    ino = _open_inotify(w, interval, say) if not poll and not once and w.fs.local else None  # local writes only
     end = Ending(until_pid, linger, say, first_within, every, told)
+    # local writes only; none once the step is over (a short step's publisher, told before it
+    # began): closing an inotify descriptor waits for the kernel's SRCU grace period (~10 ms),
+    # and the step's end waits for this process
+    ino = (_open_inotify(w, interval, say) if not poll and not once and w.fs.local and not end.step_over
+           else None)
     if threading.current_thread() is not threading.main_thread():
         timeout = None
     old = signal.signal(signal.SIGALRM, _alarm) if timeout is not None else None

@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
 import stat
 from typing import Optional
 
@@ -38,7 +37,7 @@ from .durable import DirFds, Linker, create_new, ensure_dir, link_tree, open_dir
 
 
 def _tmp(name: str) -> str:
-    return f".{name}.{os.getpid()}.{secrets.token_hex(4)}"
+    return f".{name}.{os.getpid()}.{os.urandom(4).hex()}"
 
 
 def held_here(name: str, root_fd: int) -> bool:

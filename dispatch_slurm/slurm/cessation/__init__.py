@@ -9,6 +9,18 @@ of how it is read; the store keeps the record of it (store/ceased.py):
 * ``executions``: which executions under a root have ceased, for gc and the report: the
   root's records, this host's processes for a local execution (``local``), else the signal."""
 
-from .answer import CEASED, EXIT, NOT_CEASED, UNKNOWN, check, describe, exit_code, render, slurm_says
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .answer import CEASED, EXIT, NOT_CEASED, UNKNOWN, check, describe, exit_code, render, slurm_says
+
+
+def __getattr__(name: str) -> Any:
+    """The signal's names, imported when first asked for: a node's publisher needs ``node``
+    alone, and ``answer`` brings the Slurm client (its dialects, subprocess, hostlists) with it."""
+    if name in __all__:
+        from . import answer
+        return getattr(answer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["check", "describe", "render", "exit_code", "slurm_says", "CEASED", "NOT_CEASED", "UNKNOWN", "EXIT"]
